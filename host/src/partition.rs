@@ -1,0 +1,1 @@
+//! `partition`: to be written (see the issue that owns it).

@@ -1,0 +1,1 @@
+//! `plan`: to be written (see the issue that owns it).

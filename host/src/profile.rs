@@ -1,0 +1,1 @@
+//! `profile`: to be written (see the issue that owns it).

@@ -1,0 +1,1 @@
+//! `runtime`: executes any valid schedule on devices (to be written).

@@ -1,0 +1,381 @@
+//! Schedules as data.
+//!
+//! A [`Schedule`] is, for each rank, the ordered list of the [`Item`]s it executes. An item is one
+//! [`Action`] (`(op, stage, microbatch)`) or an overlapped forward/backward pair (as in DualPipe).
+//! Schedules are produced by generators (one file per family, listed in [`families`]), checked by
+//! [`validate`](validate::validate), written and read in the formats of [`format`], simulated by
+//! [`crate::sim`] and executed by [`crate::runtime`]. Nothing here knows about devices.
+//!
+//! The text form of an action is PyTorch pipelining's: `{stage}{op}{microbatch}`, e.g. `2F0`, `0I3`,
+//! `1W3`; an overlapped pair is `({forward};{backward})OVERLAP_F_B`.
+//!
+//! ```
+//! use pipefill_host::schedule::{Action, Item, Op};
+//! let a: Action = "2F0".parse().unwrap();
+//! assert_eq!(a, Action::new(Op::F, 2, 0));
+//! assert_eq!(a.to_string(), "2F0");
+//! let pair: Item = "(1F4;2B0)OVERLAP_F_B".parse().unwrap();
+//! assert_eq!(pair.to_string(), "(1F4;2B0)OVERLAP_F_B");
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+mod error;
+pub use error::ScheduleError;
+
+pub mod families;
+pub mod format;
+pub mod validate;
+
+mod dualpipev;
+mod gpipe;
+mod interleaved_1f1b;
+mod interleaved_zb;
+mod looped_bfs;
+mod one_f_one_b;
+mod zb_h1;
+mod zb_h2;
+mod zbv;
+
+/// The kind of computation an action performs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Op {
+    /// Forward pass of one stage for one microbatch.
+    F,
+    /// Full backward pass (input and weight gradients together): `B == I then W`.
+    B,
+    /// Backward pass for the input gradient only (the part the previous stage waits for).
+    I,
+    /// Backward pass for the weight gradient only (can be deferred to fill bubbles).
+    W,
+}
+
+impl Op {
+    /// The letter used in the text form.
+    pub fn letter(self) -> char {
+        match self {
+            Op::F => 'F',
+            Op::B => 'B',
+            Op::I => 'I',
+            Op::W => 'W',
+        }
+    }
+
+    /// Parses the letter of the text form.
+    pub fn from_letter(c: char) -> Option<Op> {
+        match c {
+            'F' => Some(Op::F),
+            'B' => Some(Op::B),
+            'I' => Some(Op::I),
+            'W' => Some(Op::W),
+            _ => None,
+        }
+    }
+
+    /// `true` for the ops that run backward (`B`, `I`, `W`).
+    pub fn is_backward(self) -> bool {
+        !matches!(self, Op::F)
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.letter())
+    }
+}
+
+/// One unit of work: `op` on global stage `stage` for microbatch `microbatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Action {
+    /// What to compute.
+    pub op: Op,
+    /// Global stage index `s` in `0..S`, `S = ranks * chunks`.
+    pub stage: usize,
+    /// Microbatch index `k` in `0..M`.
+    pub microbatch: usize,
+}
+
+impl Action {
+    /// Builds an action.
+    pub const fn new(op: Op, stage: usize, microbatch: usize) -> Self {
+        Action {
+            op,
+            stage,
+            microbatch,
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}{}", self.stage, self.op, self.microbatch)
+    }
+}
+
+impl FromStr for Action {
+    type Err = ScheduleError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| ScheduleError::ParseAction {
+            text: s.to_string(),
+            reason: why.to_string(),
+        };
+        let t = s.trim();
+        let pos = t
+            .find(|c: char| !c.is_ascii_digit())
+            .ok_or_else(|| bad("expected {stage}{op}{microbatch}, e.g. 2F0; no op letter found"))?;
+        if pos == 0 {
+            return Err(bad("missing stage number before the op letter, e.g. 2F0"));
+        }
+        let mut rest = t[pos..].chars();
+        let letter = rest.next().ok_or_else(|| bad("missing op letter"))?;
+        let op = Op::from_letter(letter)
+            .ok_or_else(|| bad("op letter must be one of F, B, I, W"))?;
+        let mb_text = rest.as_str();
+        if mb_text.is_empty() || !mb_text.chars().all(|c| c.is_ascii_digit()) {
+            return Err(bad("expected a microbatch number after the op letter, e.g. 2F0"));
+        }
+        let stage = t[..pos]
+            .parse()
+            .map_err(|_| bad("stage number is too large"))?;
+        let microbatch = mb_text
+            .parse()
+            .map_err(|_| bad("microbatch number is too large"))?;
+        Ok(Action::new(op, stage, microbatch))
+    }
+}
+
+/// One entry in a rank's list: a single action, or a forward and a backward of different microbatches
+/// that run concurrently on the rank (DualPipe's overlapped pair).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Item {
+    /// A single action.
+    One(Action),
+    /// A forward (`forward.op == Op::F`) overlapped with a backward (`B`, or `I`), text form
+    /// `({forward};{backward})OVERLAP_F_B`.
+    Overlap {
+        /// The forward half.
+        forward: Action,
+        /// The backward half.
+        backward: Action,
+    },
+}
+
+impl Item {
+    /// The actions this item performs, forward first for a pair.
+    pub fn actions(&self) -> impl Iterator<Item = Action> {
+        let (a, b) = match *self {
+            Item::One(a) => (a, None),
+            Item::Overlap { forward, backward } => (forward, Some(backward)),
+        };
+        std::iter::once(a).chain(b)
+    }
+}
+
+impl From<Action> for Item {
+    fn from(a: Action) -> Self {
+        Item::One(a)
+    }
+}
+
+impl fmt::Display for Item {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Item::One(a) => write!(f, "{a}"),
+            Item::Overlap { forward, backward } => write!(f, "({forward};{backward})OVERLAP_F_B"),
+        }
+    }
+}
+
+impl FromStr for Item {
+    type Err = ScheduleError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        if let Some(inner) = t.strip_prefix('(') {
+            let bad = |why: &str| ScheduleError::ParseAction {
+                text: s.to_string(),
+                reason: why.to_string(),
+            };
+            let inner = inner
+                .strip_suffix(")OVERLAP_F_B")
+                .ok_or_else(|| bad("an overlapped pair is written ({forward};{backward})OVERLAP_F_B"))?;
+            let (a, b) = inner
+                .split_once(';')
+                .ok_or_else(|| bad("an overlapped pair needs two actions separated by ';'"))?;
+            let forward: Action = a.parse()?;
+            let backward: Action = b.parse()?;
+            if forward.op != Op::F {
+                return Err(bad("the first action of an overlapped pair must be a forward (F)"));
+            }
+            if !matches!(backward.op, Op::B | Op::I) {
+                return Err(bad("the second action of an overlapped pair must be a backward (B or I)"));
+            }
+            Ok(Item::Overlap { forward, backward })
+        } else {
+            Ok(Item::One(t.parse()?))
+        }
+    }
+}
+
+/// Which rank holds each stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// `rank = stage % P` (GPipe, 1F1B, interleaved 1F1B, looped BFS, interleaved zero-bubble).
+    Looped,
+    /// `rank = stage` for `stage < P`, else `2P - 1 - stage` (ZB-V, DualPipeV; `V = 2`).
+    Vshape,
+}
+
+impl Placement {
+    /// The rank that holds `stage` when there are `ranks` ranks.
+    pub fn rank_of(self, stage: usize, ranks: usize) -> usize {
+        match self {
+            Placement::Looped => stage % ranks,
+            Placement::Vshape => {
+                if stage < ranks {
+                    stage
+                } else {
+                    (2 * ranks).saturating_sub(1 + stage)
+                }
+            }
+        }
+    }
+
+    /// The name used in files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Looped => "looped",
+            Placement::Vshape => "vshape",
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Placement {
+    type Err = ScheduleError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "looped" => Ok(Placement::Looped),
+            "vshape" => Ok(Placement::Vshape),
+            other => Err(ScheduleError::ParsePlacement(other.to_string())),
+        }
+    }
+}
+
+/// A pipeline schedule: for each rank, the ordered list of its items.
+///
+/// `ranks` is `P`, `chunks` is `V` (stages per rank), so there are `S = P * V` stages;
+/// `microbatches` is `M`. `actions[r]` is what rank `r` runs, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    /// Family name (`1f1b`, `zbv`, ...) or a user's name for a hand-written schedule.
+    pub name: String,
+    /// `P`: number of ranks.
+    pub ranks: usize,
+    /// `V`: stages per rank.
+    pub chunks: usize,
+    /// `M`: microbatches per training step.
+    pub microbatches: usize,
+    /// Stage -> rank map.
+    pub placement: Placement,
+    /// Per rank, the ordered items.
+    pub actions: Vec<Vec<Item>>,
+}
+
+impl Schedule {
+    /// `S = P * V`: the number of stages.
+    pub fn stages(&self) -> usize {
+        self.ranks * self.chunks
+    }
+
+    /// The rank that holds `stage`.
+    pub fn rank_of(&self, stage: usize) -> usize {
+        self.placement.rank_of(stage, self.ranks)
+    }
+
+    /// Total number of single actions (an overlapped pair counts two).
+    pub fn action_count(&self) -> usize {
+        self.actions
+            .iter()
+            .flat_map(|r| r.iter())
+            .map(|it| match it {
+                Item::One(_) => 1,
+                Item::Overlap { .. } => 2,
+            })
+            .sum()
+    }
+}
+
+/// What a generator needs to build a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// `P`: ranks.
+    pub ranks: usize,
+    /// `M`: microbatches.
+    pub microbatches: usize,
+    /// `V`: stages per rank; `None` takes the family's default.
+    pub chunks: Option<usize>,
+    /// Interleaved schedules: microbatches per round (Megatron's group size); `None` means `P`.
+    pub group_size: Option<usize>,
+}
+
+impl Params {
+    /// Params with the family's default `V` and group size.
+    pub fn new(ranks: usize, microbatches: usize) -> Self {
+        Params {
+            ranks,
+            microbatches,
+            chunks: None,
+            group_size: None,
+        }
+    }
+
+    /// Sets `V`.
+    pub fn with_chunks(mut self, chunks: usize) -> Self {
+        self.chunks = Some(chunks);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_text_round_trip() {
+        for t in ["0F0", "12B7", "3I0", "1W31"] {
+            let a: Action = t.parse().unwrap();
+            assert_eq!(a.to_string(), t);
+        }
+        for bad in ["", "F0", "0X1", "0F", "0F1x", "-1F0", "0f0"] {
+            assert!(bad.parse::<Action>().is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn overlap_text_round_trip() {
+        let it: Item = "(3F1;1B0)OVERLAP_F_B".parse().unwrap();
+        assert_eq!(it.to_string(), "(3F1;1B0)OVERLAP_F_B");
+        assert_eq!(it.actions().count(), 2);
+        assert!("(3B1;1F0)OVERLAP_F_B".parse::<Item>().is_err());
+        assert!("(3F1;1B0)".parse::<Item>().is_err());
+    }
+
+    #[test]
+    fn placements() {
+        assert_eq!(Placement::Looped.rank_of(5, 4), 1);
+        let v: Vec<usize> = (0..8).map(|s| Placement::Vshape.rank_of(s, 4)).collect();
+        assert_eq!(v, [0, 1, 2, 3, 3, 2, 1, 0]);
+    }
+}

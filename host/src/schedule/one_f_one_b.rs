@@ -1,0 +1,8 @@
+//! The `1f1b` schedule family (to be written).
+
+use super::{Params, Schedule, ScheduleError};
+
+/// Generates a `1f1b` schedule.
+pub fn generate(_p: &Params) -> Result<Schedule, ScheduleError> {
+    Err(ScheduleError::refused("1f1b", "not implemented yet"))
+}

@@ -1,0 +1,1 @@
+//! Validation: proves a schedule can run (to be written).

@@ -1,0 +1,1 @@
+//! `sim`: to be written (see the issue that owns it).

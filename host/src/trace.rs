@@ -1,0 +1,1 @@
+//! `trace`: to be written (see the issue that owns it).
