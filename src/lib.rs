@@ -5,4 +5,6 @@
 //! The engine itself (schedules, simulator, partitioner, runtime, traces) is [`pipefill_host`].
 
 pub mod cli;
+pub mod layers;
+pub mod model;
 pub mod ptx;

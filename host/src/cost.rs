@@ -47,7 +47,12 @@ impl Default for LinkCost {
 impl LinkCost {
     /// Time to move `bytes` over this link.
     pub fn time(&self, bytes: f64) -> f64 {
-        self.latency + if bytes > 0.0 { bytes / self.bandwidth } else { 0.0 }
+        self.latency
+            + if bytes > 0.0 {
+                bytes / self.bandwidth
+            } else {
+                0.0
+            }
     }
 }
 

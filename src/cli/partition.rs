@@ -8,5 +8,7 @@ pub struct Args {}
 
 /// Runs `pipefill partition`.
 pub fn run(_args: Args) -> Result<(), CliError> {
-    Err(CliError::Failed("`pipefill partition` is not implemented yet".into()))
+    Err(CliError::Failed(
+        "`pipefill partition` is not implemented yet".into(),
+    ))
 }

@@ -8,5 +8,7 @@ pub struct Args {}
 
 /// Runs `pipefill profile`.
 pub fn run(_args: Args) -> Result<(), CliError> {
-    Err(CliError::Failed("`pipefill profile` is not implemented yet".into()))
+    Err(CliError::Failed(
+        "`pipefill profile` is not implemented yet".into(),
+    ))
 }

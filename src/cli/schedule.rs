@@ -8,5 +8,7 @@ pub struct Args {}
 
 /// Runs `pipefill schedule`.
 pub fn run(_args: Args) -> Result<(), CliError> {
-    Err(CliError::Failed("`pipefill schedule` is not implemented yet".into()))
+    Err(CliError::Failed(
+        "`pipefill schedule` is not implemented yet".into(),
+    ))
 }

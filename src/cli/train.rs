@@ -8,5 +8,7 @@ pub struct Args {}
 
 /// Runs `pipefill train`.
 pub fn run(_args: Args) -> Result<(), CliError> {
-    Err(CliError::Failed("`pipefill train` is not implemented yet".into()))
+    Err(CliError::Failed(
+        "`pipefill train` is not implemented yet".into(),
+    ))
 }

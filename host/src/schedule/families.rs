@@ -62,7 +62,8 @@ pub const FAMILIES: &[Family] = &[
         overlaps: false,
         default_chunks: 2,
         constraints: "V >= 1; P >= 1, M >= 1",
-        summary: "breadth-first looped schedule: every microbatch through a local stage before the next",
+        summary:
+            "breadth-first looped schedule: every microbatch through a local stage before the next",
         generate: super::looped_bfs::generate,
     },
     Family {

@@ -4,5 +4,8 @@ use super::{Params, Schedule, ScheduleError};
 
 /// Generates a `interleaved-zb` schedule.
 pub fn generate(_p: &Params) -> Result<Schedule, ScheduleError> {
-    Err(ScheduleError::refused("interleaved-zb", "not implemented yet"))
+    Err(ScheduleError::refused(
+        "interleaved-zb",
+        "not implemented yet",
+    ))
 }

@@ -132,11 +132,13 @@ impl FromStr for Action {
         }
         let mut rest = t[pos..].chars();
         let letter = rest.next().ok_or_else(|| bad("missing op letter"))?;
-        let op = Op::from_letter(letter)
-            .ok_or_else(|| bad("op letter must be one of F, B, I, W"))?;
+        let op =
+            Op::from_letter(letter).ok_or_else(|| bad("op letter must be one of F, B, I, W"))?;
         let mb_text = rest.as_str();
         if mb_text.is_empty() || !mb_text.chars().all(|c| c.is_ascii_digit()) {
-            return Err(bad("expected a microbatch number after the op letter, e.g. 2F0"));
+            return Err(bad(
+                "expected a microbatch number after the op letter, e.g. 2F0",
+            ));
         }
         let stage = t[..pos]
             .parse()
@@ -200,19 +202,23 @@ impl FromStr for Item {
                 text: s.to_string(),
                 reason: why.to_string(),
             };
-            let inner = inner
-                .strip_suffix(")OVERLAP_F_B")
-                .ok_or_else(|| bad("an overlapped pair is written ({forward};{backward})OVERLAP_F_B"))?;
+            let inner = inner.strip_suffix(")OVERLAP_F_B").ok_or_else(|| {
+                bad("an overlapped pair is written ({forward};{backward})OVERLAP_F_B")
+            })?;
             let (a, b) = inner
                 .split_once(';')
                 .ok_or_else(|| bad("an overlapped pair needs two actions separated by ';'"))?;
             let forward: Action = a.parse()?;
             let backward: Action = b.parse()?;
             if forward.op != Op::F {
-                return Err(bad("the first action of an overlapped pair must be a forward (F)"));
+                return Err(bad(
+                    "the first action of an overlapped pair must be a forward (F)",
+                ));
             }
             if !matches!(backward.op, Op::B | Op::I) {
-                return Err(bad("the second action of an overlapped pair must be a backward (B or I)"));
+                return Err(bad(
+                    "the second action of an overlapped pair must be a backward (B or I)",
+                ));
             }
             Ok(Item::Overlap { forward, backward })
         } else {
