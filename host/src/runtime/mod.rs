@@ -9,9 +9,18 @@
 //! Pieces:
 //! - [`Tensor`]: the buffer that moves between stages.
 //! - [`Stage`], [`Loss`], [`StageError`]: what a trainer implements.
+//! - [`Executor`]: runs training steps of a schedule, one OS thread per rank, and returns a
+//!   [`StepReport`] with the losses and the measured [`Timeline`](crate::timeline::Timeline).
+//! - [`RuntimeError`]: why a step failed (naming the rank and the action).
 
+mod check;
+mod error;
+mod executor;
 mod stage;
 mod tensor;
+mod worker;
 
+pub use error::RuntimeError;
+pub use executor::{Executor, StepReport};
 pub use stage::{Loss, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};
