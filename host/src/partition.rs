@@ -563,27 +563,9 @@ fn chain_optimum(
         }
         Some(problem.stage_cost(layout, s, a, b))
     };
-    const INF: u64 = u64::MAX;
-    let mut best = vec![vec![INF; n + 1]; s_count + 1];
-    best[s_count][n] = 0;
-    for s in (0..s_count).rev() {
-        let remaining = s_count - s; // stages s..S, each needs a layer
-        for a in s..=(n - remaining) {
-            let mut v = INF;
-            for b in (a + 1)..=(n - (remaining - 1)) {
-                let rest = best[s + 1][b];
-                if rest == INF {
-                    continue;
-                }
-                if let Some(c) = cost(s, a, b) {
-                    v = v.min(c.max(rest));
-                }
-            }
-            best[s][a] = v;
-        }
-    }
+    let best = chain_table(n, s_count, cost);
     let opt = best[0][0];
-    if opt == INF {
+    if opt == UNREACHABLE {
         let limit_bytes = limit.map(|l| l.bytes_per_rank).unwrap_or(0);
         return Err(PartitionError::MemoryInfeasible {
             stages: s_count,
@@ -604,29 +586,51 @@ fn chain_optimum(
     Ok(boundaries)
 }
 
-/// The smallest largest per-stage memory over all splits with one stage per rank (exact; used to tell
-/// the user which limit would work).
-fn min_peak_memory(problem: &Problem, limit: &MemoryLimit) -> u64 {
-    let n = problem.layers();
-    let s_count = limit.in_flight.len();
-    const INF: u64 = u64::MAX;
-    let mut best = vec![vec![INF; n + 1]; s_count + 1];
-    best[s_count][n] = 0;
-    for s in (0..s_count).rev() {
-        let remaining = s_count - s;
+/// Marks a state of [`chain_table`] that no split reaches.
+const UNREACHABLE: u64 = u64::MAX;
+
+/// `table[s][a]`: the smallest possible largest `cost(s', a', b')` over splits of layers `a..n` into
+/// stages `s..stages` (every stage at least one layer), where `cost` returns `None` for a stage that is
+/// not allowed; [`UNREACHABLE`] when no split exists.
+fn chain_table(
+    n: usize,
+    stages: usize,
+    cost: impl Fn(usize, usize, usize) -> Option<u64>,
+) -> Vec<Vec<u64>> {
+    let mut table = vec![vec![UNREACHABLE; n + 1]; stages + 1];
+    table[stages][n] = 0;
+    for s in (0..stages).rev() {
+        let remaining = stages - s; // stages s..stages, each needs a layer
         if n < remaining {
             continue;
         }
-        for a in s..=(n - remaining) {
-            let mut v = INF;
-            for b in (a + 1)..=(n - (remaining - 1)) {
-                let rest = best[s + 1][b];
-                if rest != INF {
-                    v = v.min(problem.stage_memory(a, b, limit.in_flight[s]).max(rest));
-                }
-            }
-            best[s][a] = v;
+        let (head, tail) = table.split_at_mut(s + 1);
+        let next = &tail[0];
+        for (a, slot) in head[s]
+            .iter_mut()
+            .enumerate()
+            .take(n - remaining + 1)
+            .skip(s)
+        {
+            *slot = next
+                .iter()
+                .enumerate()
+                .take(n - remaining + 2)
+                .skip(a + 1)
+                .filter(|(_, rest)| **rest != UNREACHABLE)
+                .filter_map(|(b, &rest)| cost(s, a, b).map(|c| c.max(rest)))
+                .min()
+                .unwrap_or(UNREACHABLE);
         }
     }
-    best[0][0]
+    table
+}
+
+/// The smallest largest per-stage memory over all splits with one stage per rank (exact; used to tell
+/// the user which limit would work).
+fn min_peak_memory(problem: &Problem, limit: &MemoryLimit) -> u64 {
+    let table = chain_table(problem.layers(), limit.in_flight.len(), |s, a, b| {
+        Some(problem.stage_memory(a, b, limit.in_flight[s]))
+    });
+    table[0][0]
 }

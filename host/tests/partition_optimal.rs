@@ -86,7 +86,7 @@ fn case() -> impl Strategy<Value = (Problem, Layout, Option<MemoryLimit>)> {
                 let acts = layers.iter().map(|l| l.2).collect();
                 let transfer = layers.iter().map(|l| l.3).collect();
                 let p = Problem::new(times, params, acts, transfer);
-                let limit = with_limit.then(|| MemoryLimit {
+                let limit = with_limit.then_some(MemoryLimit {
                     bytes_per_rank: bytes,
                     in_flight,
                 });

@@ -4,8 +4,7 @@
 //! [`super::Problem::evaluate`]. They reproduce the behaviour of the originals, including their
 //! non-optimal answers:
 //!
-//! - [`uniform`]: equal layer counts, the remainder going to the last stages (Megatron, DeepSpeed
-//!   `uniform`).
+//! - [`uniform`]: equal layer counts, the remainder going to the first stages.
 //! - [`deepspeed_balanced`]: DeepSpeed's `partition_balanced` (its default `parameters` method feeds it
 //!   parameter counts): a dynamic programme over prefixes that keeps, for each prefix and stage count,
 //!   the split with the smallest *max minus min* stage weight, ties going to the later split point.
@@ -17,23 +16,17 @@
 //!   min)`, stopping once the largest block is within 1 of the smallest (in normalised units):
 //!   `[81,99,98,67,67,96,57]` into 4 gives 287 where 180 is possible.
 
-/// Equal layer counts: `L / S` each, the last `L % S` stages one more.
+use super::Partition;
+use crate::cost::split_even;
+
+/// Equal layer counts ([`crate::cost::split_even`]: `L / S` each, the first `L % S` stages one more).
 ///
-/// `L < S` gives empty stages (the caller checks `L >= S` first).
+/// When `L < S` there is no valid split; the result then has `min(L, S)` one-layer stages and
+/// empty ones after (the callers check `L >= S` first).
 pub fn uniform(layers: usize, stages: usize) -> Vec<usize> {
-    if stages == 0 {
-        return vec![0];
-    }
-    let base = layers / stages;
-    let extra = layers % stages;
-    let mut b = Vec::with_capacity(stages + 1);
-    let mut acc = 0;
-    b.push(0);
-    for s in 0..stages {
-        acc += base + usize::from(s >= stages - extra);
-        b.push(acc);
-    }
-    b
+    let counts = split_even(layers, stages)
+        .unwrap_or_else(|_| (0..stages).map(|s| usize::from(s < layers)).collect());
+    Partition::boundaries_from_counts(&counts)
 }
 
 /// DeepSpeed's `partition_balanced`: minimise `max - min` of stage weights over prefixes, keeping
@@ -164,7 +157,7 @@ mod tests {
 
     #[test]
     fn uniform_gives_remainder_to_last_stages() {
-        assert_eq!(uniform(10, 4), vec![0, 2, 4, 7, 10]);
+        assert_eq!(uniform(10, 4), vec![0, 3, 6, 8, 10]);
         assert_eq!(uniform(8, 4), vec![0, 2, 4, 6, 8]);
     }
 
