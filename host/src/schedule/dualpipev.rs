@@ -19,8 +19,8 @@
 //! 8. `r+1` times: the oldest queued `W`.
 //!
 //! Needs `M >= 2P` (phase 4 would otherwise run a negative number of times); smaller `M` is
-//! refused, as DeepSeek and PyTorch do. Memory: a rank holds at most `2P + 1` stage-microbatches
-//! between `F` and the end of its backward (one more than ZB-V's `2P`, the price of the overlap).
+//! refused, as DeepSeek and PyTorch do. Memory: every rank holds `2P + 1` stage-microbatches
+//! between `F` and the end of its backward at its peak (one more than ZB-V's `2P`).
 
 use super::zbv::{vshape, VRank};
 use super::{Action, Item, Op, Params, Schedule, ScheduleError};
