@@ -1,1 +1,26 @@
-//! `runtime`: executes any valid schedule on devices (to be written).
+//! `runtime`: executes any valid schedule for real.
+//!
+//! A trainer brings its layers by implementing one trait, [`Stage`] (forward, backward for inputs,
+//! backward for weights, the activation memory held, zero-grad and optimizer hooks), plus a
+//! [`Loss`] for the end of the last stage. Data moves between stages as [`Tensor`]s (a `Vec<f32>`
+//! with a shape). The runtime knows nothing of how a stage computes; it decides nothing about
+//! order either: it runs the schedule it is given, in order, on every rank.
+//!
+//! Pieces:
+//! - [`Tensor`]: the buffer that moves between stages.
+//! - [`Stage`], [`Loss`], [`StageError`]: what a trainer implements.
+//! - [`Executor`]: runs training steps of a schedule, one OS thread per rank, and returns a
+//!   [`StepReport`] with the losses and the measured [`Timeline`](crate::timeline::Timeline).
+//! - [`RuntimeError`]: why a step failed (naming the rank and the action).
+
+mod check;
+mod error;
+mod executor;
+mod stage;
+mod tensor;
+mod worker;
+
+pub use error::RuntimeError;
+pub use executor::{Executor, StepReport};
+pub use stage::{Loss, Stage, StageError};
+pub use tensor::{ShapeError, Tensor};

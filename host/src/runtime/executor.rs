@@ -1,0 +1,303 @@
+//! [`Executor`]: runs a schedule's training steps on one OS thread per rank.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{self, Sender};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use super::worker::{Message, StepContext, Stop, Worker, WorkerOutput};
+use super::{Loss, RuntimeError, Stage, Tensor};
+use crate::schedule::Schedule;
+use crate::timeline::{Source, Timeline};
+
+/// Runs training steps of a [`Schedule`] over a trainer's [`Stage`]s, one OS thread per rank.
+///
+/// The executor owns the `S = P * V` stages (in global order; stage `s` runs on
+/// `schedule.rank_of(s)`). Each [`step`](Executor::step):
+///
+/// - starts one worker thread per rank; each runs its rank's list **strictly in order** (it never
+///   reorders; an overlapped pair runs its forward half then its backward half);
+/// - moves activations forward and gradients backward through channels, only between different
+///   ranks (a hand-off between stages on the same rank is direct);
+/// - keeps each microbatch's stash from `F` until its `W` (or `B`) and drops it there;
+/// - computes the loss after the last stage's forward, and scales its gradient by `1 / M`;
+/// - lets weight gradients accumulate over the microbatches (after
+///   [`Stage::zero_grad`] at the start) and calls [`Stage::optimizer_step`] once, after every rank
+///   has finished its list;
+/// - times every item, returning a measured [`Timeline`] (the type the simulator returns).
+///
+/// If a layer fails (an error or a panic) on any rank, the whole step stops: every other rank is
+/// told to stop, no rank waits forever, no optimizer step is applied, and the error names the rank
+/// and the action.
+///
+/// ```
+/// use pipefill_host::runtime::{Executor, Stage, StageError, Tensor};
+/// use pipefill_host::schedule::{Action, Item, Op, Placement, Schedule};
+///
+/// /// `y = x + b` with a learnable bias per stage (a stage needs no stash for this).
+/// struct AddBias { b: f32, grad: f32 }
+/// impl Stage for AddBias {
+///     type Stash = Option<Tensor>; // the output gradient, kept from I to W
+///     fn forward(&mut self, mut x: Tensor) -> Result<(Tensor, Self::Stash), StageError> {
+///         x.data_mut().iter_mut().for_each(|v| *v += self.b);
+///         Ok((x, None))
+///     }
+///     fn backward_input(&mut self, st: &mut Self::Stash, dy: Tensor) -> Result<Tensor, StageError> {
+///         *st = Some(dy.clone());
+///         Ok(dy)
+///     }
+///     fn backward_weight(&mut self, st: Self::Stash) -> Result<(), StageError> {
+///         self.grad += st.map_or(0.0, |dy| dy.data().iter().sum());
+///         Ok(())
+///     }
+///     fn held_bytes(&self, st: &Self::Stash) -> usize { st.as_ref().map_or(0, Tensor::bytes) }
+///     fn zero_grad(&mut self) { self.grad = 0.0; }
+///     fn optimizer_step(&mut self) -> Result<(), StageError> { self.b -= 0.5 * self.grad; Ok(()) }
+/// }
+///
+/// // Two ranks, one stage each, two microbatches, GPipe order written by hand.
+/// let rank = |s: usize, text: &str| -> Vec<Item> {
+///     text.split_whitespace().map(|a| a.replace('s', &s.to_string()).parse().unwrap()).collect()
+/// };
+/// let schedule = Schedule {
+///     name: "gpipe".into(), ranks: 2, chunks: 1, microbatches: 2,
+///     placement: Placement::Looped,
+///     actions: vec![rank(0, "sF0 sF1 sB0 sB1"), rank(1, "sF0 sF1 sB0 sB1")],
+/// };
+/// let stages = vec![AddBias { b: 0.0, grad: 0.0 }, AddBias { b: 0.0, grad: 0.0 }];
+/// let mut ex = Executor::new(schedule, stages).unwrap();
+///
+/// // Loss: half the squared distance to the target.
+/// let loss = |y: &Tensor, t: &Tensor| -> Result<(f32, Tensor), StageError> {
+///     let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
+///     Ok((0.5 * d.iter().map(|v| v * v).sum::<f32>(), Tensor::new(y.shape().to_vec(), d)?))
+/// };
+/// let x = |v: f32| Tensor::new(vec![1, 1], vec![v]).unwrap();
+/// let report = ex.step(vec![x(0.0), x(0.0)], &[x(1.0), x(1.0)], &loss).unwrap();
+/// assert_eq!(report.loss, 0.5);
+/// // d(mean loss)/d(b) = -1 for both biases; SGD with lr 0.5 moves each to 0.5.
+/// assert_eq!(ex.stages()[0].b, 0.5);
+/// assert_eq!(report.timeline.spans[1].len(), 4);
+/// ```
+pub struct Executor<S: Stage> {
+    schedule: Schedule,
+    stages: Vec<S>,
+}
+
+/// What one training step produced.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    /// The step's loss: the mean of the microbatch losses.
+    pub loss: f32,
+    /// The loss of each microbatch, by microbatch index.
+    pub losses: Vec<f32>,
+    /// When every item ran on every rank (starts at 0 with the first item).
+    pub timeline: Timeline,
+    /// Per rank, the most activation memory its stashes held at once (from [`Stage::held_bytes`]).
+    pub peak_held_bytes: Vec<usize>,
+    /// Wall-clock seconds of the whole step, threads and optimizer step included.
+    pub seconds: f64,
+}
+
+impl<S: Stage> Executor<S> {
+    /// An executor for `schedule` over `stages` (global order, `schedule.stages()` of them).
+    /// Refuses a schedule that does not validate or a stage count that does not fit.
+    pub fn new(schedule: Schedule, stages: Vec<S>) -> Result<Self, RuntimeError> {
+        super::check::check_schedule(&schedule)?;
+        if stages.len() != schedule.stages() {
+            return Err(RuntimeError::Setup(format!(
+                "schedule `{}` has {} stages (P = {} x V = {}) but {} stages were given",
+                schedule.name,
+                schedule.stages(),
+                schedule.ranks,
+                schedule.chunks,
+                stages.len()
+            )));
+        }
+        Ok(Executor { schedule, stages })
+    }
+
+    /// The schedule it runs.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// The stages, in global order.
+    pub fn stages(&self) -> &[S] {
+        &self.stages
+    }
+
+    /// The stages, in global order, for changing between steps.
+    pub fn stages_mut(&mut self) -> &mut [S] {
+        &mut self.stages
+    }
+
+    /// Gives the stages back.
+    pub fn into_stages(self) -> Vec<S> {
+        self.stages
+    }
+
+    /// Runs one training step: `inputs[k]` and `targets[k]` are microbatch `k`'s input (to stage 0)
+    /// and target (for `loss` after the last stage); there must be `M` of each.
+    pub fn step<L: Loss>(
+        &mut self,
+        inputs: Vec<Tensor>,
+        targets: &[Tensor],
+        loss: &L,
+    ) -> Result<StepReport, RuntimeError> {
+        let m = self.schedule.microbatches;
+        if inputs.len() != m || targets.len() != m {
+            return Err(RuntimeError::Setup(format!(
+                "schedule `{}` runs M = {m} microbatches per step, but {} inputs and {} targets \
+                 were given",
+                self.schedule.name,
+                inputs.len(),
+                targets.len()
+            )));
+        }
+        let p = self.schedule.ranks;
+        let failed = AtomicBool::new(false);
+        let barrier = Barrier::new(p);
+        let ctx = StepContext {
+            schedule: &self.schedule,
+            targets,
+            loss,
+            epoch: Instant::now(),
+            failed: &failed,
+            barrier: &barrier,
+        };
+        let workers = make_workers(&self.schedule, &mut self.stages, inputs);
+        let outputs: Vec<WorkerOutput> = std::thread::scope(|scope| {
+            let handles: Vec<_> = workers
+                .into_iter()
+                .map(|w| {
+                    let ctx = &ctx;
+                    scope.spawn(move || w.run(ctx))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| lost_worker()))
+                .collect()
+        });
+        let seconds = ctx.epoch.elapsed().as_secs_f64();
+        report(&self.schedule, outputs, seconds)
+    }
+}
+
+/// The output of a worker whose thread died outside any guarded call (cannot happen unless the
+/// runtime itself has a bug); reported rather than propagated as a panic.
+fn lost_worker() -> WorkerOutput {
+    WorkerOutput {
+        spans: Vec::new(),
+        transfers: Vec::new(),
+        losses: Vec::new(),
+        peak_held: 0,
+        result: Err(Stop::Failed(RuntimeError::Setup(
+            "a worker thread of the runtime panicked outside a layer call".into(),
+        ))),
+    }
+}
+
+/// Splits the stages by rank and wires one channel per rank.
+fn make_workers<'s, S: Stage>(
+    schedule: &Schedule,
+    stages: &'s mut [S],
+    inputs: Vec<Tensor>,
+) -> Vec<Worker<'s, S>> {
+    let p = schedule.ranks;
+    let (senders, receivers): (Vec<Sender<Message>>, Vec<_>) =
+        (0..p).map(|_| mpsc::channel()).unzip();
+    let mut local: Vec<Vec<(usize, &'s mut S)>> = (0..p).map(|_| Vec::new()).collect();
+    for (s, stage) in stages.iter_mut().enumerate() {
+        local[schedule.rank_of(s)].push((s, stage));
+    }
+    let first_rank = schedule.rank_of(0);
+    let mut inputs = Some(inputs.into_iter().map(Some).collect::<Vec<_>>());
+    receivers
+        .into_iter()
+        .zip(local)
+        .enumerate()
+        .map(|(rank, (rx, stages))| Worker {
+            rank,
+            stages,
+            inputs: if rank == first_rank {
+                inputs.take().unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            rx,
+            peers: senders
+                .iter()
+                .enumerate()
+                .map(|(r, tx)| (r != rank).then(|| tx.clone()))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Gathers the workers' outputs into a step report, or the error that stopped the step.
+fn report(
+    schedule: &Schedule,
+    outputs: Vec<WorkerOutput>,
+    seconds: f64,
+) -> Result<StepReport, RuntimeError> {
+    // The first rank that failed by itself is the cause; the others were told to stop.
+    let mut first_error = None;
+    for o in &outputs {
+        if let Err(Stop::Failed(e)) = &o.result {
+            first_error.get_or_insert_with(|| e.clone());
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let mut losses = vec![0.0f32; schedule.microbatches];
+    let mut spans = Vec::with_capacity(outputs.len());
+    let mut transfers = Vec::new();
+    let mut peak_held_bytes = Vec::with_capacity(outputs.len());
+    for o in outputs {
+        for (k, v) in o.losses {
+            losses[k] = v;
+        }
+        spans.push(o.spans);
+        transfers.extend(o.transfers);
+        peak_held_bytes.push(o.peak_held);
+    }
+    let mut timeline = Timeline {
+        name: schedule.name.clone(),
+        source: Source::Measured,
+        spans,
+        transfers,
+    };
+    shift_to_zero(&mut timeline);
+    let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
+    Ok(StepReport {
+        loss,
+        losses,
+        timeline,
+        peak_held_bytes,
+        seconds,
+    })
+}
+
+/// Moves a measured timeline so that its first item starts at 0 (thread start-up is not part of it).
+fn shift_to_zero(t: &mut Timeline) {
+    let origin = t
+        .spans
+        .iter()
+        .flatten()
+        .map(|s| s.start)
+        .fold(f64::INFINITY, f64::min);
+    if !origin.is_finite() {
+        return;
+    }
+    for s in t.spans.iter_mut().flatten() {
+        s.start -= origin;
+        s.end -= origin;
+    }
+    for tr in &mut t.transfers {
+        tr.start = (tr.start - origin).max(0.0);
+        tr.end = (tr.end - origin).max(0.0);
+    }
+}
