@@ -80,7 +80,12 @@ fn measure(
     replay: bool,
 ) -> f64 {
     let stages = spec
-        .build_stages(&ranges(counts), Optimizer::sgd(1e-3), GemmBackend::MatrixMultiply, 0)
+        .build_stages(
+            &ranges(counts),
+            Optimizer::sgd(1e-3),
+            GemmBackend::MatrixMultiply,
+            0,
+        )
         .expect("stages");
     let mut ex = Executor::new(schedule.clone(), stages).expect("executor");
     ex.set_exclusive(replay);
@@ -94,7 +99,10 @@ fn measure(
         }
         let secs = if replay {
             let cost = measured_cost(predicted_cost, &r);
-            simulate(schedule, &cost).expect("replay").timeline.makespan()
+            simulate(schedule, &cost)
+                .expect("replay")
+                .timeline
+                .makespan()
         } else {
             r.seconds
         };
@@ -140,7 +148,12 @@ fn main() {
     let schedule = families::generate("1f1b", &Params::new(RANKS, MICROBATCHES)).expect("1f1b");
 
     let mut rows_out = Vec::new();
-    for method in [Method::Uniform, Method::Parameters, Method::TimeGreedy, Method::Optimal] {
+    for method in [
+        Method::Uniform,
+        Method::Parameters,
+        Method::TimeGreedy,
+        Method::Optimal,
+    ] {
         let part = method.apply(&problem, &layout, None).expect("partition");
         let counts = part.layers_per_stage();
         let cost = costs.model(&counts).expect("cost model");
@@ -160,9 +173,16 @@ fn main() {
     let best = report.best().expect("a plan");
     let factor = best.microbatch_size as f64 / rows as f64;
     let layers = scale_layers(&costs.layers, factor);
-    let cost = CostModel::from_layers(&layers, &best.layers_per_stage, costs.transfer)
-        .expect("plan cost");
-    let measured = measure(&spec, &best.schedule, &best.layers_per_stage, &cost, steps, replay);
+    let cost =
+        CostModel::from_layers(&layers, &best.layers_per_stage, costs.transfer).expect("plan cost");
+    let measured = measure(
+        &spec,
+        &best.schedule,
+        &best.layers_per_stage,
+        &cost,
+        steps,
+        replay,
+    );
     rows_out.push(Row {
         name: "plan".into(),
         detail: format!(
@@ -173,8 +193,14 @@ fn main() {
         measured,
     });
 
-    let best_pred = rows_out.iter().map(|r| r.predicted).fold(f64::INFINITY, f64::min);
-    let best_meas = rows_out.iter().map(|r| r.measured).fold(f64::INFINITY, f64::min);
+    let best_pred = rows_out
+        .iter()
+        .map(|r| r.predicted)
+        .fold(f64::INFINITY, f64::min);
+    let best_meas = rows_out
+        .iter()
+        .map(|r| r.measured)
+        .fold(f64::INFINITY, f64::min);
     println!(
         "P={RANKS} batch={BATCH} rows, {} layers (heavy first and last), {cores} cores, {} , median of {steps} steps",
         spec.layers.len(),

@@ -473,6 +473,16 @@ fn shape<'a>(
             }
         }
     };
+    shape_of(request, family, schedule).map(Some)
+}
+
+/// The shape of an already generated schedule.
+fn shape_of<'a>(
+    request: &'a PlanRequest,
+    family: &'static Family,
+    schedule: Schedule,
+) -> Result<Shape<'a>, String> {
+    let (p, v, m) = (schedule.ranks, schedule.chunks, schedule.microbatches);
     if p * v > request.costs.layers.len() {
         return Err(format!(
             "{} stages need at least as many layers, the model has {}",
@@ -483,7 +493,7 @@ fn shape<'a>(
     let layout = Layout {
         ranks: p,
         chunks: v,
-        placement: family.placement,
+        placement: schedule.placement,
     };
     let factor = (request.global_batch / m) as f64 / request.cost_batch;
     let layers = scale_layers(&request.costs.layers, factor);
@@ -493,7 +503,7 @@ fn shape<'a>(
         bytes_per_rank: bytes.floor() as u64,
         in_flight: stage_in_flight(&schedule),
     });
-    Ok(Some(Shape {
+    Ok(Shape {
         family,
         schedule,
         layout,
@@ -501,7 +511,42 @@ fn shape<'a>(
         problem,
         limit,
         request,
-    }))
+    })
+}
+
+/// The best partition for a given schedule of a known family, with costs measured at the schedule's
+/// microbatch size: the partition methods simulated, the best refined by boundary moves (what
+/// `pipefill train --plan auto` uses for each family it considers). The plan's `microbatch_size` is 1
+/// (costs are not rescaled).
+pub fn best_partition(
+    costs: &CostFile,
+    schedule: &Schedule,
+    memory_limit: Option<f64>,
+) -> Result<Plan, PlanError> {
+    let family = FAMILIES
+        .iter()
+        .find(|f| f.name == schedule.name)
+        .ok_or_else(|| {
+            PlanError::Request(format!(
+                "schedule `{}` is not one of the known families; plan a family by name",
+                schedule.name
+            ))
+        })?;
+    let mut request = PlanRequest::new(costs.clone(), 1.0, schedule.ranks, schedule.microbatches);
+    request.memory_limit = memory_limit;
+    check(&request)?;
+    let sh = shape_of(&request, family, schedule.clone()).map_err(PlanError::Request)?;
+    let (mut found, why) = candidates(&sh);
+    sort(&mut found);
+    let first = found
+        .first()
+        .ok_or_else(|| PlanError::NoPlan(why.join("; ")))?;
+    let refined = sh.refine(first);
+    Ok(if refined.step_time < first.step_time {
+        refined
+    } else {
+        first.clone()
+    })
 }
 
 /// Simulates every partition method on one shape.

@@ -93,3 +93,27 @@ fn bad_requests_are_refused() {
     let req = PlanRequest::new(model(), 0.0, 4, 16);
     assert!(matches!(plan(&req), Err(PlanError::Request(_))));
 }
+
+#[test]
+fn best_partition_for_a_fixed_schedule_beats_uniform() {
+    use pipefill_host::plan::best_partition;
+    use pipefill_host::schedule::{families, Params};
+    let costs = model();
+    let s = families::generate("1f1b", &Params::new(4, 8)).unwrap();
+    let best = best_partition(&costs, &s, None).unwrap();
+    assert_eq!((best.family, best.microbatches), ("1f1b", 8));
+    let uniform =
+        CostModel::from_layers(&costs.layers, &split_even(10, 4).unwrap(), costs.transfer).unwrap();
+    let uniform_step = simulate(&s, &uniform).unwrap().timeline.makespan();
+    assert!(
+        best.step_time < uniform_step,
+        "{} vs {uniform_step}",
+        best.step_time
+    );
+    let mut unknown = s.clone();
+    unknown.name = "mine".into();
+    assert!(matches!(
+        best_partition(&costs, &unknown, None),
+        Err(PlanError::Request(_))
+    ));
+}
