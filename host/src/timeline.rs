@@ -62,6 +62,63 @@ pub struct Timeline {
 }
 
 impl Timeline {
+    /// An empty timeline with `ranks` lanes; fill it with [`Timeline::push`] and
+    /// [`Timeline::push_transfer`] (the runtime does this from its clocks, the simulator from its model).
+    pub fn new(name: impl Into<String>, source: Source, ranks: usize) -> Self {
+        Timeline {
+            name: name.into(),
+            source,
+            spans: vec![Vec::new(); ranks],
+            transfers: Vec::new(),
+        }
+    }
+
+    /// Appends an item run on `rank` from `start` to `end`; its `index` is its position in the lane.
+    /// Panics if `rank >= self.ranks()` (a programming error, not input).
+    pub fn push(&mut self, rank: usize, item: Item, start: f64, end: f64) {
+        let lane = &mut self.spans[rank];
+        let index = lane.len();
+        lane.push(Span {
+            rank,
+            index,
+            item,
+            start,
+            end,
+        });
+    }
+
+    /// Appends a transfer.
+    pub fn push_transfer(&mut self, transfer: Transfer) {
+        self.transfers.push(transfer);
+    }
+
+    /// Shifts every time so that the earliest start is 0 (measured clocks start anywhere).
+    pub fn shift_to_zero(&mut self) {
+        let t0 = self
+            .spans
+            .iter()
+            .flatten()
+            .map(|s| s.start)
+            .chain(self.transfers.iter().map(|t| t.start))
+            .fold(f64::INFINITY, f64::min);
+        if !t0.is_finite() || t0 == 0.0 {
+            return;
+        }
+        for s in self.spans.iter_mut().flatten() {
+            s.start -= t0;
+            s.end -= t0;
+        }
+        for t in &mut self.transfers {
+            t.start -= t0;
+            t.end -= t0;
+        }
+    }
+
+    /// Number of spans (items) over all ranks.
+    pub fn span_count(&self) -> usize {
+        self.spans.iter().map(Vec::len).sum()
+    }
+
     /// Number of ranks.
     pub fn ranks(&self) -> usize {
         self.spans.len()

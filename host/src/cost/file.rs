@@ -1,0 +1,396 @@
+//! The cost file: per-layer (or per-stage) costs in JSON, every field checked.
+//!
+//! ```json
+//! {
+//!   "layers": [
+//!     {"name": "embed", "forward": 0.0012, "backward_input": 0.0011, "backward_weight": 0.0013,
+//!      "activation_bytes": 4194304, "parameter_bytes": 65536000, "output_bytes": 1048576},
+//!     {"name": "block0", "forward": 0.002, "backward": 0.004,
+//!      "activation_bytes": 8388608, "parameter_bytes": 12582912}
+//!   ],
+//!   "transfer": {"latency": 0.00002, "bandwidth": 2.5e10},
+//!   "overlap_share": 0.1,
+//!   "meta": {"backend": "cpu"}
+//! }
+//! ```
+//!
+//! Per entry (times in seconds, sizes in bytes, all finite and `>= 0`):
+//!
+//! | key | required | meaning |
+//! | --- | --- | --- |
+//! | `name` | yes for `layers`, optional for `stages` | a label |
+//! | `forward` | yes | F |
+//! | `backward_input`, `backward_weight`, `backward` | see below | I, W, B |
+//! | `activation_bytes` | yes | held per microbatch from F until W/B ends |
+//! | `parameter_bytes` | yes | weights (and anything else held for the whole step) |
+//! | `released_at_input` | no (0) | part of `activation_bytes` freed when I ends |
+//! | `output_bytes` | no (0) | the output per microbatch (crosses the boundary after this layer) |
+//!
+//! Backward: `backward_input` and `backward_weight`, or `backward` alone (then `I = W = B/2`), or
+//! `backward` with one of the two (see [`super::resolve_backward`]).
+//!
+//! Top level: `layers` (or, instead, `stages`: one entry per stage, already partitioned); `transfer`
+//! (optional, default free: `latency` in seconds and `bandwidth` in bytes per second, both required
+//! when `transfer` is given; `"bandwidth": null` means unlimited); `overlap_share` (optional, default 0,
+//! in `0..=1`: the part of the shorter half of an overlapped F/B pair that does not overlap); `meta`
+//! (optional, anything: where and how the costs were measured). Any other key is refused, so a
+//! misspelled field (`foward`) is an error rather than silently missing.
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::check::{Fields, Quantity};
+use super::{resolve_backward, CostError, CostModel, LayerCost, LinkCost, StageCost};
+
+/// The keys an entry (layer or stage) may have.
+const ENTRY_KEYS: &[&str] = &[
+    "name",
+    "forward",
+    "backward_input",
+    "backward_weight",
+    "backward",
+    "activation_bytes",
+    "released_at_input",
+    "parameter_bytes",
+    "output_bytes",
+];
+
+/// The keys the top level may have.
+const TOP_KEYS: &[&str] = &["layers", "stages", "transfer", "overlap_share", "meta"];
+
+/// A per-layer cost file: what `pipefill profile` writes and `partition`, `plan` and `simulate` read.
+///
+/// ```
+/// use pipefill_host::cost::CostFile;
+/// let f = CostFile::parse(r#"{"layers": [
+///     {"name": "a", "forward": 1, "backward": 2, "activation_bytes": 0, "parameter_bytes": 0}],
+///     "transfer": {"latency": 0.5, "bandwidth": null}}"#).unwrap();
+/// assert_eq!(f.layers[0].backward_input, 1.0);
+/// assert_eq!(f.transfer.bandwidth, f64::INFINITY);
+/// let e = CostFile::parse(r#"{"layers": [{"name": "a", "forward": -1}]}"#).unwrap_err();
+/// assert!(e.to_string().contains("layers[0].forward"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostFile {
+    /// The layers, in model order.
+    pub layers: Vec<LayerCost>,
+    /// The link between ranks.
+    pub transfer: LinkCost,
+    /// Non-overlapped share of an overlapped F/B pair.
+    pub overlap_share: f64,
+    /// Free-form description of where the costs come from (kept, not interpreted).
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub meta: Value,
+}
+
+/// What a cost file holds: per-layer costs (to be partitioned) or per-stage costs (ready to simulate).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CostInput {
+    /// `"layers": [...]`.
+    Layers(CostFile),
+    /// `"stages": [...]`: one cost per stage, in stage order.
+    Stages(CostModel),
+}
+
+impl CostFile {
+    /// Parses and checks a per-layer cost file (`"layers"` required).
+    pub fn parse(text: &str) -> Result<CostFile, CostError> {
+        match CostInput::parse(text)? {
+            CostInput::Layers(f) => Ok(f),
+            CostInput::Stages(_) => Err(CostError::field(
+                "stages",
+                "this command needs per-layer costs",
+                "write the costs under \"layers\" (one entry per layer) instead of \"stages\"",
+            )),
+        }
+    }
+
+    /// Reads and checks a per-layer cost file from disk.
+    pub fn load(path: &Path) -> Result<CostFile, CostError> {
+        CostFile::parse(&read(path)?)
+    }
+
+    /// The file as pretty JSON (the schema [`CostFile::parse`] reads; unlimited bandwidth as `null`).
+    pub fn to_json(&self) -> String {
+        // Serialising plain numbers, strings and a `Value` cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+impl CostInput {
+    /// Parses and checks a cost file with either `"layers"` or `"stages"`.
+    pub fn parse(text: &str) -> Result<CostInput, CostError> {
+        let root: Value = serde_json::from_str(text).map_err(|e| CostError::Syntax {
+            line: e.line(),
+            column: e.column(),
+            reason: e.to_string(),
+        })?;
+        let top = Fields::object(&root, "", "a JSON object with \"layers\" and \"transfer\"")?;
+        top.only(TOP_KEYS)?;
+        let transfer = parse_transfer(&top)?;
+        let overlap_share = top.number("overlap_share", Quantity::Share)?.unwrap_or(0.0);
+        match (top.has("layers"), top.has("stages")) {
+            (true, true) => Err(CostError::field(
+                "stages",
+                "is given together with \"layers\"",
+                "give either per-layer costs (\"layers\") or per-stage costs (\"stages\"), not both",
+            )),
+            (false, true) => {
+                let entries = top.array("stages", "one object per stage")?;
+                let stages = entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| parse_entry(v, &format!("stages[{i}]"), false).map(|(_, s)| s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(CostInput::Stages(CostModel {
+                    stages,
+                    link: transfer,
+                    overlap_share,
+                }))
+            }
+            _ => {
+                let entries = top.array("layers", "one object per layer, in model order")?;
+                let layers = entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        let (name, s) = parse_entry(v, &format!("layers[{i}]"), true)?;
+                        Ok(layer_from(name.unwrap_or_default(), &s))
+                    })
+                    .collect::<Result<Vec<_>, CostError>>()?;
+                Ok(CostInput::Layers(CostFile {
+                    layers,
+                    transfer,
+                    overlap_share,
+                    meta: top.get("meta").cloned().unwrap_or(Value::Null),
+                }))
+            }
+        }
+    }
+
+    /// Reads and checks a cost file from disk.
+    pub fn load(path: &Path) -> Result<CostInput, CostError> {
+        CostInput::parse(&read(path)?)
+    }
+}
+
+/// Reads a file to a string, naming the path in the error.
+fn read(path: &Path) -> Result<String, CostError> {
+    std::fs::read_to_string(path).map_err(|e| CostError::Read {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// `transfer`: absent means free; present needs `latency` and `bandwidth` (null = unlimited).
+fn parse_transfer(top: &Fields<'_>) -> Result<LinkCost, CostError> {
+    let Some(v) = top.get("transfer") else {
+        return Ok(LinkCost::default());
+    };
+    let t = Fields::object(
+        v,
+        "transfer",
+        "an object {\"latency\": seconds, \"bandwidth\": bytes per second}",
+    )?;
+    t.only(&["latency", "bandwidth"])?;
+    let latency = t.required("latency", Quantity::Seconds)?;
+    let bandwidth = match t.get("bandwidth") {
+        Some(Value::Null) => f64::INFINITY,
+        _ => t.required("bandwidth", Quantity::BytesPerSecond)?,
+    };
+    Ok(LinkCost { latency, bandwidth })
+}
+
+/// One layer or stage entry; `name` is required when `need_name`.
+fn parse_entry(
+    v: &Value,
+    path: &str,
+    need_name: bool,
+) -> Result<(Option<String>, StageCost), CostError> {
+    let e = Fields::object(
+        v,
+        path,
+        "an object with name, forward, backward_input, backward_weight, activation_bytes, parameter_bytes",
+    )?;
+    e.only(ENTRY_KEYS)?;
+    let name = e.string("name")?;
+    if need_name && name.is_none() {
+        return Err(CostError::field(
+            e.path_of("name"),
+            "is missing",
+            "add \"name\": a label for the layer, e.g. \"block3\"",
+        ));
+    }
+    let forward = e.required("forward", Quantity::Seconds)?;
+    let (backward_input, backward_weight, backward) = resolve_backward(
+        path,
+        e.number("backward_input", Quantity::Seconds)?,
+        e.number("backward_weight", Quantity::Seconds)?,
+        e.number("backward", Quantity::Seconds)?,
+    )?;
+    let stage = StageCost {
+        forward,
+        backward_input,
+        backward_weight,
+        backward,
+        activation_bytes: e.required("activation_bytes", Quantity::Bytes)?,
+        released_at_input: e
+            .number("released_at_input", Quantity::Bytes)?
+            .unwrap_or(0.0),
+        parameter_bytes: e.required("parameter_bytes", Quantity::Bytes)?,
+        output_bytes: e.number("output_bytes", Quantity::Bytes)?.unwrap_or(0.0),
+    };
+    stage.check(path)?;
+    Ok((name, stage))
+}
+
+/// A [`LayerCost`] with the fields of a checked entry.
+fn layer_from(name: String, s: &StageCost) -> LayerCost {
+    LayerCost {
+        name,
+        forward: s.forward,
+        backward_input: s.backward_input,
+        backward_weight: s.backward_weight,
+        backward: s.backward,
+        activation_bytes: s.activation_bytes,
+        released_at_input: s.released_at_input,
+        parameter_bytes: s.parameter_bytes,
+        output_bytes: s.output_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"layers": [
+        {"name": "a", "forward": 1, "backward_input": 1, "backward_weight": 2,
+         "activation_bytes": 10, "parameter_bytes": 5, "output_bytes": 3, "released_at_input": 4},
+        {"name": "b", "forward": 2, "backward": 4, "activation_bytes": 0, "parameter_bytes": 0}],
+        "transfer": {"latency": 0.5, "bandwidth": 100}}"#;
+
+    fn err(text: &str) -> String {
+        CostInput::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn reads_layers() {
+        let f = CostFile::parse(GOOD).unwrap();
+        assert_eq!(f.layers.len(), 2);
+        assert_eq!(f.layers[0].backward, 3.0);
+        assert_eq!(f.layers[1].backward_weight, 2.0);
+        assert_eq!(
+            f.transfer,
+            LinkCost {
+                latency: 0.5,
+                bandwidth: 100.0
+            }
+        );
+        let again = CostFile::parse(&f.to_json()).unwrap();
+        assert_eq!(again, f);
+    }
+
+    #[test]
+    fn reads_stages() {
+        let CostInput::Stages(m) = CostInput::parse(
+            r#"{"stages": [{"forward": 1, "backward": 2, "activation_bytes": 1, "parameter_bytes": 0}],
+                "overlap_share": 0.25}"#,
+        )
+        .unwrap() else {
+            panic!("expected stages")
+        };
+        assert_eq!(m.stages[0].backward_input, 1.0);
+        assert_eq!(m.overlap_share, 0.25);
+        assert_eq!(m.link, LinkCost::default());
+    }
+
+    #[test]
+    fn every_field_is_checked() {
+        let cases = [
+            (
+                r#"{"layers": [{"name": "a", "forward": -1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}]}"#,
+                "layers[0].forward",
+                "negative",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": "1", "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}]}"#,
+                "layers[0].forward",
+                "string",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}]}"#,
+                "layers[0].forward",
+                "missing",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": 1, "backward": 1, "parameter_bytes": 0}]}"#,
+                "layers[0].activation_bytes",
+                "missing",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": 1, "backward": 1, "activation_bytes": 0}]}"#,
+                "layers[0].parameter_bytes",
+                "missing",
+            ),
+            (
+                r#"{"layers": [{"forward": 1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}]}"#,
+                "layers[0].name",
+                "missing",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "foward": 1}]}"#,
+                "layers[0].foward",
+                "did you mean `forward`",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": 1, "backward_input": 1, "activation_bytes": 0, "parameter_bytes": 0}]}"#,
+                "layers[0].backward_weight",
+                "missing",
+            ),
+            (r#"{"layers": []}"#, "layers", "empty"),
+            (r#"{"layers": 3}"#, "layers", "expected an array"),
+            (r#"{"layers": [3]}"#, "layers[0]", "expected an object"),
+            (
+                r#"{"transfer": {"latency": 0, "bandwidth": 1}}"#,
+                "layers",
+                "missing",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": 1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}], "transfer": {"latency": 0, "bandwidth": 0}}"#,
+                "transfer.bandwidth",
+                "positive",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": 1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}], "transfer": {"bandwidth": 1}}"#,
+                "transfer.latency",
+                "missing",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": 1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}], "overlap_share": 2}"#,
+                "overlap_share",
+                "between 0 and 1",
+            ),
+            (
+                r#"{"stages": [{"forward": 1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0, "output_bytes": null}]}"#,
+                "stages[0].output_bytes",
+                "null",
+            ),
+            (
+                r#"{"layers": [{"name": "a", "forward": 1e400}]}"#,
+                "line 1",
+                "JSON",
+            ),
+            (r#"[1]"#, "(top level)", "expected an object"),
+        ];
+        for (text, field, what) in cases {
+            let e = err(text);
+            assert!(
+                e.contains(field) && e.contains(what),
+                "`{text}` gave `{e}`; wanted {field} / {what}"
+            );
+            assert!(e.contains("Fix:"), "no fix in `{e}`");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The `--cost` flag: uniform costs written inline, e.g. `F=1,I=1,W=1` or `F=2ms,B=4ms,A=64MiB,O=8MiB`.
+//!
+//! Keys (short or long form), each at most once:
+//!
+//! | key | long form | meaning | unit |
+//! | --- | --- | --- | --- |
+//! | `F` | `forward` | forward time | seconds |
+//! | `I` | `backward_input` | backward for inputs | seconds |
+//! | `W` | `backward_weight` | backward for weights | seconds |
+//! | `B` | `backward` | full backward | seconds |
+//! | `A` | `activation_bytes` | activation bytes held per microbatch | bytes |
+//! | `R` | `released_at_input` | part of `A` freed when I ends | bytes |
+//! | `P` | `parameter_bytes` | parameter bytes | bytes |
+//! | `O` | `output_bytes`, `bytes` | bytes sent across a stage boundary per microbatch | bytes |
+//!
+//! Times take an optional suffix `s`, `ms`, `us`, `ns` (plain numbers are seconds, or abstract time
+//! units when all costs are given that way); sizes take `K`, `M`, `G` (powers of 1000) or `KiB`, `MiB`,
+//! `GiB` (powers of 1024), with or without a trailing `B`. `F` is required, and the backward as in
+//! [`super::resolve_backward`].
+//!
+//! The values are **one rank's work at `V = 1`**: a schedule with `V` chunks per rank gives each stage
+//! `1/V` of every time and size except `O`, so schedules with different `V` share the same model.
+
+use super::check::Quantity;
+use super::{resolve_backward, CostError, StageCost};
+
+/// The keys, as `(short, long forms, quantity)`.
+const KEYS: &[(&str, &[&str], Quantity)] = &[
+    ("F", &["forward"], Quantity::Seconds),
+    ("I", &["backward_input"], Quantity::Seconds),
+    ("W", &["backward_weight"], Quantity::Seconds),
+    ("B", &["backward"], Quantity::Seconds),
+    ("A", &["activation_bytes"], Quantity::Bytes),
+    ("R", &["released_at_input"], Quantity::Bytes),
+    ("P", &["parameter_bytes"], Quantity::Bytes),
+    ("O", &["output_bytes", "bytes"], Quantity::Bytes),
+];
+
+const FIX: &str =
+    "write KEY=VALUE pairs separated by commas, e.g. F=1,I=1,W=1 or F=2ms,B=4ms,A=64MiB; \
+                   keys F, I, W, B (times), A, R, P, O (bytes)";
+
+/// Parses the `--cost` flag into one rank's [`StageCost`] (at `V = 1`).
+///
+/// ```
+/// use pipefill_host::cost::parse_cost_flag;
+/// let c = parse_cost_flag("F=1,I=1,W=2").unwrap();
+/// assert_eq!((c.forward, c.backward), (1.0, 3.0));
+/// let c = parse_cost_flag("F=2ms,B=4ms,A=1KiB").unwrap();
+/// assert_eq!((c.backward_input, c.activation_bytes), (0.002, 1024.0));
+/// assert!(parse_cost_flag("F=-1,B=1").unwrap_err().to_string().contains("negative"));
+/// ```
+pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
+    let mut values: [Option<f64>; 8] = [None; 8];
+    for part in text.split(',').map(str::trim) {
+        if part.is_empty() {
+            return Err(CostError::flag(text, "has an empty entry", FIX));
+        }
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| CostError::flag(part, "is not KEY=VALUE", FIX))?;
+        let key = key.trim();
+        let slot = KEYS
+            .iter()
+            .position(|(short, long, _)| *short == key || long.contains(&key))
+            .ok_or_else(|| CostError::flag(part, format!("unknown key `{key}`"), FIX))?;
+        if values[slot].is_some() {
+            return Err(CostError::flag(
+                part,
+                format!("key `{key}` is given twice"),
+                "give each key once",
+            ));
+        }
+        let q = KEYS[slot].2;
+        let v = parse_value(value.trim(), q).ok_or_else(|| {
+            CostError::flag(
+                part,
+                format!("cannot read `{}` as a {}", value.trim(), noun(q)),
+                unit_help(q),
+            )
+        })?;
+        if let Some(problem) = q.problem(v) {
+            return Err(CostError::flag(part, problem, q.expected()));
+        }
+        values[slot] = Some(v);
+    }
+    let [f, i, w, b, a, r, p, o] = values;
+    let forward = f.ok_or_else(|| CostError::flag(text, "F (forward time) is missing", FIX))?;
+    let (backward_input, backward_weight, backward) =
+        resolve_backward("", i, w, b).map_err(|e| CostError::flag(text, e.to_string(), FIX))?;
+    let activation_bytes = a.unwrap_or(0.0);
+    let released_at_input = r.unwrap_or(0.0);
+    if released_at_input > activation_bytes {
+        return Err(CostError::flag(
+            text,
+            format!("R ({released_at_input}) is larger than A ({activation_bytes})"),
+            "R is the part of the activation bytes A freed at I: at most A",
+        ));
+    }
+    Ok(StageCost {
+        forward,
+        backward_input,
+        backward_weight,
+        backward,
+        activation_bytes,
+        released_at_input,
+        parameter_bytes: p.unwrap_or(0.0),
+        output_bytes: o.unwrap_or(0.0),
+    })
+}
+
+/// "time" or "size".
+fn noun(q: Quantity) -> &'static str {
+    if q == Quantity::Seconds {
+        "time"
+    } else {
+        "size"
+    }
+}
+
+/// The accepted forms of a value.
+fn unit_help(q: Quantity) -> &'static str {
+    if q == Quantity::Seconds {
+        "write a number of seconds, optionally with a suffix s, ms, us or ns, e.g. 1.5ms"
+    } else {
+        "write a number of bytes, optionally with a suffix K, M, G, KiB, MiB or GiB, e.g. 64MiB"
+    }
+}
+
+/// A number with an optional unit suffix for `q`.
+fn parse_value(text: &str, q: Quantity) -> Option<f64> {
+    if let Ok(v) = text.parse::<f64>() {
+        return Some(v); // includes `inf` and `NaN`, refused with a clear reason by the caller
+    }
+    let split = text
+        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+        .unwrap_or(text.len());
+    let (num, suffix) = text.split_at(split);
+    let scale = if q == Quantity::Seconds {
+        match suffix {
+            "" | "s" => 1.0,
+            "ms" => 1e-3,
+            "us" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        }
+    } else {
+        match suffix.strip_suffix('B').unwrap_or(suffix) {
+            "" => 1.0,
+            "K" | "k" => 1e3,
+            "M" => 1e6,
+            "G" => 1e9,
+            "Ki" => 1024.0,
+            "Mi" => 1024.0 * 1024.0,
+            "Gi" => 1024.0 * 1024.0 * 1024.0,
+            _ => return None,
+        }
+    };
+    num.trim().parse::<f64>().ok().map(|v| v * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms() {
+        let c = parse_cost_flag("F=1,I=1,W=1").unwrap();
+        assert_eq!(c, StageCost::uniform(1.0, 1.0, 1.0));
+        let c = parse_cost_flag("forward=1, backward=3, bytes=2MB, P=1GiB").unwrap();
+        assert_eq!((c.backward_input, c.output_bytes), (1.5, 2e6));
+        assert_eq!(c.parameter_bytes, 1024.0 * 1024.0 * 1024.0);
+        assert_eq!(parse_cost_flag("F=1e-3,B=2us").unwrap().backward, 2e-6);
+    }
+
+    #[test]
+    fn refusals() {
+        for (text, needle) in [
+            ("", "empty"),
+            ("F=1,,B=1", "empty"),
+            ("F1", "KEY=VALUE"),
+            ("F=1,X=2", "unknown key `X`"),
+            ("F=1,F=2,B=1", "twice"),
+            ("F=abc,B=1", "cannot read"),
+            ("F=1min,B=1", "cannot read"),
+            ("F=NaN,B=1", "NaN"),
+            ("F=inf,B=1", "not finite"),
+            ("F=1,B=-2", "negative"),
+            ("B=1", "F (forward time) is missing"),
+            ("F=1", "backward_input"),
+            ("F=1,I=1", "backward_weight"),
+            ("F=1,B=1,A=1,R=2", "larger than A"),
+        ] {
+            let e = parse_cost_flag(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "`{text}` gave `{e}`, wanted `{needle}`");
+            assert!(e.contains("Fix:"), "{e}");
+        }
+    }
+}
