@@ -57,10 +57,12 @@ pub fn sequential_step<S: Stage, L: Loss>(
         grad.scale(1.0 / m as f32);
         losses.push(value);
         for (s, stage) in stages.iter_mut().enumerate().rev() {
-            let stash = stashes.pop().ok_or_else(|| {
-                RuntimeError::Setup("sequential step lost a stash".to_string())
-            })?;
-            grad = stage.backward(stash, grad).map_err(|e| fail(Op::B, s, k, e))?;
+            let stash = stashes
+                .pop()
+                .ok_or_else(|| RuntimeError::Setup("sequential step lost a stash".to_string()))?;
+            grad = stage
+                .backward(stash, grad)
+                .map_err(|e| fail(Op::B, s, k, e))?;
         }
     }
     for (s, stage) in stages.iter_mut().enumerate() {
