@@ -51,7 +51,7 @@ pub const FAMILIES: &[Family] = &[
         splits_iw: false,
         overlaps: false,
         default_chunks: 2,
-        constraints: "V >= 2; P >= 1, M >= 1",
+        constraints: "V >= 2; P >= 1, M >= 1; group size G >= 1 (default P)",
         summary: "Megatron's interleaved 1F1B over virtual stages",
         generate: super::interleaved_1f1b::generate,
     },

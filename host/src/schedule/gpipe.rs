@@ -1,8 +1,19 @@
-//! The `gpipe` schedule family (to be written).
+//! The `gpipe` family (GPipe, Huang et al. 2019): every rank runs all its forwards, then all its
+//! backwards, both in microbatch order (as PyTorch pipelining's `ScheduleGPipe`). `V = 1`.
+//! Every rank holds all `M` activations at its peak.
 
-use super::{Params, Schedule, ScheduleError};
+use super::{Action, Item, Op, Params, Schedule, ScheduleError};
 
-/// Generates a `gpipe` schedule.
-pub fn generate(_p: &Params) -> Result<Schedule, ScheduleError> {
-    Err(ScheduleError::refused("gpipe", "not implemented yet"))
+/// Generates a `gpipe` schedule; refuses `P = 0`, `M = 0` and `V != 1`.
+pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
+    let v = p.checked("gpipe", 1, 1..=1)?;
+    let m = p.microbatches;
+    let actions = (0..p.ranks)
+        .map(|r| {
+            let fwd = (0..m).map(|k| Item::One(Action::new(Op::F, r, k)));
+            let bwd = (0..m).map(|k| Item::One(Action::new(Op::B, r, k)));
+            fwd.chain(bwd).collect()
+        })
+        .collect();
+    Ok(Schedule::looped("gpipe", p.ranks, v, m, actions))
 }

@@ -19,12 +19,13 @@
 //! ```
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 mod error;
-pub use error::ScheduleError;
+pub use error::{ScheduleError, Wait};
 
 pub mod families;
 pub mod format;
@@ -310,6 +311,24 @@ impl Schedule {
         self.placement.rank_of(stage, self.ranks)
     }
 
+    /// A schedule with looped placement (`rank = stage % P`).
+    pub fn looped(
+        name: &str,
+        ranks: usize,
+        chunks: usize,
+        microbatches: usize,
+        actions: Vec<Vec<Item>>,
+    ) -> Self {
+        Schedule {
+            name: name.to_string(),
+            ranks,
+            chunks,
+            microbatches,
+            placement: Placement::Looped,
+            actions,
+        }
+    }
+
     /// Total number of single actions (an overlapped pair counts two).
     pub fn action_count(&self) -> usize {
         self.actions
@@ -352,7 +371,61 @@ impl Params {
         self.chunks = Some(chunks);
         self
     }
+
+    /// Sets the group size of interleaved schedules.
+    pub fn with_group_size(mut self, group_size: usize) -> Self {
+        self.group_size = Some(group_size);
+        self
+    }
+
+    /// The checks every generator starts with: `P >= 1`, `M >= 1`, `V` (given, or `default_chunks`)
+    /// inside `allowed`, and at most [`MAX_PAIRS`] (stage, microbatch) pairs. Returns `V`.
+    ///
+    /// ```
+    /// use pipefill_host::schedule::Params;
+    /// assert_eq!(Params::new(4, 8).checked("x", 2, 2..=usize::MAX), Ok(2));
+    /// assert!(Params::new(4, 8).with_chunks(1).checked("x", 2, 2..=usize::MAX).is_err());
+    /// assert!(Params::new(0, 8).checked("x", 1, 1..=1).is_err());
+    /// ```
+    pub fn checked(
+        &self,
+        family: &str,
+        default_chunks: usize,
+        allowed: RangeInclusive<usize>,
+    ) -> Result<usize, ScheduleError> {
+        let refuse = |why: String| Err(ScheduleError::refused(family, why));
+        if self.ranks == 0 {
+            return refuse("ranks (P) must be at least 1".into());
+        }
+        if self.microbatches == 0 {
+            return refuse("microbatches (M) must be at least 1".into());
+        }
+        let v = self.chunks.unwrap_or(default_chunks);
+        if !allowed.contains(&v) {
+            let need = match (*allowed.start(), *allowed.end()) {
+                (a, b) if a == b => format!("V = {a}"),
+                (a, usize::MAX) => format!("V >= {a}"),
+                (a, b) => format!("V in {a}..={b}"),
+            };
+            return refuse(format!("chunks V = {v} is not supported; use {need}"));
+        }
+        let pairs = self
+            .ranks
+            .checked_mul(v)
+            .and_then(|x| x.checked_mul(self.microbatches));
+        if pairs.is_none_or(|n| n > MAX_PAIRS) {
+            return refuse(format!(
+                "P*V*M = {}*{}*{} exceeds the limit of {MAX_PAIRS} (stage, microbatch) pairs; \
+                 use fewer ranks, chunks or microbatches",
+                self.ranks, v, self.microbatches
+            ));
+        }
+        Ok(v)
+    }
 }
+
+/// The largest `P * V * M` a generator accepts (keeps a mistyped flag from exhausting memory).
+pub const MAX_PAIRS: usize = 1 << 26;
 
 #[cfg(test)]
 mod tests {
