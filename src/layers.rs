@@ -136,7 +136,9 @@ impl Stage for LinearStage {
 
     fn backward_weight(&mut self, stash: LinearStash) -> Result<(), StageError> {
         if stash.grads.len() != self.layers.len() {
-            return Err(StageError::new("W before I: no output gradients in the stash"));
+            return Err(StageError::new(
+                "W before I: no output gradients in the stash",
+            ));
         }
         let gemm = self.gemm;
         for ((layer, x), dz) in self.layers.iter_mut().zip(&stash.inputs).zip(&stash.grads) {

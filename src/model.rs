@@ -96,7 +96,13 @@ impl ModelSpec {
                 "--layers must be at least 1 (the output layer counts)".into(),
             ));
         }
-        let mut specs = vec![LayerSpec { width: hidden, activation }; layers - 1];
+        let mut specs = vec![
+            LayerSpec {
+                width: hidden,
+                activation
+            };
+            layers - 1
+        ];
         specs.push(LayerSpec {
             width: outputs,
             activation: Activation::Identity,
@@ -118,8 +124,9 @@ impl ModelSpec {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ModelError(format!("cannot read model file {name}: {e}")))?;
         let raw: ModelFile = match path.extension().and_then(|e| e.to_str()) {
-            Some("toml") => toml::from_str(&text)
-                .map_err(|e| ModelError(format!("model file {name}: {e}")))?,
+            Some("toml") => {
+                toml::from_str(&text).map_err(|e| ModelError(format!("model file {name}: {e}")))?
+            }
             Some("json") => serde_json::from_str(&text)
                 .map_err(|e| ModelError(format!("model file {name}: {e}")))?,
             _ => {
@@ -204,7 +211,8 @@ impl ModelSpec {
     /// `(inputs, outputs, activation)` of every layer.
     pub fn dims(&self) -> impl Iterator<Item = (usize, usize, Activation)> + '_ {
         let ins = std::iter::once(self.input).chain(self.layers.iter().map(|l| l.width));
-        ins.zip(&self.layers).map(|(i, l)| (i, l.width, l.activation))
+        ins.zip(&self.layers)
+            .map(|(i, l)| (i, l.width, l.activation))
     }
 
     /// Total parameter count.
@@ -345,7 +353,12 @@ impl Teacher {
 
     /// The batch of training step `step`, split into `microbatches` `(inputs, targets)` of
     /// `batch / microbatches` rows each (the caller checks that it divides).
-    pub fn batch(&self, step: u64, batch: usize, microbatches: usize) -> (Vec<Tensor>, Vec<Tensor>) {
+    pub fn batch(
+        &self,
+        step: u64,
+        batch: usize,
+        microbatches: usize,
+    ) -> (Vec<Tensor>, Vec<Tensor>) {
         let rows = batch / microbatches.max(1);
         let mut r = rng(self.seed, Tag::Batch, step);
         (0..microbatches)
@@ -355,12 +368,12 @@ impl Teacher {
                     .collect();
                 let y = self.outputs_of(&x, rows);
                 let target = match self.loss {
-                    LossKind::Mse => Tensor::matrix(rows, self.outputs, y.iter().map(|&v| v as f32).collect()),
-                    LossKind::CrossEntropy => Tensor::matrix(
-                        rows,
-                        1,
-                        y.chunks_exact(self.outputs).map(argmax).collect(),
-                    ),
+                    LossKind::Mse => {
+                        Tensor::matrix(rows, self.outputs, y.iter().map(|&v| v as f32).collect())
+                    }
+                    LossKind::CrossEntropy => {
+                        Tensor::matrix(rows, 1, y.chunks_exact(self.outputs).map(argmax).collect())
+                    }
                 };
                 let input = Tensor::matrix(rows, self.input, x);
                 // Shapes are built right here from the same numbers.
@@ -374,7 +387,13 @@ impl Teacher {
 fn argmax(row: &[f64]) -> f32 {
     row.iter()
         .enumerate()
-        .fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+        .fold((0, f64::NEG_INFINITY), |best, (i, &v)| {
+            if v > best.1 {
+                (i, v)
+            } else {
+                best
+            }
+        })
         .0 as f32
 }
 
@@ -393,22 +412,34 @@ mod tests {
     fn weights_do_not_depend_on_the_split() {
         let spec = ModelSpec::uniform(6, 8, 4, Activation::Relu, LossKind::Mse, 16).unwrap();
         let opt = Optimizer::sgd(0.1);
-        let a = spec.build_stages(&uniform_split(6, 2).unwrap(), opt, GemmBackend::Gemm, 7).unwrap();
-        let b = spec.build_stages(&uniform_split(6, 3).unwrap(), opt, GemmBackend::Gemm, 7).unwrap();
-        let flat = |s: &[LinearStage]| -> Vec<Linear> { s.iter().flat_map(|s| s.layers.clone()).collect() };
+        let a = spec
+            .build_stages(&uniform_split(6, 2).unwrap(), opt, GemmBackend::Gemm, 7)
+            .unwrap();
+        let b = spec
+            .build_stages(&uniform_split(6, 3).unwrap(), opt, GemmBackend::Gemm, 7)
+            .unwrap();
+        let flat = |s: &[LinearStage]| -> Vec<Linear> {
+            s.iter().flat_map(|s| s.layers.clone()).collect()
+        };
         assert_eq!(flat(&a), flat(&b));
-        let c = spec.build_stages(&uniform_split(6, 3).unwrap(), opt, GemmBackend::Gemm, 8).unwrap();
+        let c = spec
+            .build_stages(&uniform_split(6, 3).unwrap(), opt, GemmBackend::Gemm, 8)
+            .unwrap();
         assert_ne!(flat(&a), flat(&c));
     }
 
     #[test]
     fn batches_are_deterministic_and_differ_by_step() {
-        let spec = ModelSpec::uniform(3, 8, 3, Activation::Gelu, LossKind::CrossEntropy, 12).unwrap();
+        let spec =
+            ModelSpec::uniform(3, 8, 3, Activation::Gelu, LossKind::CrossEntropy, 12).unwrap();
         let t = Teacher::new(&spec, 1);
         let (x0, y0) = t.batch(0, 12, 3);
         assert_eq!((x0.len(), x0[0].shape()), (3, &[4usize, 8][..]));
         assert_eq!(y0[0].shape(), &[4, 1]);
-        assert!(y0.iter().flat_map(|y| y.data()).all(|&c| (0.0..3.0).contains(&c)));
+        assert!(y0
+            .iter()
+            .flat_map(|y| y.data())
+            .all(|&c| (0.0..3.0).contains(&c)));
         assert_eq!(t.batch(0, 12, 3).0, x0);
         assert_ne!(t.batch(1, 12, 3).0, x0);
     }
@@ -427,12 +458,21 @@ mod tests {
             "input = 4\nloss = \"ce\"\n[[layers]]\nwidth = 8\nactivation = \"silu\"\n[[layers]]\nwidth = 3\n",
         );
         let m = ModelSpec::from_file(&ok, 32).unwrap();
-        assert_eq!((m.input, m.outputs(), m.batch, m.loss), (4, 3, 32, LossKind::CrossEntropy));
+        assert_eq!(
+            (m.input, m.outputs(), m.batch, m.loss),
+            (4, 3, 32, LossKind::CrossEntropy)
+        );
         assert_eq!(m.layers[0].activation, Activation::Silu);
-        let json = write("m.json", r#"{"input": 2, "batch": 8, "layers": [{"width": 0}]}"#);
+        let json = write(
+            "m.json",
+            r#"{"input": 2, "batch": 8, "layers": [{"width": 0}]}"#,
+        );
         let e = ModelSpec::from_file(&json, 32).unwrap_err().0;
         assert!(e.contains("`layers[0].width`"), "{e}");
-        let act = write("a.toml", "input = 2\n[[layers]]\nwidth = 2\nactivation = \"tanh\"\n");
+        let act = write(
+            "a.toml",
+            "input = 2\n[[layers]]\nwidth = 2\nactivation = \"tanh\"\n",
+        );
         let e = ModelSpec::from_file(&act, 32).unwrap_err().0;
         assert!(e.contains("layers[0].activation"), "{e}");
         let extra = write("x.toml", "input = 2\nlayer = []\n");

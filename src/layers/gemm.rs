@@ -63,7 +63,11 @@ impl<'a> MatRef<'a> {
     /// # Panics
     /// If `data.len() != rows * cols` (a bug in the caller: layers check shapes first).
     pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        assert_eq!(data.len(), rows * cols, "matrix data does not fit its shape");
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "matrix data does not fit its shape"
+        );
         MatRef {
             data,
             rows,
@@ -165,7 +169,9 @@ mod tests {
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
-            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+            })
             .collect()
     }
 
@@ -180,12 +186,27 @@ mod tests {
         let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
         for backend in GemmBackend::ALL {
             let mut c = vec![0.5f32; m * n];
-            matmul(backend, MatRef::new(&a, m, k), MatRef::new(&b, k, n), &mut c, 0.0);
+            matmul(
+                backend,
+                MatRef::new(&a, m, k),
+                MatRef::new(&b, k, n),
+                &mut c,
+                0.0,
+            );
             let mut c2 = vec![1.0f32; m * n];
-            matmul(backend, MatRef::new(&at, k, m).t(), MatRef::new(&bt, n, k).t(), &mut c2, 1.0);
+            matmul(
+                backend,
+                MatRef::new(&at, k, m).t(),
+                MatRef::new(&bt, n, k).t(),
+                &mut c2,
+                1.0,
+            );
             for i in 0..m * n {
                 assert!((c[i] as f64 - want[i]).abs() < 1e-5, "{backend} {i}");
-                assert!((c2[i] as f64 - want[i] - 1.0).abs() < 1e-5, "{backend} beta {i}");
+                assert!(
+                    (c2[i] as f64 - want[i] - 1.0).abs() < 1e-5,
+                    "{backend} beta {i}"
+                );
             }
         }
     }

@@ -42,7 +42,11 @@ impl Linear {
         weight: Vec<f32>,
         bias: Vec<f32>,
     ) -> Self {
-        assert_eq!(weight.len(), inputs * outputs, "weight does not fit the widths");
+        assert_eq!(
+            weight.len(),
+            inputs * outputs,
+            "weight does not fit the widths"
+        );
         assert_eq!(bias.len(), outputs, "bias does not fit the width");
         Linear {
             inputs,
@@ -68,7 +72,12 @@ impl Linear {
     }
 
     /// Forward for `rows` rows of `x`: returns `Y` and, if backward needs it, `Z = X W + b`.
-    pub fn forward(&self, gemm: GemmBackend, x: &[f32], rows: usize) -> (Vec<f32>, Option<Vec<f32>>) {
+    pub fn forward(
+        &self,
+        gemm: GemmBackend,
+        x: &[f32],
+        rows: usize,
+    ) -> (Vec<f32>, Option<Vec<f32>>) {
         let mut y = vec![0.0; rows * self.outputs];
         matmul(
             gemm,
@@ -131,6 +140,7 @@ impl Linear {
     pub fn update(&mut self, opt: &Optimizer, t: u32) {
         self.weight_state
             .update(opt, t, &mut self.weight, &self.weight_grad);
-        self.bias_state.update(opt, t, &mut self.bias, &self.bias_grad);
+        self.bias_state
+            .update(opt, t, &mut self.bias, &self.bias_grad);
     }
 }
