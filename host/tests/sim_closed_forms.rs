@@ -48,9 +48,17 @@ fn gpipe_and_1f1b_makespan_and_bubble() {
                     let b = i + w;
                     let want = (m + p - 1) as f64 * (f + b);
                     let t = &sim.timeline;
-                    assert!(close(t.makespan(), want), "{name} P={p} M={m}: makespan {} want {want}", t.makespan());
+                    assert!(
+                        close(t.makespan(), want),
+                        "{name} P={p} M={m}: makespan {} want {want}",
+                        t.makespan()
+                    );
                     let bubble = (p - 1) as f64 / (m + p - 1) as f64;
-                    assert!(close(t.bubble_fraction(), bubble), "{name} P={p} M={m}: bubble {} want {bubble}", t.bubble_fraction());
+                    assert!(
+                        close(t.bubble_fraction(), bubble),
+                        "{name} P={p} M={m}: bubble {} want {bubble}",
+                        t.bubble_fraction()
+                    );
                     assert!(sim.lower_bound <= t.makespan() + 1e-9);
                     assert_critical_path(&sim);
                 }
@@ -68,7 +76,11 @@ fn gpipe_with_latency() {
             let s = gen("gpipe", p, m, None);
             let sim = simulate(&s, &costs(p, f, b / 2.0, b / 2.0, lat)).unwrap();
             let want = m as f64 * (f + b) + (p - 1) as f64 * (f + b + 2.0 * lat);
-            assert!(close(sim.timeline.makespan(), want), "P={p} M={m}: {} want {want}", sim.timeline.makespan());
+            assert!(
+                close(sim.timeline.makespan(), want),
+                "P={p} M={m}: {} want {want}",
+                sim.timeline.makespan()
+            );
             let hops = if p > 1 { 2 * m * (p - 1) } else { 0 };
             assert_eq!(sim.timeline.transfers.len(), hops);
             assert_critical_path(&sim);
@@ -85,11 +97,20 @@ fn interleaved_1f1b_bubble_time() {
                 let s = gen("interleaved-1f1b", p, m, Some(v));
                 // One rank's work F = 1, B = 2, split over V stages.
                 let (f, b) = (1.0, 2.0);
-                let c = costs(p * v, f / v as f64, b / 2.0 / v as f64, b / 2.0 / v as f64, 0.0);
+                let c = costs(
+                    p * v,
+                    f / v as f64,
+                    b / 2.0 / v as f64,
+                    b / 2.0 / v as f64,
+                    0.0,
+                );
                 let sim = simulate(&s, &c).unwrap();
                 let bubble_time = sim.timeline.makespan() - m as f64 * (f + b);
                 let want = (p - 1) as f64 * (f + b) / v as f64;
-                assert!(close(bubble_time, want), "P={p} V={v} M={m}: bubble time {bubble_time} want {want}");
+                assert!(
+                    close(bubble_time, want),
+                    "P={p} V={v} M={m}: bubble time {bubble_time} want {want}"
+                );
                 assert_critical_path(&sim);
             }
         }
@@ -125,7 +146,10 @@ fn zb_h2_and_zbv_have_no_inner_bubble_when_f_i_w_equal() {
                 let t = &sim.timeline;
                 for r in 0..p {
                     let idle = inner_idle(t, r);
-                    assert!(close(idle, 0.0), "{name} P={p} M={m} rank {r}: idle {idle} inside its busy window");
+                    assert!(
+                        close(idle, 0.0),
+                        "{name} P={p} M={m} rank {r}: idle {idle} inside its busy window"
+                    );
                 }
                 assert!(
                     close(t.makespan(), sim.lower_bound),
@@ -150,7 +174,11 @@ fn every_family_matches_the_reference_simulator_with_latency() {
                 let c = costs(s.stages(), 1.0, 0.7, 0.4, 0.3);
                 let sim = simulate(&s, &c).unwrap();
                 assert_matches_reference(&s, &c, &sim);
-                assert!(sim.lower_bound <= sim.timeline.makespan() + 1e-9, "{} below the bound", fam.name);
+                assert!(
+                    sim.lower_bound <= sim.timeline.makespan() + 1e-9,
+                    "{} below the bound",
+                    fam.name
+                );
                 assert_critical_path(&sim);
             }
         }

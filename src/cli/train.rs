@@ -173,9 +173,15 @@ pub fn setup(args: Args) -> Result<Setup, CliError> {
         return Err(usage("--chunks must be at least 1".into()));
     }
     if !(args.lr.is_finite() && args.lr > 0.0) {
-        return Err(usage(format!("--lr must be a positive number, got {}", args.lr)));
+        return Err(usage(format!(
+            "--lr must be a positive number, got {}",
+            args.lr
+        )));
     }
-    let gemm: GemmBackend = args.gemm.parse().map_err(|e| usage(format!("--gemm: {e}")))?;
+    let gemm: GemmBackend = args
+        .gemm
+        .parse()
+        .map_err(|e| usage(format!("--gemm: {e}")))?;
     let optimizer = match args.optimizer.as_str() {
         "adamw" => Optimizer::adamw(args.lr),
         "sgd" => Optimizer::sgd(args.lr),
@@ -192,7 +198,10 @@ pub fn setup(args: Args) -> Result<Setup, CliError> {
                 .activation
                 .parse()
                 .map_err(|e| usage(format!("--activation: {e}")))?;
-            let loss: LossKind = args.loss.parse().map_err(|e| usage(format!("--loss: {e}")))?;
+            let loss: LossKind = args
+                .loss
+                .parse()
+                .map_err(|e| usage(format!("--loss: {e}")))?;
             ModelSpec::uniform(
                 args.layers,
                 args.hidden,
@@ -304,11 +313,7 @@ pub fn predict(schedule: &Schedule, cost: &CostModel) -> Result<Timeline, String
 pub fn choose(candidates: &[Candidate]) -> Result<&Candidate, CliError> {
     candidates
         .iter()
-        .min_by(|x, y| {
-            x.predicted
-                .makespan()
-                .total_cmp(&y.predicted.makespan())
-        })
+        .min_by(|x, y| x.predicted.makespan().total_cmp(&y.predicted.makespan()))
         .ok_or_else(|| CliError::Failed("no candidate schedule".into()))
 }
 
@@ -318,17 +323,28 @@ pub fn train(setup: &Setup, chosen: &Candidate) -> Result<Outcome, CliError> {
     let failed = |e: String| CliError::Failed(e);
     let stages = setup
         .spec
-        .build_stages(&ranges(&chosen.layers_per_stage), setup.optimizer, setup.gemm, a.seed)
+        .build_stages(
+            &ranges(&chosen.layers_per_stage),
+            setup.optimizer,
+            setup.gemm,
+            a.seed,
+        )
         .map_err(|e| failed(e.0))?;
-    let mut ex = Executor::new(chosen.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
+    let mut ex =
+        Executor::new(chosen.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
     ex.set_exclusive(a.replay);
     let teacher = Teacher::new(&setup.spec, a.seed);
     let loss = setup.spec.loss;
-    let mut progress = output::Progress::new(a.steps, a.format == Format::Text && std::io::stderr().is_terminal());
+    let mut progress = output::Progress::new(
+        a.steps,
+        a.format == Format::Text && std::io::stderr().is_terminal(),
+    );
     let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps);
     for step in 0..a.steps {
         let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
-        let r = ex.step(x, &t, &loss).map_err(|e| failed(format!("step {step}: {e}")))?;
+        let r = ex
+            .step(x, &t, &loss)
+            .map_err(|e| failed(format!("step {step}: {e}")))?;
         progress.step(step, r.loss, r.seconds, a.format == Format::Text);
         reports.push(r);
     }
@@ -380,7 +396,11 @@ pub fn measured_cost(base: &CostModel, report: &StepReport) -> CostModel {
         } else if let Some(b) = b {
             // Only full backwards ran: keep the profile's I:W ratio.
             let old = st.backward_input + st.backward_weight;
-            let share = if old > 0.0 { st.backward_input / old } else { 0.5 };
+            let share = if old > 0.0 {
+                st.backward_input / old
+            } else {
+                0.5
+            };
             st.backward = b;
             st.backward_input = b * share;
             st.backward_weight = b - st.backward_input;

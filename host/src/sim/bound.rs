@@ -133,6 +133,9 @@ mod tests {
     fn single_microbatch_chain() {
         // M = 1: the whole chain F0..F3, I3..I1, B0 (or I0 + W0) is the bound.
         let c = CostModel::uniform(StageCost::uniform(1.0, 2.0, 3.0), 4, LinkCost::default());
-        assert_eq!(bound_for(4, 1, Placement::Looped, &c, false), 4.0 + 3.0 * 2.0 + 5.0);
+        assert_eq!(
+            bound_for(4, 1, Placement::Looped, &c, false),
+            4.0 + 3.0 * 2.0 + 5.0
+        );
     }
 }

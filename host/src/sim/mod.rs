@@ -136,7 +136,11 @@ enum Slot {
 enum Cause {
     Start,
     Rank,
-    Data { rank: u32, index: u32, transfer: f64 },
+    Data {
+        rank: u32,
+        index: u32,
+        transfer: f64,
+    },
 }
 
 /// Sentinel for "not done yet" in the location tables.
@@ -222,9 +226,14 @@ fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<(), SimError> {
         )));
     }
     if schedule.ranks >= u32::MAX as usize
-        || schedule.actions.iter().any(|a| a.len() >= u32::MAX as usize)
+        || schedule
+            .actions
+            .iter()
+            .any(|a| a.len() >= u32::MAX as usize)
     {
-        return Err(shape("is too large to simulate (over 2^32 items on a rank)".into()));
+        return Err(shape(
+            "is too large to simulate (over 2^32 items on a rank)".into(),
+        ));
     }
     if costs.stages.len() != schedule.stages() {
         return Err(SimError::Stages {
@@ -264,7 +273,11 @@ impl<'a> Run<'a> {
             pos: vec![0; p],
             blocked: vec![None; p],
             ready: (0..p).rev().collect(),
-            causes: schedule.actions.iter().map(|a| Vec::with_capacity(a.len())).collect(),
+            causes: schedule
+                .actions
+                .iter()
+                .map(|a| Vec::with_capacity(a.len()))
+                .collect(),
             mem_now: vec![0.0; p],
             mem_peak: vec![0.0; p],
             timeline,
@@ -351,7 +364,14 @@ impl<'a> Run<'a> {
 
     /// Places an item that may start at `ready_at` on rank `r`; returns `(start, end)`.
     #[inline]
-    fn start(&mut self, r: usize, index: usize, ready_at: f64, cause: Cause, dur: f64) -> (f64, f64) {
+    fn start(
+        &mut self,
+        r: usize,
+        index: usize,
+        ready_at: f64,
+        cause: Cause,
+        dur: f64,
+    ) -> (f64, f64) {
         let free = self.free_at[r];
         let (start, cause) = if index == 0 || ready_at > free {
             (ready_at.max(free), cause)
@@ -384,7 +404,12 @@ impl<'a> Run<'a> {
     fn check_action(&self, r: usize, index: usize, item: &Item, a: Action) -> Result<(), SimError> {
         let (s, m) = (self.stage_rank.len(), self.done.m);
         if a.stage >= s {
-            return Err(self.bad(r, index, item, format!("stage {} is out of range (0..{s})", a.stage)));
+            return Err(self.bad(
+                r,
+                index,
+                item,
+                format!("stage {} is out of range (0..{s})", a.stage),
+            ));
         }
         if a.microbatch >= m {
             return Err(self.bad(
@@ -414,7 +439,9 @@ impl<'a> Run<'a> {
         if repeated {
             let why = match (a.op, self.done.g_kind[i]) {
                 (Op::W, 2) => "its backward already ran as a full B (which includes W)",
-                (Op::I | Op::B, _) => "the backward of this stage and microbatch already ran (I or B)",
+                (Op::I | Op::B, _) => {
+                    "the backward of this stage and microbatch already ran (I or B)"
+                }
                 _ => "this action already ran",
             };
             return Err(self.bad(r, index, item, why.into()));
@@ -484,7 +511,8 @@ impl<'a> Run<'a> {
                         r,
                         index,
                         item,
-                        "W needs the I of the same stage and microbatch, but it ran as a full B".into(),
+                        "W needs the I of the same stage and microbatch, but it ran as a full B"
+                            .into(),
                     ));
                 }
                 data(d.g_end[i], d.g_loc[i], 0.0)
@@ -514,13 +542,19 @@ impl<'a> Run<'a> {
             Op::F => {
                 self.done.f_end[i] = end;
                 self.done.f_loc[i] = here;
-                (Slot::Forward(i), (a.stage + 1 < self.stage_rank.len()).then(|| (a.stage + 1, a.stage)))
+                (
+                    Slot::Forward(i),
+                    (a.stage + 1 < self.stage_rank.len()).then(|| (a.stage + 1, a.stage)),
+                )
             }
             Op::I | Op::B => {
                 self.done.g_end[i] = end;
                 self.done.g_loc[i] = here;
                 self.done.g_kind[i] = if a.op == Op::I { 1 } else { 2 };
-                (Slot::Grad(i), a.stage.checked_sub(1).map(|prev| (prev, prev)))
+                (
+                    Slot::Grad(i),
+                    a.stage.checked_sub(1).map(|prev| (prev, prev)),
+                )
             }
             Op::W => {
                 self.done.g_kind[i] = 3;
@@ -632,9 +666,16 @@ impl<'a> Run<'a> {
                     rank,
                     index,
                     transfer,
-                } => (Via::Data { transfer }, Some((rank as usize, index as usize))),
+                } => (
+                    Via::Data { transfer },
+                    Some((rank as usize, index as usize)),
+                ),
             };
-            path.push(PathStep { rank: r, index: i, via });
+            path.push(PathStep {
+                rank: r,
+                index: i,
+                via,
+            });
             at = next;
         }
         path.reverse();

@@ -49,12 +49,15 @@ pub fn reference(s: &Schedule, c: &CostModel) -> Option<Vec<Vec<(f64, f64)>>> {
                 let mut ready = 0.0f64;
                 let mut ok = true;
                 for a in item.actions() {
-                    let mut need = |key: (bool, usize, usize), boundary: usize| match done.get(&key) {
+                    let mut need = |key: (bool, usize, usize), boundary: usize| match done.get(&key)
+                    {
                         Some(&(end, rank)) => ready = ready.max(end + hop(rank, r, boundary)),
                         None => ok = false,
                     };
                     match a.op {
-                        Op::F if a.stage > 0 => need((true, a.stage - 1, a.microbatch), a.stage - 1),
+                        Op::F if a.stage > 0 => {
+                            need((true, a.stage - 1, a.microbatch), a.stage - 1)
+                        }
                         Op::F => {}
                         Op::I | Op::B => {
                             need((true, a.stage, a.microbatch), a.stage);
@@ -107,7 +110,12 @@ pub fn reference(s: &Schedule, c: &CostModel) -> Option<Vec<Vec<(f64, f64)>>> {
 pub fn assert_matches_reference(s: &Schedule, c: &CostModel, sim: &Simulation) {
     let want = reference(s, c).expect("reference deadlocked where the simulator did not");
     for (r, lane) in want.iter().enumerate() {
-        assert_eq!(sim.timeline.spans[r].len(), lane.len(), "{} rank {r}: span count", s.name);
+        assert_eq!(
+            sim.timeline.spans[r].len(),
+            lane.len(),
+            "{} rank {r}: span count",
+            s.name
+        );
         for (i, &(start, end)) in lane.iter().enumerate() {
             let got = sim.timeline.spans[r][i];
             assert!(
@@ -129,7 +137,11 @@ pub fn assert_critical_path(sim: &Simulation) {
     let path = &sim.critical_path;
     assert!(!path.is_empty());
     let first = t.spans[path[0].rank][path[0].index];
-    assert!(close(first.start, 0.0), "critical path starts at {}", first.start);
+    assert!(
+        close(first.start, 0.0),
+        "critical path starts at {}",
+        first.start
+    );
     let mut total = first.end - first.start;
     for w in path.windows(2) {
         let prev = t.spans[w[0].rank][w[0].index];
@@ -151,10 +163,18 @@ pub fn assert_critical_path(sim: &Simulation) {
         );
         total += gap + (cur.end - cur.start);
     }
-    assert!(close(total, t.makespan()), "path length {total} != makespan {}", t.makespan());
+    assert!(
+        close(total, t.makespan()),
+        "path length {total} != makespan {}",
+        t.makespan()
+    );
 }
 
 /// Every single action in `s`, for lookups.
 pub fn all_actions(s: &Schedule) -> Vec<Action> {
-    s.actions.iter().flatten().flat_map(|i| i.actions()).collect()
+    s.actions
+        .iter()
+        .flatten()
+        .flat_map(|i| i.actions())
+        .collect()
 }

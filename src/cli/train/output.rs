@@ -61,7 +61,8 @@ impl Progress {
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a failure
 /// never leaves a half-written file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
-    let fail = |e: std::io::Error| CliError::Failed(format!("cannot write {}: {e}", path.display()));
+    let fail =
+        |e: std::io::Error| CliError::Failed(format!("cannot write {}: {e}", path.display()));
     let name = path
         .file_name()
         .ok_or_else(|| CliError::Usage(format!("{} is not a file name", path.display())))?;
@@ -131,7 +132,10 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         );
     }
     println!("candidates (predicted from the profile, uniform split):");
-    println!("  {:<18} {:>2} {:>3} {:>12} {:>8}", "schedule", "V", "S", "step", "bubble");
+    println!(
+        "  {:<18} {:>2} {:>3} {:>12} {:>8}",
+        "schedule", "V", "S", "step", "bubble"
+    );
     for c in candidates {
         println!(
             "  {:<18} {:>2} {:>3} {:>9.2} ms {:>7.1}%{}",
@@ -140,7 +144,11 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
             c.schedule.stages(),
             c.predicted.makespan() * 1e3,
             c.predicted.bubble_fraction() * 100.0,
-            if std::ptr::eq(c, chosen) { "  <- chosen" } else { "" }
+            if std::ptr::eq(c, chosen) {
+                "  <- chosen"
+            } else {
+                ""
+            }
         );
     }
     let first = outcome.losses.first().copied().unwrap_or(0.0);
@@ -152,7 +160,11 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         chosen.schedule.ranks,
         chosen.schedule.chunks,
         chosen.schedule.microbatches,
-        if last < first { "falling" } else { "NOT falling" }
+        if last < first {
+            "falling"
+        } else {
+            "NOT falling"
+        }
     );
     let step = median(outcome.step_seconds.clone());
     println!(
@@ -166,7 +178,10 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         "bubble{}:   measured  predicted",
         if a.replay { " (replayed)" } else { "" }
     );
-    for (r, (m, p)) in bubbles(&outcome.measured, &chosen.predicted).iter().enumerate() {
+    for (r, (m, p)) in bubbles(&outcome.measured, &chosen.predicted)
+        .iter()
+        .enumerate()
+    {
         println!("  rank {r:<3}   {:>7.1}%   {:>7.1}%", m * 100.0, p * 100.0);
     }
     println!(
@@ -176,7 +191,10 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
     );
     println!("wrote {} (measured above predicted)", a.svg.display());
     if let Some(t) = &a.trace {
-        println!("wrote {} (Chrome trace: open in ui.perfetto.dev)", t.display());
+        println!(
+            "wrote {} (Chrome trace: open in ui.perfetto.dev)",
+            t.display()
+        );
     }
 }
 
@@ -249,9 +267,17 @@ fn colour(item: &Item) -> &'static str {
 fn svg(timelines: &[&Timeline]) -> String {
     use std::fmt::Write as _;
     let (width, lane, gap, left) = (1200.0, 18.0, 28.0, 90.0);
-    let span = timelines.iter().map(|t| t.makespan()).fold(0.0, f64::max).max(1e-12);
+    let span = timelines
+        .iter()
+        .map(|t| t.makespan())
+        .fold(0.0, f64::max)
+        .max(1e-12);
     let x = |t: f64| left + t / span * (width - left - 10.0);
-    let height: f64 = timelines.iter().map(|t| gap + lane * t.ranks() as f64).sum::<f64>() + 10.0;
+    let height: f64 = timelines
+        .iter()
+        .map(|t| gap + lane * t.ranks() as f64)
+        .sum::<f64>()
+        + 10.0;
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
          font-family=\"monospace\" font-size=\"11\">\n"
