@@ -75,7 +75,7 @@ fn build_ptx(manifest_dir: &Path, out_dir: &Path) -> Result<String, String> {
         .map_err(|e| format!("cannot create {}: {e}", crate_dir.display()))?;
     let lib = manifest_dir.join("kernels/src/lib.rs");
     let manifest = format!(
-        "[package]\nname = \"pipefill-kernels\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
+        "[package]\nname = \"pipefill-kernels\"\nversion = \"0.0.0\"\nedition = \"2021\"\nrust-version = \"1.85\"\npublish = false\n\n\
          [lib]\npath = {lib:?}\n\n[workspace]\n\n[profile.release]\nopt-level = 3\ncodegen-units = 1\n",
         lib = lib.display().to_string(),
     );

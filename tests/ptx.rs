@@ -100,8 +100,7 @@ fn number_before(line: &str, label: &str) -> u32 {
         .filter(|_| line.contains(label))
         .and_then(|head| {
             head.split(|c: char| !c.is_ascii_digit())
-                .filter(|s| !s.is_empty())
-                .last()
+                .rfind(|s| !s.is_empty())
         })
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
