@@ -83,16 +83,36 @@ fn gemm_backends(c: &mut Criterion) {
     g.throughput(Throughput::Elements((2 * rows * d * d) as u64));
     for backend in GemmBackend::ALL {
         g.bench_function(BenchmarkId::new("forward XW", backend), |b| {
-            b.iter(|| matmul(backend, MatRef::new(&x, rows, d), MatRef::new(&w, d, d), &mut y, 0.0))
+            b.iter(|| {
+                matmul(
+                    backend,
+                    MatRef::new(&x, rows, d),
+                    MatRef::new(&w, d, d),
+                    &mut y,
+                    0.0,
+                )
+            })
         });
         g.bench_function(BenchmarkId::new("input dZ W^T", backend), |b| {
             b.iter(|| {
-                matmul(backend, MatRef::new(&x, rows, d), MatRef::new(&w, d, d).t(), &mut y, 0.0)
+                matmul(
+                    backend,
+                    MatRef::new(&x, rows, d),
+                    MatRef::new(&w, d, d).t(),
+                    &mut y,
+                    0.0,
+                )
             })
         });
         g.bench_function(BenchmarkId::new("weight X^T dZ", backend), |b| {
             b.iter(|| {
-                matmul(backend, MatRef::new(&x, rows, d).t(), MatRef::new(&x, rows, d), &mut dw, 1.0)
+                matmul(
+                    backend,
+                    MatRef::new(&x, rows, d).t(),
+                    MatRef::new(&x, rows, d),
+                    &mut dw,
+                    1.0,
+                )
             })
         });
     }

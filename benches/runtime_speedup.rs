@@ -15,10 +15,10 @@
 //! cargo bench --bench runtime_speedup            # optional args: ranks microbatches hidden steps
 //! ```
 
-use pipefill::cli::train::{measured_cost, median, ranges};
+use pipefill::cli::train::{measured_cost, median};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LossKind, Optimizer};
-use pipefill::model::{ModelSpec, Teacher};
+use pipefill::model::{stage_ranges, ModelSpec, Teacher};
 use pipefill_host::cost::{split_even, CostModel, LinkCost, StageCost};
 use pipefill_host::runtime::{sequential_step, Executor};
 use pipefill_host::schedule::{families, Params};
@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let warmup = 3;
     let spec = ModelSpec::uniform(8, hidden, 16, Activation::Gelu, LossKind::Mse, 32 * m)?;
     let schedule = families::generate("1f1b", &Params::new(ranks, m))?;
-    let stage_ranges = ranges(&split_even(spec.layers.len(), schedule.stages())?);
+    let stage_ranges = stage_ranges(&split_even(spec.layers.len(), schedule.stages())?);
     let opt = Optimizer::adamw(1e-3);
     let gemm = GemmBackend::default();
     let teacher = Teacher::new(&spec, 0);
@@ -53,7 +53,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let mut ex = Executor::new(schedule.clone(), spec.build_stages(&stage_ranges, opt, gemm, 0)?)?;
+    let mut ex = Executor::new(
+        schedule.clone(),
+        spec.build_stages(&stage_ranges, opt, gemm, 0)?,
+    )?;
     let mut reports = Vec::new();
     for step in 0..warmup + steps {
         let (x, t) = teacher.batch(step as u64, spec.batch, m);
@@ -73,7 +76,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         LinkCost::default(),
     );
     let cost = measured_cost(&base, mid);
-    let sim = pipefill_host::sim::simulate(&schedule, &cost)?.timeline.makespan();
+    let sim = pipefill_host::sim::simulate(&schedule, &cost)?
+        .timeline
+        .makespan();
     let predicted = work / sim;
     let measured = t_seq / t_par;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

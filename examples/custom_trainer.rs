@@ -51,27 +51,42 @@ impl Stage for Residual {
     fn forward(&mut self, x: Tensor) -> Result<(Tensor, ResidualStash), StageError> {
         let (rows, d) = (x.rows(), self.d);
         if x.cols() != d {
-            return Err(StageError::new(format!("expected width {d}, got {}", x.cols())));
+            return Err(StageError::new(format!(
+                "expected width {d}, got {}",
+                x.cols()
+            )));
         }
         let mut t = vec![0.0; rows * d];
         for r in 0..rows {
             for j in 0..d {
-                let z: f32 = (0..d).map(|i| x.data()[r * d + i] * self.w[i * d + j]).sum();
+                let z: f32 = (0..d)
+                    .map(|i| x.data()[r * d + i] * self.w[i * d + j])
+                    .sum();
                 t[r * d + j] = z.tanh();
             }
         }
         let y: Vec<f32> = x.data().iter().zip(&t).map(|(a, b)| a + b).collect();
-        Ok((Tensor::new(x.shape().to_vec(), y)?, ResidualStash { x, t, dz: None }))
+        Ok((
+            Tensor::new(x.shape().to_vec(), y)?,
+            ResidualStash { x, t, dz: None },
+        ))
     }
 
     fn backward_input(&mut self, st: &mut ResidualStash, dy: Tensor) -> Result<Tensor, StageError> {
         let (rows, d) = (st.x.rows(), self.d);
         // dz = dy * (1 - t^2); dx = dy + dz W^T.
-        let dz: Vec<f32> = dy.data().iter().zip(&st.t).map(|(g, t)| g * (1.0 - t * t)).collect();
+        let dz: Vec<f32> = dy
+            .data()
+            .iter()
+            .zip(&st.t)
+            .map(|(g, t)| g * (1.0 - t * t))
+            .collect();
         let mut dx = dy.data().to_vec();
         for r in 0..rows {
             for i in 0..d {
-                dx[r * d + i] += (0..d).map(|j| dz[r * d + j] * self.w[i * d + j]).sum::<f32>();
+                dx[r * d + i] += (0..d)
+                    .map(|j| dz[r * d + j] * self.w[i * d + j])
+                    .sum::<f32>();
             }
         }
         st.dz = Some(dz);
@@ -114,7 +129,10 @@ fn loss(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
     let n = y.len() as f32;
     let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
     let v = d.iter().map(|x| x * x).sum::<f32>() / (2.0 * n);
-    Ok((v, Tensor::new(y.shape().to_vec(), d.iter().map(|x| x / n).collect())?))
+    Ok((
+        v,
+        Tensor::new(y.shape().to_vec(), d.iter().map(|x| x / n).collect())?,
+    ))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

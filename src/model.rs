@@ -264,17 +264,17 @@ impl ModelSpec {
     }
 }
 
-/// Splits `layers` layers into `stages` contiguous runs whose sizes differ by at most one.
-pub fn uniform_split(layers: usize, stages: usize) -> Result<Vec<Range<usize>>, ModelError> {
-    if stages == 0 || layers < stages {
-        return Err(ModelError(format!(
-            "{layers} layers cannot fill {stages} stages (ranks x chunks): give --layers at least \
-             {stages}, or fewer --ranks/--chunks"
-        )));
-    }
-    Ok((0..stages)
-        .map(|s| s * layers / stages..(s + 1) * layers / stages)
-        .collect())
+/// The layer ranges of a split given as layer counts per stage (e.g. from
+/// `pipefill_host::cost::split_even` or a partition).
+pub fn stage_ranges(layers_per_stage: &[usize]) -> Vec<Range<usize>> {
+    let mut start = 0;
+    layers_per_stage
+        .iter()
+        .map(|&n| {
+            start += n;
+            start - n..start
+        })
+        .collect()
 }
 
 /// What each generator of a run is for (so that streams never collide).
@@ -402,10 +402,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn uniform_split_covers_and_balances() {
-        let r = uniform_split(10, 4).unwrap();
-        assert_eq!(r, vec![0..2, 2..5, 5..7, 7..10]);
-        assert!(uniform_split(3, 4).unwrap_err().0.contains("--layers"));
+    fn stage_ranges_follow_the_counts() {
+        assert_eq!(stage_ranges(&[3, 2, 2]), vec![0..3, 3..5, 5..7]);
+        assert!(stage_ranges(&[]).is_empty());
     }
 
     #[test]
@@ -413,17 +412,17 @@ mod tests {
         let spec = ModelSpec::uniform(6, 8, 4, Activation::Relu, LossKind::Mse, 16).unwrap();
         let opt = Optimizer::sgd(0.1);
         let a = spec
-            .build_stages(&uniform_split(6, 2).unwrap(), opt, GemmBackend::Gemm, 7)
+            .build_stages(&stage_ranges(&[3, 3]), opt, GemmBackend::Gemm, 7)
             .unwrap();
         let b = spec
-            .build_stages(&uniform_split(6, 3).unwrap(), opt, GemmBackend::Gemm, 7)
+            .build_stages(&stage_ranges(&[2, 2, 2]), opt, GemmBackend::Gemm, 7)
             .unwrap();
         let flat = |s: &[LinearStage]| -> Vec<Linear> {
             s.iter().flat_map(|s| s.layers.clone()).collect()
         };
         assert_eq!(flat(&a), flat(&b));
         let c = spec
-            .build_stages(&uniform_split(6, 3).unwrap(), opt, GemmBackend::Gemm, 8)
+            .build_stages(&stage_ranges(&[2, 2, 2]), opt, GemmBackend::Gemm, 8)
             .unwrap();
         assert_ne!(flat(&a), flat(&c));
     }

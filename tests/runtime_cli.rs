@@ -25,15 +25,41 @@ fn json_has_the_documented_keys_and_the_loss_falls() {
     let out = train(
         &dir,
         &[
-            "--format", "json", "--steps", "12", "--layers", "4", "--hidden", "32", "--batch", "64",
-            "--lr", "0.01", "--trace", "trace.json",
+            "--format",
+            "json",
+            "--steps",
+            "12",
+            "--layers",
+            "4",
+            "--hidden",
+            "32",
+            "--batch",
+            "64",
+            "--lr",
+            "0.01",
+            "--trace",
+            "trace.json",
         ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     for key in [
-        "schedule", "ranks", "chunks", "microbatches", "losses", "step_time_s", "bubble_measured",
-        "bubble_predicted", "busy_s", "idle_s", "candidates", "bubble_measured_per_rank",
+        "schedule",
+        "ranks",
+        "chunks",
+        "microbatches",
+        "losses",
+        "step_time_s",
+        "bubble_measured",
+        "bubble_predicted",
+        "busy_s",
+        "idle_s",
+        "candidates",
+        "bubble_measured_per_rank",
         "bubble_predicted_per_rank",
     ] {
         assert!(v.get(key).is_some(), "missing {key}: {v}");
@@ -67,11 +93,30 @@ fn a_named_schedule_and_replay_run() {
     let out = train(
         &dir,
         &[
-            "--schedule", "dualpipev", "--ranks", "3", "--microbatches", "6", "--steps", "3",
-            "--layers", "6", "--hidden", "16", "--batch", "24", "--replay", "--format", "json",
+            "--schedule",
+            "dualpipev",
+            "--ranks",
+            "3",
+            "--microbatches",
+            "6",
+            "--steps",
+            "3",
+            "--layers",
+            "6",
+            "--hidden",
+            "16",
+            "--batch",
+            "24",
+            "--replay",
+            "--format",
+            "json",
         ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["schedule"], "dualpipev");
     assert_eq!(v["stages"], 6);
@@ -87,7 +132,7 @@ fn bad_input_exits_2_naming_the_flag() {
         (vec!["--schedule", "nope"], "--schedule"),
         (vec!["--activation", "tanh"], "--activation"),
         (vec!["--layers", "1", "--ranks", "2"], "--layers"),
-        (vec!["--lr", "-1"], "--lr"),
+        (vec!["--lr=0"], "--lr"),
         (vec!["--model", "missing.toml"], "missing.toml"),
         (vec!["--steps", "0"], "--steps"),
     ] {
@@ -96,6 +141,9 @@ fn bad_input_exits_2_naming_the_flag() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
-    assert!(!dir.join("pipefill-timeline.svg").exists(), "nothing written on refusal");
+    assert!(
+        !dir.join("pipefill-timeline.svg").exists(),
+        "nothing written on refusal"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,7 +5,7 @@
 
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{LayerSpec, ModelSpec, Teacher};
+use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
 use pipefill_host::cost::split_even;
 use pipefill_host::runtime::{sequential_step, Executor};
 use pipefill_host::schedule::{families, Params, Schedule};
@@ -56,16 +56,13 @@ fn random_model(rng: &mut ChaCha8Rng, stages: usize, microbatches: usize) -> Mod
 
 fn stages_for(spec: &ModelSpec, s: &Schedule, opt: Optimizer, seed: u64) -> Vec<LinearStage> {
     let counts = split_even(spec.layers.len(), s.stages()).unwrap();
-    let mut start = 0;
-    let ranges: Vec<_> = counts
-        .iter()
-        .map(|&c| {
-            start += c;
-            start - c..start
-        })
-        .collect();
-    spec.build_stages(&ranges, opt, GemmBackend::Matrixmultiply, seed)
-        .unwrap()
+    spec.build_stages(
+        &stage_ranges(&counts),
+        opt,
+        GemmBackend::Matrixmultiply,
+        seed,
+    )
+    .unwrap()
 }
 
 /// Generates `family` for `params`, or `None` when the generator refuses these parameters.

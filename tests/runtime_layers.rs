@@ -180,7 +180,12 @@ fn linear_stage_matches_an_f64_reference() {
 fn the_first_stage_skips_its_input_gradient() {
     let spec = ModelSpec::uniform(2, 4, 2, Activation::Relu, LossKind::Mse, 4).unwrap();
     let mut stage = spec
-        .build_stages(std::slice::from_ref(&(0..2)), Optimizer::sgd(0.1), GemmBackend::Gemm, 1)
+        .build_stages(
+            std::slice::from_ref(&(0..2)),
+            Optimizer::sgd(0.1),
+            GemmBackend::Gemm,
+            1,
+        )
         .unwrap()
         .remove(0);
     let (xs, _) = Teacher::new(&spec, 1).batch(0, 4, 1);

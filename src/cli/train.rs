@@ -15,7 +15,6 @@ mod output;
 mod profile;
 
 use std::io::IsTerminal;
-use std::ops::Range;
 use std::path::PathBuf;
 
 use pipefill_host::cost::{split_even, CostModel, LayerCost, LinkCost};
@@ -27,7 +26,7 @@ use pipefill_kernels::Activation;
 use super::CliError;
 use crate::layers::gemm::GemmBackend;
 use crate::layers::{LossKind, Optimizer};
-use crate::model::{ModelSpec, Teacher};
+use crate::model::{stage_ranges, ModelSpec, Teacher};
 
 pub use profile::{median, profile_layers};
 
@@ -223,6 +222,15 @@ pub fn setup(args: Args) -> Result<Setup, CliError> {
     if let Some(name) = &args.schedule {
         families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
     }
+    if spec.layers.len() < args.ranks {
+        return Err(usage(format!(
+            "the model has {} layers for --ranks {}: every rank needs at least one layer; give \
+             --layers (or model file layers) >= {}, or fewer --ranks",
+            spec.layers.len(),
+            args.ranks,
+            args.ranks
+        )));
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     Ok(Setup {
         args,
@@ -241,19 +249,10 @@ pub fn profile(setup: &Setup) -> Result<Vec<LayerCost>, CliError> {
 
 /// Layer counts per stage for a schedule with `stages` stages (uniform until `--plan auto`).
 pub fn split(setup: &Setup, stages: usize) -> Result<Vec<usize>, String> {
-    split_even(setup.spec.layers.len(), stages).map_err(|e| e.to_string())
-}
-
-/// The layer ranges of a split.
-pub fn ranges(layers_per_stage: &[usize]) -> Vec<Range<usize>> {
-    let mut start = 0;
-    layers_per_stage
-        .iter()
-        .map(|&n| {
-            start += n;
-            start - n..start
-        })
-        .collect()
+    let layers = setup.spec.layers.len();
+    split_even(layers, stages).map_err(|_| {
+        format!("{layers} layers cannot fill {stages} stages (at least one layer per stage)")
+    })
 }
 
 /// Generates, validates and simulates every family that fits (only `--schedule` if given).
@@ -324,7 +323,7 @@ pub fn train(setup: &Setup, chosen: &Candidate) -> Result<Outcome, CliError> {
     let stages = setup
         .spec
         .build_stages(
-            &ranges(&chosen.layers_per_stage),
+            &stage_ranges(&chosen.layers_per_stage),
             setup.optimizer,
             setup.gemm,
             a.seed,
