@@ -83,7 +83,7 @@ fn measure(
         .build_stages(
             &ranges(counts),
             Optimizer::sgd(1e-3),
-            GemmBackend::MatrixMultiply,
+            GemmBackend::Matrixmultiply,
             0,
         )
         .expect("stages");
@@ -135,7 +135,7 @@ fn main() {
     let costs: CostFile = profile_model(
         &spec,
         rows,
-        GemmBackend::MatrixMultiply,
+        GemmBackend::Matrixmultiply,
         ProfileOptions {
             warmup: 2,
             repeats: 9,

@@ -439,16 +439,23 @@ fn summarize(skipped: &[Skipped]) -> String {
     )
 }
 
-/// Best first: step time, then the largest peak memory, then family, V, M and partition name.
+/// Best first: step time (equal within a relative 1e-9), then fewer microbatches (larger ones run
+/// more efficiently than the linear cost scaling predicts), then the largest peak memory, then
+/// family, V and partition name.
 fn sort(plans: &mut [Plan]) {
     plans.sort_by(|a, b| {
         let mem = |p: &Plan| p.peak_memory.iter().copied().fold(0.0, f64::max);
-        a.step_time
-            .total_cmp(&b.step_time)
+        let tie = (a.step_time - b.step_time).abs() <= 1e-9 * a.step_time.max(b.step_time);
+        let by_time = if tie {
+            std::cmp::Ordering::Equal
+        } else {
+            a.step_time.total_cmp(&b.step_time)
+        };
+        by_time
+            .then(a.microbatches.cmp(&b.microbatches))
             .then(mem(a).total_cmp(&mem(b)))
             .then(a.family.cmp(b.family))
             .then(a.chunks.cmp(&b.chunks))
-            .then(a.microbatches.cmp(&b.microbatches))
             .then(a.partition.cmp(&b.partition))
     });
 }

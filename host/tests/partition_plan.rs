@@ -32,7 +32,10 @@ fn plans_are_sorted_and_beat_the_uniform_split() {
     req.max_microbatches = 16;
     let report = plan(&req).unwrap();
     let steps: Vec<f64> = report.plans.iter().map(|p| p.step_time).collect();
-    assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{steps:?}");
+    assert!(
+        steps.windows(2).all(|w| w[0] <= w[1] * (1.0 + 1e-9)),
+        "{steps:?}"
+    );
     let best = report.best().unwrap();
     for p in &report.plans {
         assert_eq!(p.layers_per_stage.iter().sum::<usize>(), 10);
