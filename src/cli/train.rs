@@ -28,7 +28,7 @@ use crate::layers::gemm::GemmBackend;
 use crate::layers::{LossKind, Optimizer};
 use crate::model::{stage_ranges, ModelSpec, Teacher};
 
-pub use profile::{median, profile_layers};
+pub use profile::profile_layers;
 
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
