@@ -1,1 +1,0 @@
-//! `sim`: to be written (see the issue that owns it).
