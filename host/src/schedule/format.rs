@@ -8,7 +8,9 @@
 //!   `format="compute_only"`: one row per rank, one action per cell, no header. Empty cells (PyTorch's
 //!   idle steps) are skipped when reading. `P` is the number of rows; `M`, `V` and the placement are
 //!   inferred (`M` = largest microbatch + 1, `V` = number of stages / `P`, `looped` if every action
-//!   sits on `stage % P`, else `vshape`).
+//!   sits on `stage % P`, else `vshape`; with `P = 1` both placements are the same map and reading
+//!   gives `looped`). CSV -> schedule -> CSV is lossless; schedule -> CSV -> schedule keeps everything
+//!   but the name (CSV has none; the reader is given one) and, for `P = 1`, the placement label.
 //! - **Text grid** ([`to_text`], [`from_text`]) for the terminal: a `#` header line with the name,
 //!   `P`, `V`, `M` and placement, then one row per rank, one column per time slot. When the schedule
 //!   validates, an item's column is its start slot in the unit-time dry run (every item takes one slot
