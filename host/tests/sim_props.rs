@@ -6,7 +6,7 @@ mod sim_support;
 
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{families, Params};
-use pipefill_host::sim::simulate;
+use pipefill_host::sim::{simulate, summarize};
 use proptest::prelude::*;
 use sim_support::{assert_critical_path, assert_matches_reference};
 
@@ -53,6 +53,13 @@ proptest! {
             let sim = simulate(&s, &c).unwrap();
             assert_matches_reference(&s, &c, &sim);
             let t = &sim.timeline;
+            let sum = summarize(&s, &c).unwrap();
+            prop_assert_eq!(sum.makespan, t.makespan());
+            prop_assert_eq!(&sum.peak_activations, &sim.peak_activations);
+            prop_assert_eq!(sum.lower_bound, sim.lower_bound);
+            for r in 0..p {
+                prop_assert!((sum.busy[r] - t.busy(r)).abs() <= 1e-9 * t.makespan().max(1.0));
+            }
             prop_assert!(sim.lower_bound <= t.makespan() * (1.0 + 1e-9) + 1e-12,
                 "{} P={} M={} V={}: makespan {} below the bound {}", fam.name, p, m, v, t.makespan(), sim.lower_bound);
             if t.makespan() > 0.0 {

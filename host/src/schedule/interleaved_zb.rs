@@ -116,3 +116,39 @@ fn rank_list(r: usize, ranks: usize, v: usize, m: usize, per_round: usize) -> Ve
     }
     list
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::zb_h1::lagged_rank_list;
+
+    /// PyTorch's ZB1P rule with one stage per rank is the paper's ZB-H1 (`zb-h1`, written from the
+    /// paper's triple `F(x), I(x-(P-1-r)), W(x-(P-1))`): two published descriptions, one order.
+    #[test]
+    fn one_chunk_is_zb_h1() {
+        for ranks in 1..=16 {
+            for m in 1..=64 {
+                let Some(per_round) = rounds_fit(m, ranks) else {
+                    continue;
+                };
+                for r in 0..ranks {
+                    assert_eq!(
+                        rank_list(r, ranks, 1, m, per_round),
+                        lagged_rank_list(r, m, ranks - 1 - r, ranks - 1),
+                        "P={ranks} M={m} rank {r}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nearest_fitting_microbatch_counts() {
+        assert_eq!(nearest_fitting(9, 4), (Some(8), 10));
+        // 13 and 14 make 3 rounds and are not multiples of 3; 12 and 15 are.
+        assert_eq!(nearest_fitting(13, 4), (Some(12), 15));
+        // 1 always fits (one round); 2..=7 too with P = 4 (one round each).
+        assert_eq!(rounds_fit(5, 4), Some(5));
+        assert_eq!(rounds_fit(11, 4), None);
+    }
+}

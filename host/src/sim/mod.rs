@@ -50,7 +50,7 @@ mod bound;
 mod error;
 mod memory;
 
-pub use bound::lower_bound;
+pub use bound::{bound_for, lower_bound};
 pub use error::SimError;
 pub use memory::{activation_curve, peak_activations};
 
@@ -125,17 +125,16 @@ impl Simulation {
 /// What an item is waiting for: a slot in the completion tables (`F` output or input gradient).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
-    /// Output of `F(s,k)` at index `s * M + k`.
+    /// Output of `F(s,k)` at index `k * S + s`.
     Forward(usize),
-    /// Input gradient of stage `s` from `I(s,k)` / `B(s,k)` at index `s * M + k`.
+    /// Input gradient of stage `s` from `I(s,k)` / `B(s,k)` at index `k * S + s`.
     Grad(usize),
 }
 
-/// Why an item started when it did (for the critical path).
+/// Which input of an item arrived last (for the critical path).
 #[derive(Debug, Clone, Copy)]
 enum Cause {
     Start,
-    Rank,
     Data {
         rank: u32,
         index: u32,
@@ -152,19 +151,41 @@ fn loc(rank: usize, index: usize) -> u64 {
     ((rank as u64) << 32) | index as u64
 }
 
-/// Completion tables, one entry per `(stage, microbatch)`.
-struct Done {
-    m: usize,
+/// Completion state of one `(stage, microbatch)`: 32 bytes, so a slot and its neighbour stages share
+/// cache lines.
+#[derive(Debug, Clone, Copy)]
+struct SlotState {
     /// End time of `F(s,k)`.
-    f_end: Vec<f64>,
-    /// Where `F(s,k)` ran, or [`NOT_DONE`].
-    f_loc: Vec<u64>,
+    f_end: f64,
     /// End time of `I(s,k)` / `B(s,k)`.
-    g_end: Vec<f64>,
-    /// Where it ran, or [`NOT_DONE`].
-    g_loc: Vec<u64>,
+    g_end: f64,
+    /// Where `F(s,k)` ran, or [`NOT_DONE`].
+    f_loc: u64,
+    /// Where `I(s,k)` / `B(s,k)` ran, or [`NOT_DONE`].
+    g_loc: u64,
+}
+
+/// Completion tables, one entry per `(stage, microbatch)` at index `k * S + s`: the stages of one
+/// microbatch are adjacent (an action reads its own and a neighbour stage's entry), and only the
+/// microbatches in flight are touched at any time.
+struct Done {
+    stages: usize,
+    m: usize,
+    slots: Vec<SlotState>,
     /// 0: no backward yet, 1: `I` done, 2: `B` done, 3: `I` and `W` done.
     g_kind: Vec<u8>,
+}
+
+impl Done {
+    #[inline]
+    fn index(&self, stage: usize, microbatch: usize) -> usize {
+        microbatch * self.stages + stage
+    }
+
+    /// `(stage, microbatch)` of an index.
+    fn split(&self, j: usize) -> (usize, usize) {
+        (j % self.stages, j / self.stages)
+    }
 }
 
 /// The simulator's working state for one run.
@@ -179,9 +200,14 @@ struct Run<'a> {
     pos: Vec<usize>,
     blocked: Vec<Option<Slot>>,
     ready: Vec<usize>,
-    causes: Vec<Vec<Cause>>,
+    /// Busy time per rank.
+    busy: Vec<f64>,
+    /// Whether spans and transfers are recorded (off for [`summarize`]).
+    record: bool,
     mem_now: Vec<f64>,
     mem_peak: Vec<f64>,
+    /// Whether an overlapped pair ran (the lower bound then allows overlap savings).
+    overlapped: bool,
     timeline: Timeline,
 }
 
@@ -192,17 +218,74 @@ struct Run<'a> {
 /// schedule deadlocks (the error names every waiting rank, its item and what it waits for).
 pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, SimError> {
     check_shape(schedule, costs)?;
-    let mut run = Run::new(schedule, costs);
+    let mut run = Run::new(schedule, costs, true);
     run.run()?;
     let critical_path = run.critical_path();
-    let Run {
-        timeline, mem_peak, ..
-    } = run;
+    let lower_bound = run.lower_bound();
     Ok(Simulation {
-        timeline,
-        peak_activations: mem_peak,
+        timeline: run.timeline,
+        peak_activations: run.mem_peak,
         critical_path,
-        lower_bound: lower_bound(schedule, costs),
+        lower_bound,
+    })
+}
+
+/// The numbers of a simulation without its timeline: what a search over many candidate plans needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Predicted step time.
+    pub makespan: f64,
+    /// Per rank, time spent computing.
+    pub busy: Vec<f64>,
+    /// Per rank, peak activation bytes.
+    pub peak_activations: Vec<f64>,
+    /// The [`lower_bound`].
+    pub lower_bound: f64,
+}
+
+impl Summary {
+    /// `1 - sum(busy) / (P * makespan)`; 0 for an empty schedule.
+    pub fn bubble_fraction(&self) -> f64 {
+        let p = self.busy.len() as f64;
+        if self.makespan <= 0.0 || p == 0.0 {
+            0.0
+        } else {
+            1.0 - self.busy.iter().sum::<f64>() / (p * self.makespan)
+        }
+    }
+
+    /// `makespan / lower_bound`; 1 when both are 0.
+    pub fn ratio_to_bound(&self) -> f64 {
+        if self.lower_bound > 0.0 {
+            self.makespan / self.lower_bound
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Like [`simulate`] (same model, same checks, same numbers) but records no timeline: no memory per
+/// action, for searches that simulate many candidates and keep only the numbers.
+///
+/// ```
+/// # use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// # use pipefill_host::schedule::{families, Params};
+/// use pipefill_host::sim::{simulate, summarize};
+/// let s = families::generate("1f1b", &Params::new(4, 8)).unwrap();
+/// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// let sum = summarize(&s, &c).unwrap();
+/// assert_eq!(sum.makespan, 33.0); // (M + P - 1)(F + B)
+/// assert_eq!(sum.makespan, simulate(&s, &c).unwrap().timeline.makespan());
+/// ```
+pub fn summarize(schedule: &Schedule, costs: &CostModel) -> Result<Summary, SimError> {
+    check_shape(schedule, costs)?;
+    let mut run = Run::new(schedule, costs, false);
+    run.run()?;
+    Ok(Summary {
+        makespan: run.free_at.iter().copied().fold(0.0, f64::max),
+        lower_bound: run.lower_bound(),
+        busy: run.busy,
+        peak_activations: run.mem_peak,
     })
 }
 
@@ -249,12 +332,19 @@ fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<(), SimError> {
 }
 
 impl<'a> Run<'a> {
-    fn new(schedule: &'a Schedule, costs: &'a CostModel) -> Self {
+    fn new(schedule: &'a Schedule, costs: &'a CostModel, record: bool) -> Self {
         let (p, s, m) = (schedule.ranks, schedule.stages(), schedule.microbatches);
         let slots = s * m;
         let mut timeline = Timeline::new(schedule.name.clone(), Source::Predicted, p);
-        for (lane, list) in timeline.spans.iter_mut().zip(&schedule.actions) {
-            lane.reserve_exact(list.len());
+        if record {
+            for (lane, list) in timeline.spans.iter_mut().zip(&schedule.actions) {
+                lane.reserve_exact(list.len());
+            }
+            // Every boundary between stages on different ranks carries M activations and M gradients.
+            let crossings = (1..s)
+                .filter(|&st| schedule.rank_of(st) != schedule.rank_of(st - 1))
+                .count();
+            timeline.transfers.reserve_exact(2 * m * crossings);
         }
         Run {
             schedule,
@@ -263,25 +353,40 @@ impl<'a> Run<'a> {
             send: (0..s).map(|st| costs.boundary_time(st)).collect(),
             done: Done {
                 m,
-                f_end: vec![0.0; slots],
-                f_loc: vec![NOT_DONE; slots],
-                g_end: vec![0.0; slots],
-                g_loc: vec![NOT_DONE; slots],
+                stages: s,
+                slots: vec![
+                    SlotState {
+                        f_end: 0.0,
+                        g_end: 0.0,
+                        f_loc: NOT_DONE,
+                        g_loc: NOT_DONE,
+                    };
+                    slots
+                ],
                 g_kind: vec![0; slots],
             },
             free_at: vec![0.0; p],
             pos: vec![0; p],
             blocked: vec![None; p],
             ready: (0..p).rev().collect(),
-            causes: schedule
-                .actions
-                .iter()
-                .map(|a| Vec::with_capacity(a.len()))
-                .collect(),
+            busy: vec![0.0; p],
+            record,
             mem_now: vec![0.0; p],
             mem_peak: vec![0.0; p],
+            overlapped: false,
             timeline,
         }
+    }
+
+    /// The lower bound for this run's schedule (overlap savings allowed when a pair ran).
+    fn lower_bound(&self) -> f64 {
+        bound::bound_for(
+            self.schedule.ranks,
+            self.schedule.microbatches,
+            self.schedule.placement,
+            self.costs,
+            self.overlapped,
+        )
     }
 
     /// Runs ranks from the ready stack until all are done or none can progress.
@@ -303,85 +408,77 @@ impl<'a> Run<'a> {
         while self.pos[r] < list.len() {
             let index = self.pos[r];
             let item = list[index];
-            match item {
-                Item::One(a) => {
-                    self.check_action(r, index, &item, a)?;
-                    let (ready_at, cause) = match self.inputs(r, index, &item, a)? {
-                        Ok(x) => x,
-                        Err(slot) => {
-                            self.blocked[r] = Some(slot);
-                            return Ok(());
-                        }
-                    };
-                    let dur = self.costs.stages[a.stage].time(a.op);
-                    let (start, end) = self.start(r, index, ready_at, cause, dur);
-                    self.allocate(r, a);
-                    self.complete(r, index, a, end);
-                    self.timeline.push(r, item, start, end);
+            for a in item.actions() {
+                self.check_action(r, index, &item, a)?;
+            }
+            let ready_at = match self.ready_time(r, index, &item)? {
+                Ok((t, _)) => t,
+                Err(slot) => {
+                    self.blocked[r] = Some(slot);
+                    return Ok(());
                 }
+            };
+            let dur = match item {
+                Item::One(a) => self.costs.stages[a.stage].time(a.op),
                 Item::Overlap { forward, backward } => {
-                    self.check_action(r, index, &item, forward)?;
-                    self.check_action(r, index, &item, backward)?;
-                    if forward.op != Op::F || !matches!(backward.op, Op::B | Op::I) {
-                        return Err(self.bad(
-                            r,
-                            index,
-                            &item,
-                            "an overlapped pair is a forward (F) with a backward (B or I)".into(),
-                        ));
-                    }
-                    let (fa, fc) = match self.inputs(r, index, &item, forward)? {
-                        Ok(x) => x,
-                        Err(slot) => {
-                            self.blocked[r] = Some(slot);
-                            return Ok(());
-                        }
-                    };
-                    let (ba, bc) = match self.inputs(r, index, &item, backward)? {
-                        Ok(x) => x,
-                        Err(slot) => {
-                            self.blocked[r] = Some(slot);
-                            return Ok(());
-                        }
-                    };
-                    let (ready_at, cause) = if ba > fa { (ba, bc) } else { (fa, fc) };
-                    let dur = self.costs.pair_time(
+                    self.overlapped = true;
+                    self.costs.pair_time(
                         self.costs.stages[forward.stage].forward,
                         self.costs.stages[backward.stage].time(backward.op),
-                    );
-                    let (start, end) = self.start(r, index, ready_at, cause, dur);
-                    self.allocate(r, forward);
-                    self.allocate(r, backward);
-                    self.complete(r, index, forward, end);
-                    self.complete(r, index, backward, end);
-                    self.timeline.push(r, item, start, end);
+                    )
                 }
+            };
+            let start = ready_at.max(self.free_at[r]);
+            let end = start + dur;
+            self.free_at[r] = end;
+            self.busy[r] += dur;
+            for a in item.actions() {
+                self.allocate(r, a);
+            }
+            for a in item.actions() {
+                self.complete(r, index, a, end);
+            }
+            if self.record {
+                self.timeline.push(r, item, start, end);
             }
             self.pos[r] = index + 1;
         }
         Ok(())
     }
 
-    /// Places an item that may start at `ready_at` on rank `r`; returns `(start, end)`.
+    /// When all inputs of `item` (position `index` on rank `r`) are available and which input came
+    /// last, or the slot it still waits for. For a pair, the later of its halves (the forward's on a
+    /// tie). Pure: called again after the run to trace the critical path.
     #[inline]
-    fn start(
-        &mut self,
+    #[allow(clippy::type_complexity)]
+    fn ready_time(
+        &self,
         r: usize,
         index: usize,
-        ready_at: f64,
-        cause: Cause,
-        dur: f64,
-    ) -> (f64, f64) {
-        let free = self.free_at[r];
-        let (start, cause) = if index == 0 || ready_at > free {
-            (ready_at.max(free), cause)
-        } else {
-            (free, Cause::Rank)
-        };
-        let end = start + dur;
-        self.free_at[r] = end;
-        self.causes[r].push(cause);
-        (start, end)
+        item: &Item,
+    ) -> Result<Result<(f64, Cause), Slot>, SimError> {
+        Ok(match *item {
+            Item::One(a) => self.inputs(r, index, item, a)?,
+            Item::Overlap { forward, backward } => {
+                if forward.op != Op::F || !matches!(backward.op, Op::B | Op::I) {
+                    return Err(self.bad(
+                        r,
+                        index,
+                        item,
+                        "an overlapped pair is a forward (F) with a backward (B or I)".into(),
+                    ));
+                }
+                let f = match self.inputs(r, index, item, forward)? {
+                    Ok(x) => x,
+                    Err(slot) => return Ok(Err(slot)),
+                };
+                let b = match self.inputs(r, index, item, backward)? {
+                    Ok(x) => x,
+                    Err(slot) => return Ok(Err(slot)),
+                };
+                Ok(if b.0 > f.0 { b } else { f })
+            }
+        })
     }
 
     /// Activation memory: `F` allocates at its start, backward ops free at their end (recorded in
@@ -430,9 +527,9 @@ impl<'a> Run<'a> {
                 ),
             ));
         }
-        let i = a.stage * m + a.microbatch;
+        let i = self.done.index(a.stage, a.microbatch);
         let repeated = match a.op {
-            Op::F => self.done.f_loc[i] != NOT_DONE,
+            Op::F => self.done.slots[i].f_loc != NOT_DONE,
             Op::I | Op::B => self.done.g_kind[i] != 0,
             Op::W => self.done.g_kind[i] >= 2,
         };
@@ -460,7 +557,7 @@ impl<'a> Run<'a> {
         a: Action,
     ) -> Result<Result<(f64, Cause), Slot>, SimError> {
         let d = &self.done;
-        let i = a.stage * d.m + a.microbatch;
+        let i = d.index(a.stage, a.microbatch);
         let data = |end: f64, at: u64, transfer: f64| {
             (
                 end + transfer,
@@ -474,27 +571,30 @@ impl<'a> Run<'a> {
         Ok(Ok(match a.op {
             Op::F if a.stage == 0 => (0.0, Cause::Start),
             Op::F => {
-                let j = i - d.m;
-                if d.f_loc[j] == NOT_DONE {
+                let j = i - 1;
+                let prev = &d.slots[j];
+                if prev.f_loc == NOT_DONE {
                     return Ok(Err(Slot::Forward(j)));
                 }
                 let t = self.hop(a.stage - 1, r, a.stage - 1);
-                data(d.f_end[j], d.f_loc[j], t)
+                data(prev.f_end, prev.f_loc, t)
             }
             Op::I | Op::B => {
-                if d.f_loc[i] == NOT_DONE {
+                let mine = &d.slots[i];
+                if mine.f_loc == NOT_DONE {
                     return Ok(Err(Slot::Forward(i)));
                 }
-                let own = data(d.f_end[i], d.f_loc[i], 0.0);
+                let own = data(mine.f_end, mine.f_loc, 0.0);
                 if a.stage + 1 == self.stage_rank.len() {
                     own
                 } else {
-                    let j = i + d.m;
-                    if d.g_loc[j] == NOT_DONE {
+                    let j = i + 1;
+                    let next = &d.slots[j];
+                    if next.g_loc == NOT_DONE {
                         return Ok(Err(Slot::Grad(j)));
                     }
                     let t = self.hop(a.stage + 1, r, a.stage);
-                    let grad = data(d.g_end[j], d.g_loc[j], t);
+                    let grad = data(next.g_end, next.g_loc, t);
                     if grad.0 > own.0 {
                         grad
                     } else {
@@ -503,10 +603,11 @@ impl<'a> Run<'a> {
                 }
             }
             Op::W => {
-                if d.g_loc[i] == NOT_DONE {
+                let mine = &d.slots[i];
+                if mine.g_loc == NOT_DONE {
                     return Ok(Err(Slot::Grad(i)));
                 }
-                if d.g_kind[i] != 1 {
+                if d.g_kind[i] == 2 {
                     return Err(self.bad(
                         r,
                         index,
@@ -515,7 +616,7 @@ impl<'a> Run<'a> {
                             .into(),
                     ));
                 }
-                data(d.g_end[i], d.g_loc[i], 0.0)
+                data(mine.g_end, mine.g_loc, 0.0)
             }
         }))
     }
@@ -535,21 +636,20 @@ impl<'a> Run<'a> {
     /// waiting for it.
     #[inline]
     fn complete(&mut self, r: usize, index: usize, a: Action, end: f64) {
-        let m = self.done.m;
-        let i = a.stage * m + a.microbatch;
+        let i = self.done.index(a.stage, a.microbatch);
         let here = loc(r, index);
         let (slot, consumer) = match a.op {
             Op::F => {
-                self.done.f_end[i] = end;
-                self.done.f_loc[i] = here;
+                self.done.slots[i].f_end = end;
+                self.done.slots[i].f_loc = here;
                 (
                     Slot::Forward(i),
                     (a.stage + 1 < self.stage_rank.len()).then(|| (a.stage + 1, a.stage)),
                 )
             }
             Op::I | Op::B => {
-                self.done.g_end[i] = end;
-                self.done.g_loc[i] = here;
+                self.done.slots[i].g_end = end;
+                self.done.slots[i].g_loc = here;
                 self.done.g_kind[i] = if a.op == Op::I { 1 } else { 2 };
                 (
                     Slot::Grad(i),
@@ -568,17 +668,17 @@ impl<'a> Run<'a> {
         if c == r {
             return;
         }
-        let time = self.send[boundary];
-        let consumer_op = if a.op == Op::F { Op::F } else { a.op };
-        self.timeline.push_transfer(Transfer {
-            from_rank: r,
-            to_rank: c,
-            producer: a,
-            consumer: Action::new(consumer_op, to_stage, a.microbatch),
-            start: end,
-            end: end + time,
-            bytes: self.costs.stages[boundary].output_bytes,
-        });
+        if self.record {
+            self.timeline.push_transfer(Transfer {
+                from_rank: r,
+                to_rank: c,
+                producer: a,
+                consumer: Action::new(a.op, to_stage, a.microbatch),
+                start: end,
+                end: end + self.send[boundary],
+                bytes: self.costs.stages[boundary].output_bytes,
+            });
+        }
         if self.blocked[c] == Some(slot) {
             self.blocked[c] = None;
             self.ready.push(c);
@@ -598,22 +698,27 @@ impl<'a> Run<'a> {
 
     /// The deadlock error: every unfinished rank, its next item, and what that item waits for.
     fn deadlock(&self) -> SimError {
-        let m = self.done.m;
         let waiting = (0..self.schedule.ranks)
             .filter(|&r| self.pos[r] < self.schedule.actions[r].len())
             .map(|r| {
                 let index = self.pos[r];
                 let item = self.schedule.actions[r][index];
                 let wants = match self.blocked[r] {
-                    Some(Slot::Forward(j)) => format!("{}F{}", j / m, j % m),
-                    Some(Slot::Grad(j)) => format!("{}I{} or {}B{}", j / m, j % m, j / m, j % m),
+                    Some(Slot::Forward(j)) => {
+                        let (s, k) = self.done.split(j);
+                        format!("{s}F{k}")
+                    }
+                    Some(Slot::Grad(j)) => {
+                        let (s, k) = self.done.split(j);
+                        format!("{s}I{k} or {s}B{k}")
+                    }
                     None => "its turn".into(),
                 };
                 let owner = self.blocked[r].map(|slot| {
                     let j = match slot {
                         Slot::Forward(j) | Slot::Grad(j) => j,
                     };
-                    let (stage, k) = (j / m, j % m);
+                    let (stage, k) = self.done.split(j);
                     let hit = |a: &Action| {
                         a.stage == stage
                             && a.microbatch == k
@@ -643,7 +748,9 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Walks back from the item that ends last along the causes that fixed each start.
+    /// Walks back from the item that ends last. An item's start was fixed by its rank (the previous
+    /// item ended exactly then; preferred on a tie, as the rank was the limit) or else by its last
+    /// input, recomputed from the completion tables exactly as during the run.
     fn critical_path(&self) -> Vec<PathStep> {
         let spans = &self.timeline.spans;
         let mut last: Option<(usize, usize)> = None;
@@ -659,17 +766,24 @@ impl<'a> Run<'a> {
         let mut path = Vec::new();
         let mut at = last;
         while let Some((r, i)) = at {
-            let (via, next) = match self.causes[r][i] {
-                Cause::Start => (Via::Start, None),
-                Cause::Rank => (Via::Rank, i.checked_sub(1).map(|p| (r, p))),
-                Cause::Data {
-                    rank,
-                    index,
-                    transfer,
-                } => (
-                    Via::Data { transfer },
-                    Some((rank as usize, index as usize)),
-                ),
+            let span = spans[r][i];
+            let (via, next) = if i > 0 && spans[r][i - 1].end >= span.start {
+                (Via::Rank, Some((r, i - 1)))
+            } else {
+                match self.ready_time(r, i, &span.item) {
+                    Ok(Ok((
+                        _,
+                        Cause::Data {
+                            rank,
+                            index,
+                            transfer,
+                        },
+                    ))) => (
+                        Via::Data { transfer },
+                        Some((rank as usize, index as usize)),
+                    ),
+                    _ => (Via::Start, None),
+                }
             };
             path.push(PathStep {
                 rank: r,

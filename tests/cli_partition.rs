@@ -1,0 +1,391 @@
+//! `pipefill partition` end to end: output keys and values, and refusals with exit code 2.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn pipefill(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipefill"))
+        .args(args)
+        .output()
+        .expect("run pipefill");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Writes a cost file whose layers' F + I + W are `totals` (F = I = W = total / 3).
+fn cost_file(name: &str, totals: &[f64], extra: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pipefill-cli-partition-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let layers: Vec<String> = totals
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let third = t / 3.0;
+            format!(
+                r#"{{"name": "l{i}", "forward": {third}, "backward_input": {third}, "backward_weight": {third}, "activation_bytes": 0, "parameter_bytes": {p}{extra}}}"#,
+                p = 1000 - i
+            )
+        })
+        .collect();
+    let path = dir.join(name);
+    std::fs::write(&path, format!(r#"{{"layers": [{}]}}"#, layers.join(","))).unwrap();
+    path
+}
+
+#[test]
+fn json_output_of_the_torchgpipe_counterexample() {
+    let f = cost_file("tg.json", &[81.0, 99.0, 98.0, 67.0, 67.0, 96.0, 57.0], "");
+    let (code, out, err) = pipefill(&[
+        "partition",
+        "--costs",
+        f.to_str().unwrap(),
+        "--stages",
+        "4",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["method"], "optimal");
+    assert_eq!(v["layers_per_stage"], serde_json::json!([2, 1, 2, 2]));
+    assert!(
+        (v["bottleneck"].as_f64().unwrap() - 180.0).abs() < 1e-6,
+        "{v}"
+    );
+    assert_eq!(v["stage_costs"].as_array().unwrap().len(), 4);
+
+    let (code, out, _) = pipefill(&[
+        "partition",
+        "--costs",
+        f.to_str().unwrap(),
+        "--stages",
+        "4",
+        "--method",
+        "time-greedy",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        (v["bottleneck"].as_f64().unwrap() - 287.0).abs() < 1e-6,
+        "{v}"
+    );
+    assert!((v["ratio_to_optimal"].as_f64().unwrap() - 287.0 / 180.0).abs() < 1e-9);
+}
+
+#[test]
+fn all_methods_table_and_json() {
+    let f = cost_file("all.json", &[5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 5.0], "");
+    let (code, out, err) = pipefill(&[
+        "partition",
+        "--costs",
+        f.to_str().unwrap(),
+        "--stages",
+        "4",
+        "--ranks",
+        "2",
+        "--method",
+        "all",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for m in ["optimal", "uniform", "parameters", "time-greedy"] {
+        assert!(out.contains(m), "{m} missing from:\n{out}");
+    }
+    let (code, out, _) = pipefill(&[
+        "partition",
+        "--costs",
+        f.to_str().unwrap(),
+        "--stages",
+        "4",
+        "--ranks",
+        "2",
+        "--placement",
+        "vshape",
+        "--method",
+        "all",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let arr = v.as_array().unwrap();
+    assert_eq!(arr.len(), 4);
+    let best = arr[0]["bottleneck"].as_f64().unwrap();
+    assert_eq!(arr[0]["placement"], "vshape");
+    assert!(arr
+        .iter()
+        .all(|r| r["bottleneck"].as_f64().unwrap() >= best - 1e-12));
+}
+
+#[test]
+fn bad_inputs_exit_2_with_a_clear_message() {
+    let good = cost_file("good.json", &[1.0, 2.0, 3.0], "");
+    let g = good.to_str().unwrap();
+    let nan_file = std::env::temp_dir().join(format!(
+        "pipefill-cli-partition-{}-neg.json",
+        std::process::id()
+    ));
+    std::fs::write(&nan_file, r#"{"layers": [{"name": "a", "forward": -1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0}]}"#).unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "partition",
+                "--costs",
+                "/nonexistent/costs.json",
+                "--stages",
+                "2",
+            ],
+            "cannot read",
+        ),
+        (
+            vec![
+                "partition",
+                "--costs",
+                nan_file.to_str().unwrap(),
+                "--stages",
+                "1",
+            ],
+            "layers[0].forward",
+        ),
+        (vec!["partition", "--costs", g, "--stages", "4"], "3 layers"),
+        (vec!["partition", "--costs", g, "--stages", "0"], "--stages"),
+        (
+            vec!["partition", "--costs", g, "--stages", "3", "--ranks", "2"],
+            "--ranks",
+        ),
+        (
+            vec![
+                "partition",
+                "--costs",
+                g,
+                "--stages",
+                "2",
+                "--ranks",
+                "2",
+                "--placement",
+                "vshape",
+            ],
+            "vshape",
+        ),
+        (
+            vec![
+                "partition",
+                "--costs",
+                g,
+                "--stages",
+                "2",
+                "--memory-limit",
+                "10",
+            ],
+            "--schedule",
+        ),
+        (
+            vec![
+                "partition",
+                "--costs",
+                g,
+                "--stages",
+                "2",
+                "--memory-limit",
+                "10",
+                "--schedule",
+                "nope",
+                "--microbatches",
+                "4",
+            ],
+            "nope",
+        ),
+        (
+            vec![
+                "partition",
+                "--costs",
+                g,
+                "--stages",
+                "2",
+                "--method",
+                "best",
+            ],
+            "best",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (code, _, err) = pipefill(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected `{needle}` in: {err}"
+        );
+    }
+}
+
+#[test]
+fn memory_limit_refuses_with_the_needed_bytes() {
+    // Parameters 1000, 999, 998: 2 stages on 1f1b; any split puts >= 1997 bytes on one rank.
+    let f = cost_file("mem.json", &[1.0, 1.0, 1.0], "");
+    let (code, _, err) = pipefill(&[
+        "partition",
+        "--costs",
+        f.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--memory-limit",
+        "1500",
+        "--schedule",
+        "1f1b",
+        "--microbatches",
+        "4",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("1997"), "{err}");
+    let (code, out, err) = pipefill(&[
+        "partition",
+        "--costs",
+        f.to_str().unwrap(),
+        "--stages",
+        "2",
+        "--memory-limit",
+        "1997",
+        "--schedule",
+        "1f1b",
+        "--microbatches",
+        "4",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layers_per_stage"], serde_json::json!([1, 2]));
+}
+
+#[test]
+fn plan_json_best_first_and_refusals() {
+    let f = cost_file("plan.json", &[6.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 6.0], "");
+    let g = f.to_str().unwrap();
+    let (code, out, err) = pipefill(&[
+        "plan",
+        "--costs",
+        g,
+        "--ranks",
+        "4",
+        "--global-batch",
+        "8",
+        "--cost-batch",
+        "1",
+        "--format",
+        "json",
+        "--top",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let plans = v["plans"].as_array().unwrap();
+    assert!(!plans.is_empty() && plans.len() <= 5);
+    let steps: Vec<f64> = plans
+        .iter()
+        .map(|p| p["step_time"].as_f64().unwrap())
+        .collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{steps:?}");
+    for key in [
+        "family",
+        "chunks",
+        "microbatches",
+        "layers_per_stage",
+        "bubble_fraction",
+        "peak_memory",
+        "ratio_to_bound",
+    ] {
+        assert!(plans[0].get(key).is_some(), "{key} missing");
+    }
+    let (code, out, err) = pipefill(&[
+        "plan",
+        "--costs",
+        g,
+        "--ranks",
+        "2",
+        "--global-batch",
+        "4",
+        "--cost-batch",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("best first"), "{out}");
+
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["plan", "--costs", g, "--ranks", "4", "--global-batch", "8"],
+            "--cost-batch",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "0",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+            ],
+            "--ranks",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "4",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+                "--families",
+                "nope",
+            ],
+            "nope",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "9",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+            ],
+            "9 ranks",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "4",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+                "--memory-limit",
+                "1",
+            ],
+            "no plan fits",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (code, _, err) = pipefill(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected `{needle}` in: {err}"
+        );
+    }
+}
