@@ -15,11 +15,12 @@
 //! cargo bench --bench runtime_speedup            # optional args: ranks microbatches hidden steps
 //! ```
 
-use pipefill::cli::train::{measured_cost, median};
+use pipefill::cli::train::measured_cost;
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LossKind, Optimizer};
 use pipefill::model::{stage_ranges, ModelSpec, Teacher};
 use pipefill_host::cost::{split_even, CostModel, LinkCost, StageCost};
+use pipefill_host::profile::median;
 use pipefill_host::runtime::{sequential_step, Executor};
 use pipefill_host::schedule::{families, Params};
 use pipefill_kernels::Activation;
@@ -67,7 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     reports.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     let mid = &reports[reports.len() / 2];
-    let t_seq = median(seq_times);
+    let t_seq = median(&mut seq_times);
     let t_par = mid.seconds;
     let work: f64 = mid.action_seconds.iter().map(|(_, t)| t).sum();
     let base = CostModel::uniform(

@@ -28,7 +28,11 @@ use crate::layers::gemm::GemmBackend;
 use crate::layers::{LossKind, Optimizer};
 use crate::model::{stage_ranges, ModelSpec, Teacher};
 
-pub use profile::{median, profile_layers};
+pub use profile::profile_layers;
+
+/// Share of the shorter half of an overlapped F/B pair that is not hidden, on CPU threads: the
+/// runtime runs the two halves sequentially, so nothing is hidden.
+pub const CPU_OVERLAP_SHARE: f64 = 1.0;
 
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -275,8 +279,10 @@ pub fn candidates(setup: &Setup, costs: &[LayerCost]) -> Result<Vec<Candidate>, 
             .map_err(|e| e.to_string())
             .and_then(|s| {
                 let counts = split(setup, s.stages())?;
-                let cost = CostModel::from_layers(costs, &counts, LinkCost::default())
+                let mut cost = CostModel::from_layers(costs, &counts, LinkCost::default())
                     .map_err(|e| e.to_string())?;
+                // The CPU runtime runs an overlapped pair's halves one after the other.
+                cost.overlap_share = CPU_OVERLAP_SHARE;
                 let predicted = predict(&s, &cost)?;
                 Ok(Candidate {
                     schedule: s,

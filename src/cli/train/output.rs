@@ -9,7 +9,9 @@ use pipefill_host::schedule::{Item, Op};
 use pipefill_host::timeline::{Source, Timeline};
 use serde_json::json;
 
-use super::{median, Candidate, CliError, Outcome, Setup};
+use pipefill_host::profile::median;
+
+use super::{Candidate, CliError, Outcome, Setup};
 
 /// Progress: a bar on a terminal, plain lines otherwise (on stderr, so stdout stays the result).
 pub struct Progress {
@@ -166,7 +168,7 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
             "NOT falling"
         }
     );
-    let step = median(outcome.step_seconds.clone());
+    let step = median(&mut outcome.step_seconds.clone());
     println!(
         "step time: {:.2} ms median (timeline {:.2} ms, predicted {:.2} ms; {:.2} ms of layer work)",
         step * 1e3,
@@ -213,7 +215,7 @@ pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         "steps": a.steps,
         "seed": a.seed,
         "losses": outcome.losses,
-        "step_time_s": median(outcome.step_seconds.clone()),
+        "step_time_s": median(&mut outcome.step_seconds.clone()),
         "step_times_s": outcome.step_seconds,
         "makespan_measured_s": m.makespan(),
         "makespan_predicted_s": chosen.predicted.makespan(),
