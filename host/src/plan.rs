@@ -69,6 +69,9 @@ pub struct PlanRequest {
     pub chunks: Vec<usize>,
     /// Largest `M` to try.
     pub max_microbatches: usize,
+    /// Exactly these `M` values (each must divide the global batch); empty means every divisor of the
+    /// global batch up to `max_microbatches`.
+    pub microbatch_counts: Vec<usize>,
     /// How many of the best candidates to refine by moving boundaries (0: none).
     pub refine: usize,
 }
@@ -85,6 +88,7 @@ impl PlanRequest {
             families: Vec::new(),
             chunks: vec![1, 2, 4],
             max_microbatches: 64,
+            microbatch_counts: Vec::new(),
             refine: 4,
         }
     }
@@ -313,6 +317,16 @@ fn check(request: &PlanRequest) -> Result<(), PlanError> {
             return bad(format!("memory limit is {l}; give bytes per rank > 0"));
         }
     }
+    if let Some(m) = request
+        .microbatch_counts
+        .iter()
+        .find(|&&m| m == 0 || request.global_batch % m != 0)
+    {
+        return bad(format!(
+            "{m} microbatches do not split a global batch of {} samples; use a divisor of it",
+            request.global_batch
+        ));
+    }
     if request.chunks.contains(&0) {
         return bad("chunks (V) candidates must be at least 1".into());
     }
@@ -331,9 +345,13 @@ fn check(request: &PlanRequest) -> Result<(), PlanError> {
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     check(request)?;
     let fams = families(request)?;
-    let ms: Vec<usize> = (1..=request.global_batch.min(request.max_microbatches.max(1)))
-        .filter(|m| request.global_batch % m == 0)
-        .collect();
+    let ms: Vec<usize> = if request.microbatch_counts.is_empty() {
+        (1..=request.global_batch.min(request.max_microbatches.max(1)))
+            .filter(|m| request.global_batch % m == 0)
+            .collect()
+    } else {
+        request.microbatch_counts.clone()
+    };
     let mut plans = Vec::new();
     let mut skipped = Vec::new();
     let mut shapes = Vec::new();
@@ -393,18 +411,32 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     plans.extend(refined);
     sort(&mut plans);
     if plans.is_empty() {
-        let reasons: Vec<String> = skipped
-            .iter()
-            .map(|s| {
-                format!(
-                    "{} V={} M={}: {}",
-                    s.family, s.chunks, s.microbatches, s.reason
-                )
-            })
-            .collect();
-        return Err(PlanError::NoPlan(reasons.join("\n")));
+        return Err(PlanError::NoPlan(summarize(&skipped)));
     }
     Ok(PlanReport { plans, skipped })
+}
+
+/// The first few reasons candidates were ruled out, and how many there were.
+fn summarize(skipped: &[Skipped]) -> String {
+    const SHOWN: usize = 8;
+    let mut lines: Vec<String> = skipped
+        .iter()
+        .take(SHOWN)
+        .map(|s| {
+            format!(
+                "{} V={} M={}: {}",
+                s.family, s.chunks, s.microbatches, s.reason
+            )
+        })
+        .collect();
+    if skipped.len() > SHOWN {
+        lines.push(format!("... and {} more", skipped.len() - SHOWN));
+    }
+    format!(
+        "{} candidates ruled out, for example:\n  {}",
+        skipped.len(),
+        lines.join("\n  ")
+    )
 }
 
 /// Best first: step time, then the largest peak memory, then family, V, M and partition name.
@@ -430,13 +462,6 @@ fn shape<'a>(
     m: usize,
 ) -> Result<Option<Shape<'a>>, String> {
     let p = request.ranks;
-    if p * v > request.costs.layers.len() {
-        return Err(format!(
-            "{} stages need at least as many layers, the model has {}",
-            p * v,
-            request.costs.layers.len()
-        ));
-    }
     let params = Params::new(p, m).with_chunks(v);
     let schedule = match (family.generate)(&params) {
         Ok(s) => s,
@@ -448,6 +473,13 @@ fn shape<'a>(
             }
         }
     };
+    if p * v > request.costs.layers.len() {
+        return Err(format!(
+            "{} stages need at least as many layers, the model has {}",
+            p * v,
+            request.costs.layers.len()
+        ));
+    }
     let layout = Layout {
         ranks: p,
         chunks: v,
