@@ -444,7 +444,7 @@ fn render(
         .chain(cols.clone().map(|c| c.to_string().len() + 2))
         .max()
         .unwrap_or(3);
-    let label_width = rows.last().map_or(1, |r| r.to_string().len()) + 5;
+    let label_width = rows.last().map_or(1, |r| r.to_string().len()) + 6;
     let mut out = format!("{:<label_width$}", axis);
     for c in cols.clone() {
         out.push_str(&format!("{:^width$}", c));
