@@ -49,14 +49,25 @@ pub unsafe trait Grid {
 }
 
 /// The grid of a GEMM kernel producing an `m x n` output: `(ceil(n / 64), ceil(m / 64), 1)` blocks of
-/// [`THREADS`] threads (one 64 x 64 output tile per block).
+/// [`THREADS`] threads (one 64 x 64 output tile per block), at least one block per dimension (CUDA refuses an
+/// empty grid; a block over an empty output writes nothing, and an empty reduced dimension gives `0` sums).
 #[inline]
 pub const fn gemm_grid(m: usize, n: usize) -> (u32, u32, u32) {
     (
-        n.div_ceil(crate::tile::BN) as u32,
-        m.div_ceil(crate::tile::BM) as u32,
+        at_least_one(n.div_ceil(crate::tile::BN)),
+        at_least_one(m.div_ceil(crate::tile::BM)),
         1,
     )
+}
+
+/// `blocks` as a grid dimension, at least 1.
+#[inline]
+const fn at_least_one(blocks: usize) -> u32 {
+    if blocks == 0 {
+        1
+    } else {
+        blocks as u32
+    }
 }
 
 /// Most blocks an elementwise or reduction kernel is launched with; the bodies loop (grid-stride) over
@@ -68,12 +79,10 @@ pub const MAX_ELEMENTWISE_BLOCKS: usize = 1024;
 #[inline]
 pub const fn elementwise_grid(n: usize) -> (u32, u32, u32) {
     let blocks = n.div_ceil(THREADS);
-    let blocks = if blocks == 0 {
-        1
-    } else if blocks > MAX_ELEMENTWISE_BLOCKS {
+    let blocks = if blocks > MAX_ELEMENTWISE_BLOCKS {
         MAX_ELEMENTWISE_BLOCKS
     } else {
         blocks
     };
-    (blocks as u32, 1, 1)
+    (at_least_one(blocks), 1, 1)
 }

@@ -16,7 +16,7 @@
 //! | --- | --- |
 //! | [`math`] | `exp`, `ln`, `sqrt`, `tanh`, `sigmoid` without `std` |
 //! | [`activation`] | [`Activation`]: identity, ReLU, GELU (tanh form), SiLU; forward and derivative |
-//! | [`epilogue`] | fused bias + activation (keeping the pre-activation), `dZ = dY act'(Z)`, `db += colsum(dZ)` |
+//! | [`epilogue`](mod@epilogue) | fused bias + activation (keeping the pre-activation), `dZ = dY act'(Z)`, `db += colsum(dZ)` |
 //! | [`loss`] | MSE and softmax cross-entropy, forward and gradient |
 //! | [`optim`] | SGD with momentum, AdamW |
 //! | [`gemm`] | the reference GEMM (the definition the fast paths are tested against) |

@@ -20,8 +20,9 @@ use pipefill_kernels::{
 
 const EPS: f64 = f32::EPSILON as f64;
 
-/// `(rows, inputs, outputs)`: none a multiple of the 64 x 64 x 16 tiling except one control case.
-const SHAPES: [(usize, usize, usize); 7] = [
+/// `(rows, inputs, outputs)`: none a multiple of the 64 x 64 x 16 tiling except one control case, plus empty
+/// dimensions (`inputs = 0`: `Y = act(b)`, `dX` empty; `rows = 0`: nothing to compute, `dW` and `db` unchanged).
+const SHAPES: [(usize, usize, usize); 9] = [
     (1, 1, 1),
     (17, 63, 130),
     (130, 17, 63),
@@ -29,6 +30,8 @@ const SHAPES: [(usize, usize, usize); 7] = [
     (64, 64, 64),
     (2, 17, 1),
     (65, 15, 33),
+    (3, 0, 5),
+    (0, 4, 70),
 ];
 
 /// `|got - want| <= tol` elementwise, naming the case.
