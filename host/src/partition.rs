@@ -42,7 +42,9 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::cost::{LayerCost, LinkCost};
-use crate::schedule::Placement;
+use std::collections::HashSet;
+
+use crate::schedule::{Op, Placement, Schedule};
 
 pub mod baselines;
 mod search;
@@ -584,6 +586,44 @@ fn chain_optimum(
         a = b;
     }
     Ok(boundaries)
+}
+
+/// Per-stage peak microbatches in flight under a schedule: a (stage, microbatch) holds its
+/// activations from its `F` until its `B`, or its `W` with a split backward, counted in each rank's
+/// list order.
+pub fn stage_in_flight(schedule: &Schedule) -> Vec<u64> {
+    let mut now = vec![0i64; schedule.stages()];
+    let mut peak = vec![0u64; schedule.stages()];
+    let splits: HashSet<(usize, usize)> = schedule
+        .actions
+        .iter()
+        .flatten()
+        .flat_map(|it| it.actions())
+        .filter(|a| a.op == Op::W)
+        .map(|a| (a.stage, a.microbatch))
+        .collect();
+    for rank in &schedule.actions {
+        for item in rank {
+            for a in item.actions() {
+                if a.stage >= now.len() {
+                    continue;
+                }
+                let frees = match a.op {
+                    Op::F => {
+                        now[a.stage] += 1;
+                        peak[a.stage] = peak[a.stage].max(now[a.stage].max(0) as u64);
+                        false
+                    }
+                    Op::B | Op::W => true,
+                    Op::I => !splits.contains(&(a.stage, a.microbatch)),
+                };
+                if frees {
+                    now[a.stage] -= 1;
+                }
+            }
+        }
+    }
+    peak
 }
 
 /// Marks a state of [`chain_table`] that no split reaches.

@@ -16,9 +16,10 @@ use std::path::PathBuf;
 use clap::ValueEnum;
 use pipefill_host::cost::CostFile;
 use pipefill_host::partition::{
-    Layout, MemoryLimit, Method, Partition, PartitionError, Problem, NANOS_PER_SECOND,
+    stage_in_flight, Layout, MemoryLimit, Method, Partition, PartitionError, Problem,
+    NANOS_PER_SECOND,
 };
-use pipefill_host::schedule::{families, Params, Placement, Schedule};
+use pipefill_host::schedule::{families, Params, Placement};
 use serde::Serialize;
 
 use super::CliError;
@@ -197,45 +198,6 @@ pub fn layout_from_flags(
         chunks,
         placement,
     })
-}
-
-/// Per-stage peak microbatches in flight under a schedule: a (stage, microbatch) holds its
-/// activations from its `F` until its `B`, or its `W` with a split backward, counted in each rank's
-/// list order.
-pub fn stage_in_flight(schedule: &Schedule) -> Vec<u64> {
-    use pipefill_host::schedule::Op;
-    let mut now = vec![0i64; schedule.stages()];
-    let mut peak = vec![0u64; schedule.stages()];
-    let splits: std::collections::HashSet<(usize, usize)> = schedule
-        .actions
-        .iter()
-        .flatten()
-        .flat_map(|it| it.actions())
-        .filter(|a| a.op == Op::W)
-        .map(|a| (a.stage, a.microbatch))
-        .collect();
-    for rank in &schedule.actions {
-        for item in rank {
-            for a in item.actions() {
-                if a.stage >= now.len() {
-                    continue;
-                }
-                let frees = match a.op {
-                    Op::F => {
-                        now[a.stage] += 1;
-                        peak[a.stage] = peak[a.stage].max(now[a.stage].max(0) as u64);
-                        false
-                    }
-                    Op::B | Op::W => true,
-                    Op::I => !splits.contains(&(a.stage, a.microbatch)),
-                };
-                if frees {
-                    now[a.stage] -= 1;
-                }
-            }
-        }
-    }
-    peak
 }
 
 fn memory_limit(args: &Args, layout: &Layout) -> Result<Option<MemoryLimit>, CliError> {

@@ -1,14 +1,183 @@
-//! `pipefill plan` (to be written).
+//! `pipefill plan`: search partition x schedule family x V x M by simulated step time.
+//!
+//! ```text
+//! pipefill plan --costs costs.json --ranks 4 --global-batch 64 [--memory-limit BYTES]
+//!     [--cost-batch SAMPLES] [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
+//!     [--top 10] [--format table|json]
+//! ```
+//!
+//! JSON: `{"ranks", "global_batch", "memory_limit", "plans": [{family, chunks, microbatches,
+//! microbatch_size, partition, layers_per_stage, step_time, bubble_fraction, peak_memory,
+//! lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>}`, best plan first.
 
+use std::path::PathBuf;
+
+use pipefill_host::cost::CostFile;
+use pipefill_host::plan::{plan, Plan, PlanError, PlanReport, PlanRequest};
+use serde::Serialize;
+
+use super::partition::Format;
 use super::CliError;
 
 /// Flags of `pipefill plan`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Cost file (per-layer JSON, see the README's cost file schema).
+    #[arg(long, value_name = "FILE")]
+    pub costs: PathBuf,
+    /// Number of ranks P.
+    #[arg(long)]
+    pub ranks: usize,
+    /// Samples per training step N (split into M microbatches of N / M samples).
+    #[arg(long)]
+    pub global_batch: usize,
+    /// Bytes each rank may hold (parameters + activations in flight). Default: no limit.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_limit: Option<f64>,
+    /// Microbatch size (samples) the costs were measured at. Default: the cost file's
+    /// `meta.microbatch_size` (written by `pipefill profile`).
+    #[arg(long, value_name = "SAMPLES")]
+    pub cost_batch: Option<f64>,
+    /// Schedule families to try (comma separated). Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub families: Vec<String>,
+    /// Stages per rank V to try, for families that accept several.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub chunks: Vec<usize>,
+    /// Largest number of microbatches M to try.
+    #[arg(long, default_value_t = 64)]
+    pub max_microbatches: usize,
+    /// How many of the best candidates to refine by moving stage boundaries.
+    #[arg(long, default_value_t = 4)]
+    pub refine: usize,
+    /// How many plans to print.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+/// Maps planning errors to the CLI: everything but "no plan fits" is a usage error.
+fn plan_error(e: PlanError) -> CliError {
+    CliError::Usage(e.to_string())
+}
+
+/// The microbatch size the costs were measured at: the flag, else the file's meta.
+pub fn cost_batch(flag: Option<f64>, file: &CostFile) -> Result<f64, CliError> {
+    let value = match flag {
+        Some(b) => b,
+        None => file
+            .meta
+            .get("microbatch_size")
+            .and_then(|v| v.as_f64())
+            .ok_or_else(|| {
+                CliError::Usage(
+                    "the cost file does not say at which microbatch size it was measured (meta.microbatch_size); pass --cost-batch SAMPLES".into(),
+                )
+            })?,
+    };
+    if !(value.is_finite() && value > 0.0) {
+        return Err(CliError::Usage(format!(
+            "--cost-batch {value}: give the microbatch size in samples (> 0) the costs were measured at"
+        )));
+    }
+    Ok(value)
+}
+
+/// Reads the cost file and builds the request from the flags.
+pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
+    let file = CostFile::load(&args.costs).map_err(|e| CliError::Usage(e.to_string()))?;
+    let b0 = cost_batch(args.cost_batch, &file)?;
+    if args.ranks == 0 {
+        return Err(CliError::Usage("--ranks must be at least 1".into()));
+    }
+    if args.global_batch == 0 {
+        return Err(CliError::Usage(
+            "--global-batch must be at least 1 sample".into(),
+        ));
+    }
+    if args.max_microbatches == 0 {
+        return Err(CliError::Usage(
+            "--max-microbatches must be at least 1".into(),
+        ));
+    }
+    if args.chunks.contains(&0) {
+        return Err(CliError::Usage(
+            "--chunks: every V must be at least 1".into(),
+        ));
+    }
+    let mut req = PlanRequest::new(file, b0, args.ranks, args.global_batch);
+    req.memory_limit = args.memory_limit;
+    req.families = args.families.clone();
+    req.chunks = args.chunks.clone();
+    req.max_microbatches = args.max_microbatches;
+    req.refine = args.refine;
+    Ok(req)
+}
+
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    ranks: usize,
+    global_batch: usize,
+    memory_limit: Option<f64>,
+    plans: &'a [Plan],
+    skipped: usize,
+}
 
 /// Runs `pipefill plan`.
-pub fn run(_args: Args) -> Result<(), CliError> {
-    Err(CliError::Failed(
-        "`pipefill plan` is not implemented yet".into(),
-    ))
+pub fn run(args: Args) -> Result<(), CliError> {
+    let req = request_from_flags(&args)?;
+    let report = plan(&req).map_err(plan_error)?;
+    let shown = &report.plans[..report.plans.len().min(args.top.max(1))];
+    match args.format {
+        Format::Json => {
+            let out = JsonOut {
+                ranks: req.ranks,
+                global_batch: req.global_batch,
+                memory_limit: req.memory_limit,
+                plans: shown,
+                skipped: report.skipped.len(),
+            };
+            let text = serde_json::to_string_pretty(&out)
+                .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
+            println!("{text}");
+        }
+        Format::Table => print_table(&req, &report, shown),
+    }
+    Ok(())
+}
+
+fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
+    println!(
+        "{} plans for P={} N={}{} ({} candidates ruled out); best first:",
+        report.plans.len(),
+        req.ranks,
+        req.global_batch,
+        req.memory_limit
+            .map(|l| format!(" memory limit {l:.0} B/rank"))
+            .unwrap_or_default(),
+        report.skipped.len()
+    );
+    println!(
+        "{:>3}  {:<17} {:>2} {:>4} {:>5}  {:<19} {:>12} {:>7} {:>14} {:>8}  layers per stage",
+        "#", "family", "V", "M", "mb", "partition", "step (s)", "bubble", "peak mem (B)", "/bound"
+    );
+    for (i, p) in shown.iter().enumerate() {
+        let mem = p.peak_memory.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{:>3}  {:<17} {:>2} {:>4} {:>5}  {:<19} {:>12.6} {:>6.1}% {:>14.0} {:>8.3}  {:?}",
+            i + 1,
+            p.family,
+            p.chunks,
+            p.microbatches,
+            p.microbatch_size,
+            p.partition,
+            p.step_time,
+            100.0 * p.bubble_fraction,
+            mem,
+            p.ratio_to_bound,
+            p.layers_per_stage
+        );
+    }
 }

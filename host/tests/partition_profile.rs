@@ -1,0 +1,117 @@
+//! The profiler measures through the `Stage` trait: memory fields exactly, times in the right order.
+
+use pipefill_host::profile::{profile_layers, ProfileError, ProfileOptions, ProfiledLayer};
+use pipefill_host::runtime::{Stage, StageError, Tensor};
+
+/// `y = x` after `work` rounds of arithmetic per element; the stash keeps the input (and a gradient
+/// copy after I), so its sizes are known exactly.
+struct Busy {
+    work: usize,
+    sink: f32,
+}
+
+struct Stash {
+    x: Tensor,
+    dy: Option<Tensor>,
+}
+
+impl Busy {
+    fn spin(&mut self, t: &Tensor) {
+        let mut acc = 0.0f32;
+        for r in 0..self.work {
+            for v in t.data() {
+                acc = acc.mul_add(0.999, v + r as f32);
+            }
+        }
+        self.sink += std::hint::black_box(acc);
+    }
+}
+
+impl Stage for Busy {
+    type Stash = Stash;
+    fn forward(&mut self, x: Tensor) -> Result<(Tensor, Stash), StageError> {
+        self.spin(&x);
+        Ok((x.clone(), Stash { x, dy: None }))
+    }
+    fn backward_input(&mut self, stash: &mut Stash, dy: Tensor) -> Result<Tensor, StageError> {
+        self.spin(&dy);
+        // Keep only half of the input after I: frees half the bytes.
+        let half = stash.x.len() / 2;
+        stash.x = Tensor::new(vec![half], stash.x.data()[..half].to_vec())?;
+        stash.dy = Some(dy.clone());
+        Ok(dy)
+    }
+    fn backward_weight(&mut self, stash: Stash) -> Result<(), StageError> {
+        self.spin(&stash.x);
+        Ok(())
+    }
+    fn held_bytes(&self, stash: &Stash) -> usize {
+        stash.x.bytes() + stash.dy.as_ref().map_or(0, Tensor::bytes)
+    }
+    fn zero_grad(&mut self) {}
+    fn optimizer_step(&mut self) -> Result<(), StageError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn memory_fields_are_exact_and_heavier_layers_measure_slower() {
+    let mut light = Busy { work: 2, sink: 0.0 };
+    let mut heavy = Busy {
+        work: 200,
+        sink: 0.0,
+    };
+    let input = Tensor::new(vec![4, 256], vec![0.5; 1024]).unwrap();
+    let layers = vec![
+        ProfiledLayer {
+            name: "light".into(),
+            stage: &mut light,
+            parameter_bytes: 10.0,
+        },
+        ProfiledLayer {
+            name: "heavy".into(),
+            stage: &mut heavy,
+            parameter_bytes: 20.0,
+        },
+    ];
+    let opts = ProfileOptions {
+        warmup: 1,
+        repeats: 5,
+    };
+    let costs = profile_layers(layers, input, opts).unwrap();
+    assert_eq!(costs.len(), 2);
+    for c in &costs {
+        // F stash: the 1024-float input. After I: half of it plus a 1024-float gradient.
+        assert_eq!(c.activation_bytes, 4096.0);
+        assert_eq!(c.released_at_input, 0.0, "I keeps more than it frees here");
+        assert_eq!(c.output_bytes, 4096.0);
+        assert!(c.forward > 0.0 && c.backward_input > 0.0 && c.backward_weight > 0.0);
+        assert_eq!(c.backward, c.backward_input + c.backward_weight);
+        c.check("layer").unwrap();
+    }
+    assert_eq!(
+        (costs[0].parameter_bytes, costs[1].parameter_bytes),
+        (10.0, 20.0)
+    );
+    // 100x the work: the median must show at least 5x (generous for a shared machine).
+    assert!(costs[1].forward > 5.0 * costs[0].forward, "{costs:?}");
+}
+
+#[test]
+fn zero_repeats_is_refused() {
+    let mut l = Busy { work: 1, sink: 0.0 };
+    let layers = vec![ProfiledLayer {
+        name: "l".into(),
+        stage: &mut l,
+        parameter_bytes: 0.0,
+    }];
+    let e = profile_layers(
+        layers,
+        Tensor::zeros(vec![1, 4]),
+        ProfileOptions {
+            warmup: 0,
+            repeats: 0,
+        },
+    );
+    assert!(matches!(e, Err(ProfileError::NoRepeats)));
+}
