@@ -109,6 +109,41 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
     })
 }
 
+/// Parses a time for a command-line flag (`0.5`, `20us`, `1.5ms`; plain numbers are seconds):
+/// finite and `>= 0`. The error says what would be accepted.
+///
+/// ```
+/// assert_eq!(pipefill_host::cost::flag::parse_time("20us"), Ok(2e-5));
+/// assert!(pipefill_host::cost::flag::parse_time("-1").is_err());
+/// ```
+pub fn parse_time(text: &str) -> Result<f64, String> {
+    parse_checked(text, Quantity::Seconds)
+}
+
+/// Parses a size in bytes for a command-line flag (`1048576`, `64MiB`, `2G`): finite and `>= 0`.
+pub fn parse_bytes(text: &str) -> Result<f64, String> {
+    parse_checked(text, Quantity::Bytes)
+}
+
+/// Parses a bandwidth in bytes per second (`2.5e10`, `25GB`, `100GiB`; "per second" implied): `> 0`.
+pub fn parse_bandwidth(text: &str) -> Result<f64, String> {
+    let v = parse_value(text.trim(), Quantity::Bytes)
+        .ok_or_else(|| format!("cannot read `{text}`: {}", Quantity::BytesPerSecond.expected()))?;
+    match Quantity::BytesPerSecond.problem(v) {
+        Some(p) => Err(format!("`{text}` {p}: {}", Quantity::BytesPerSecond.expected())),
+        None => Ok(v),
+    }
+}
+
+/// A value with a unit suffix, range-checked.
+fn parse_checked(text: &str, q: Quantity) -> Result<f64, String> {
+    let v = parse_value(text.trim(), q).ok_or_else(|| format!("cannot read `{text}`: {}", unit_help(q)))?;
+    match q.problem(v) {
+        Some(p) => Err(format!("`{text}` {p}: {}", q.expected())),
+        None => Ok(v),
+    }
+}
+
 /// "time" or "size".
 fn noun(q: Quantity) -> &'static str {
     if q == Quantity::Seconds {
