@@ -133,14 +133,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
     });
     let timelines: Vec<_> = order.iter().map(|&i| &sims[i].timeline).collect();
     if let Some(path) = &args.trace {
-        write_atomic(path, &chrome_trace(&timelines))?;
+        write_atomic(path, &chrome_trace(&timelines))
+            .map_err(|e| usage(format!("--trace: {e}")))?;
     }
     if let Some(path) = &args.svg {
         let opts = SvgOptions {
             title: "pipefill simulate: predicted timelines, best first".into(),
             ..SvgOptions::default()
         };
-        write_atomic(path, &svg_gantt(&timelines, &opts))?;
+        write_atomic(path, &svg_gantt(&timelines, &opts))
+            .map_err(|e| usage(format!("--svg: {e}")))?;
     }
     let sorted: Vec<&Row> = order.iter().map(|&i| &rows[i]).collect();
     match args.format {
@@ -251,7 +253,10 @@ fn schedules(args: &Args) -> Result<Vec<(Schedule, bool)>, CliError> {
             }
         };
         for entry in &args.schedule {
-            out.push((generate(entry.trim(), ranks, microbatches, args.chunks)?, false));
+            out.push((
+                generate(entry.trim(), ranks, microbatches, args.chunks)?,
+                false,
+            ));
         }
     }
     for path in &args.schedule_file {
@@ -261,7 +266,12 @@ fn schedules(args: &Args) -> Result<Vec<(Schedule, bool)>, CliError> {
 }
 
 /// Generates `name` or `name:V`.
-fn generate(entry: &str, ranks: usize, microbatches: usize, chunks: Option<usize>) -> Result<Schedule, CliError> {
+fn generate(
+    entry: &str,
+    ranks: usize,
+    microbatches: usize,
+    chunks: Option<usize>,
+) -> Result<Schedule, CliError> {
     let (name, own_v) = match entry.split_once(':') {
         Some((n, v)) => {
             let v: usize = v.parse().map_err(|_| {
@@ -275,23 +285,32 @@ fn generate(entry: &str, ranks: usize, microbatches: usize, chunks: Option<usize
     };
     let family = families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
     // --chunks applies to the families with virtual stages; the others keep their V.
-    let v = own_v.or(if family.default_chunks > 1 { chunks } else { None });
+    let v = own_v.or(if family.default_chunks > 1 {
+        chunks
+    } else {
+        None
+    });
     let params = Params {
         ranks,
         microbatches,
         chunks: v,
         group_size: None,
     };
-    families::generate(name, &params).map_err(|e| usage(format!("--schedule {entry}: {e}")))
+    families::generate(name, &params).map_err(|e| usage(format!("--schedule: {e}")))
 }
 
 /// Reads and validates a schedule file.
 fn read_schedule(path: &Path) -> Result<Schedule, CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| usage(format!("--schedule-file `{}`: cannot read it: {e}", path.display())))?;
-    let name = path
-        .file_stem()
-        .map_or_else(|| "schedule".to_string(), |s| s.to_string_lossy().into_owned());
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        usage(format!(
+            "--schedule-file `{}`: cannot read it: {e}",
+            path.display()
+        ))
+    })?;
+    let name = path.file_stem().map_or_else(
+        || "schedule".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
     let schedule = format::read(&text, &name)
         .map_err(|e| usage(format!("--schedule-file `{}`: {e}", path.display())))?;
     validate(&schedule).map_err(|e| {
@@ -305,9 +324,10 @@ fn read_schedule(path: &Path) -> Result<Schedule, CliError> {
 
 /// `--steps` with a price: what the bubble costs over the run.
 fn bubble_money(args: &Args) -> Result<Option<BubbleCost>, CliError> {
-    let price = args.price_per_gpu_hour.map(report::Price::PerGpuHour).or(args
-        .cluster_cost_per_day
-        .map(report::Price::ClusterPerDay));
+    let price = args
+        .price_per_gpu_hour
+        .map(report::Price::PerGpuHour)
+        .or(args.cluster_cost_per_day.map(report::Price::ClusterPerDay));
     match (args.steps, price) {
         (None, None) => Ok(None),
         (None, Some(_)) => Err(usage(
@@ -322,7 +342,9 @@ fn bubble_money(args: &Args) -> Result<Option<BubbleCost>, CliError> {
 fn parse_share(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(format!("`{text}` is not a number between 0 and 1, e.g. 0.1")),
+        _ => Err(format!(
+            "`{text}` is not a number between 0 and 1, e.g. 0.1"
+        )),
     }
 }
 

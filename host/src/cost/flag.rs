@@ -87,7 +87,14 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
     let [f, i, w, b, a, r, p, o] = values;
     let forward = f.ok_or_else(|| CostError::flag(text, "F (forward time) is missing", FIX))?;
     let (backward_input, backward_weight, backward) =
-        resolve_backward("", i, w, b).map_err(|e| CostError::flag(text, e.to_string(), FIX))?;
+        resolve_backward("", i, w, b).map_err(|e| match e {
+            CostError::Field { field, problem, .. } => CostError::flag(
+                text,
+                format!("{} {problem}", key_name(&field)),
+                "give I and W, or B, or B with one of I and W, e.g. F=1,I=1,W=1 or F=1,B=2",
+            ),
+            other => other,
+        })?;
     let activation_bytes = a.unwrap_or(0.0);
     let released_at_input = r.unwrap_or(0.0);
     if released_at_input > activation_bytes {
@@ -127,20 +134,36 @@ pub fn parse_bytes(text: &str) -> Result<f64, String> {
 
 /// Parses a bandwidth in bytes per second (`2.5e10`, `25GB`, `100GiB`; "per second" implied): `> 0`.
 pub fn parse_bandwidth(text: &str) -> Result<f64, String> {
-    let v = parse_value(text.trim(), Quantity::Bytes)
-        .ok_or_else(|| format!("cannot read `{text}`: {}", Quantity::BytesPerSecond.expected()))?;
+    let v = parse_value(text.trim(), Quantity::Bytes).ok_or_else(|| {
+        format!(
+            "cannot read `{text}`: {}",
+            Quantity::BytesPerSecond.expected()
+        )
+    })?;
     match Quantity::BytesPerSecond.problem(v) {
-        Some(p) => Err(format!("`{text}` {p}: {}", Quantity::BytesPerSecond.expected())),
+        Some(p) => Err(format!(
+            "`{text}` {p}: {}",
+            Quantity::BytesPerSecond.expected()
+        )),
         None => Ok(v),
     }
 }
 
 /// A value with a unit suffix, range-checked.
 fn parse_checked(text: &str, q: Quantity) -> Result<f64, String> {
-    let v = parse_value(text.trim(), q).ok_or_else(|| format!("cannot read `{text}`: {}", unit_help(q)))?;
+    let v = parse_value(text.trim(), q)
+        .ok_or_else(|| format!("cannot read `{text}`: {}", unit_help(q)))?;
     match q.problem(v) {
         Some(p) => Err(format!("`{text}` {p}: {}", q.expected())),
         None => Ok(v),
+    }
+}
+
+/// `I (backward_input)` for a long key name.
+fn key_name(long: &str) -> String {
+    match KEYS.iter().find(|(_, l, _)| l.contains(&long)) {
+        Some((short, _, _)) => format!("{short} ({long})"),
+        None => long.to_string(),
     }
 }
 
@@ -222,8 +245,9 @@ mod tests {
             ("F=inf,B=1", "not finite"),
             ("F=1,B=-2", "negative"),
             ("B=1", "F (forward time) is missing"),
-            ("F=1", "backward_input"),
-            ("F=1,I=1", "backward_weight"),
+            ("F=1", "I (backward_input) is missing"),
+            ("F=1,I=1", "W (backward_weight) is missing"),
+            ("F=1,I=3,B=2", "I (backward_input) is larger than backward"),
             ("F=1,B=1,A=1,R=2", "larger than A"),
         ] {
             let e = parse_cost_flag(text).unwrap_err().to_string();

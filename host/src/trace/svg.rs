@@ -93,17 +93,17 @@ pub fn svg_gantt(timelines: &[&Timeline], opts: &SvgOptions) -> String {
     let grid_top = y;
     let ticks = nice_ticks(horizon, 10);
     let (scale, unit) = axis_unit(horizon, &opts.unit);
-    for t in timelines {
-        y = panel(&mut s, t, y, &x, opts) + PANEL_GAP;
-    }
-    let axis_y = y - PANEL_GAP / 2.0;
-    // Gridlines and axis.
+    let axis_y = grid_top + panels_h - PANEL_GAP / 2.0;
+    // Gridlines first, so boxes are drawn over them.
     for &tk in &ticks {
         let _ = writeln!(
             s,
             r##"<line x1="{0:.2}" y1="{grid_top:.1}" x2="{0:.2}" y2="{axis_y:.1}" stroke="#000" stroke-opacity="0.12"/>"##,
             x(tk)
         );
+    }
+    for t in timelines {
+        y = panel(&mut s, t, y, &x, opts) + PANEL_GAP;
     }
     let _ = writeln!(
         s,
@@ -156,6 +156,7 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
     );
     let mut y = y + PANEL_HEAD;
     let h = opts.lane_height;
+    let chunks = chunk_count(t);
     for (r, lane) in t.spans.iter().enumerate() {
         let _ = writeln!(
             s,
@@ -169,6 +170,7 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
             (x(makespan) - LEFT).max(0.0)
         );
         for span in lane {
+            let shade = chunk_opacity(&span.item, t.ranks(), chunks);
             let (x0, x1) = (x(span.start), x(span.end));
             let w = (x1 - x0).max(0.5);
             let tip = format!(
@@ -183,7 +185,7 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                     let _ = write!(
                         s,
                         r##"<rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="{}" stroke="white" stroke-width="0.6"><title>{}</title></rect>"##,
-                        op_colour(a.op),
+                        tint(op_colour(a.op), shade),
                         esc(&tip)
                     );
                 }
@@ -193,10 +195,10 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                         r##"<g><title>{}</title><rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{:.1}" fill="{}"/><rect x="{x0:.2}" y="{:.1}" width="{w:.2}" height="{:.1}" fill="{}"/><rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="none" stroke="white" stroke-width="0.6"/></g>"##,
                         esc(&tip),
                         h / 2.0,
-                        op_colour(forward.op),
+                        tint(op_colour(forward.op), shade),
                         y + h / 2.0,
                         h / 2.0,
-                        op_colour(backward.op)
+                        tint(op_colour(backward.op), shade)
                     );
                 }
             }
@@ -218,6 +220,41 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
         y += h + LANE_GAP;
     }
     y
+}
+
+/// The number of chunks (stages per rank) a timeline shows: `max stage / P + 1`.
+fn chunk_count(t: &Timeline) -> usize {
+    let p = t.ranks().max(1);
+    t.spans
+        .iter()
+        .flatten()
+        .flat_map(|s| s.item.actions())
+        .map(|a| a.stage / p + 1)
+        .max()
+        .unwrap_or(1)
+}
+
+/// `#rrggbb` mixed with white: `strength` 1 keeps the colour, 0 gives white.
+fn tint(hex: &str, strength: f64) -> String {
+    let channel = |i: usize| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("00"), 16).unwrap_or(0);
+    let mix = |c: u8| (255.0 - (255.0 - c as f64) * strength).round() as u8;
+    format!(
+        "#{:02x}{:02x}{:02x}",
+        mix(channel(1)),
+        mix(channel(3)),
+        mix(channel(5))
+    )
+}
+
+/// Later chunks are drawn lighter (chunk `c` of `V`: strength `1 - 0.45 c / (V - 1)`), so the
+/// virtual stages of interleaved and V-shape schedules can be told apart.
+fn chunk_opacity(item: &Item, ranks: usize, chunks: usize) -> f64 {
+    if chunks <= 1 {
+        return 1.0;
+    }
+    let stage = item.actions().next().map_or(0, |a| a.stage);
+    let c = (stage / ranks.max(1)).min(chunks - 1);
+    1.0 - 0.45 * c as f64 / (chunks - 1) as f64
 }
 
 /// The legend: one swatch per op, the pair, and idle.
@@ -252,9 +289,11 @@ fn legend(s: &mut String, y: f64) {
     x += 26.0 + 6.5 * 19.0;
     let _ = writeln!(
         s,
-        r##"<rect x="{x:.1}" y="{:.1}" width="14" height="12" fill="url(#idle)" stroke="#bbb"/><text x="{:.1}" y="{:.1}">idle (bubble)</text>"##,
+        r##"<rect x="{x:.1}" y="{:.1}" width="14" height="12" fill="url(#idle)" stroke="#bbb"/><text x="{:.1}" y="{:.1}">idle (bubble)</text><text x="{:.1}" y="{:.1}" fill="#555">lighter: later chunk (V &gt; 1)</text>"##,
         y - 10.0,
         x + 19.0,
+        y,
+        x + 19.0 + 6.5 * 14.0,
         y
     );
 }
@@ -276,7 +315,7 @@ pub(crate) fn nice_ticks(max: f64, target: usize) -> Vec<f64> {
 }
 
 /// For seconds, the scale and unit that keep axis numbers readable; otherwise `unit` as given.
-fn axis_unit(horizon: f64, unit: &str) -> (f64, &str) {
+pub(crate) fn axis_unit(horizon: f64, unit: &str) -> (f64, &str) {
     if unit != "s" {
         return (1.0, unit);
     }

@@ -1,7 +1,7 @@
 //! A compact text Gantt chart for the terminal.
 //!
 //! One row per rank, each character a fixed slice of time (`1 cell = q`). An item fills its cells with
-//! its op letter and microbatch (`F12`), or just the letter when it is too short (`*` for an
+//! its op letter and microbatch, then `-` (`F12--`), or just the letter when it is too short (`*` for an
 //! overlapped pair); idle cells inside the makespan are `.`. The slice is chosen so the shortest item
 //! gets room for its label when the chart fits in `width` columns; longer schedules are scaled down
 //! (short items may then vanish: use the SVG for those).
@@ -9,7 +9,7 @@
 use std::fmt::Write;
 
 use super::short_label;
-use super::svg::fmt_num;
+use super::svg::{axis_unit, fmt_num};
 use crate::schedule::Item;
 use crate::timeline::Timeline;
 
@@ -45,10 +45,11 @@ pub fn text_gantt(timelines: &[&Timeline], width: usize) -> String {
         .saturating_sub(1)
         .to_string()
         .len();
+    let (scale, unit) = axis_unit(q, "s");
     for t in timelines {
         let _ = writeln!(
             out,
-            "{} ({}): makespan {}, bubble {:.1}%   [1 cell = {}]",
+            "{} ({}): makespan {} s, bubble {:.1}%   [1 cell = {} {unit}]",
             t.name,
             match t.source {
                 crate::timeline::Source::Predicted => "predicted",
@@ -56,7 +57,7 @@ pub fn text_gantt(timelines: &[&Timeline], width: usize) -> String {
             },
             fmt_num(t.makespan()),
             100.0 * t.bubble_fraction(),
-            fmt_num(q)
+            fmt_num(q * scale)
         );
         let end_cell = ((t.makespan() / q).round() as usize).min(cells);
         for (r, lane) in t.spans.iter().enumerate() {
@@ -73,7 +74,7 @@ pub fn text_gantt(timelines: &[&Timeline], width: usize) -> String {
                 let n = c1 - c0;
                 for (i, cell) in row[c0..c1].iter_mut().enumerate() {
                     *cell = if label.len() <= n {
-                        label.get(i).copied().unwrap_or(label[0])
+                        label.get(i).copied().unwrap_or('-')
                     } else {
                         match span.item {
                             Item::One(_) => label[0],

@@ -88,7 +88,12 @@ pub struct Row {
 
 impl Row {
     /// The row of one simulation.
-    pub fn new(s: &Schedule, model: &CostModel, sim: &Simulation, money: Option<&BubbleCost>) -> Row {
+    pub fn new(
+        s: &Schedule,
+        model: &CostModel,
+        sim: &Simulation,
+        money: Option<&BubbleCost>,
+    ) -> Row {
         let t = &sim.timeline;
         let p = s.ranks;
         let makespan = t.makespan();
@@ -162,22 +167,15 @@ pub fn table(rows: &[&Row]) -> String {
         .iter()
         .any(|r| r.bubble.as_ref().is_some_and(|b| b.cost.is_some()));
     let unit = rows.first().map_or("bytes", |r| r.peak_activations_unit);
-    let name_w = rows.iter().map(|r| r.schedule.len()).max().unwrap_or(8).max(8);
+    let name_w = rows
+        .iter()
+        .map(|r| r.schedule.len())
+        .max()
+        .unwrap_or(8)
+        .max(8);
     let mut out = format!(
-        "{:<name_w$} {:>3} {:>2} {:>5} {:>11} {:>7} {:>11} {:>6}  {}",
-        "schedule",
-        "P",
-        "V",
-        "M",
-        "makespan",
-        "bubble",
-        "lower bound",
-        "ratio",
-        if unit == "bytes" {
-            "peak activations per rank"
-        } else {
-            "peak activations per rank (x one rank's microbatch)"
-        }
+        "{:<name_w$} {:>3} {:>2} {:>5} {:>12} {:>7} {:>11} {:>6}",
+        "schedule", "P", "V", "M", "makespan (s)", "bubble", "lower bound", "ratio"
     );
     if money {
         out.push_str("  bubble GPU-h");
@@ -185,15 +183,25 @@ pub fn table(rows: &[&Row]) -> String {
             out.push_str("  bubble cost");
         }
     }
-    out.push('\n');
+    out.push_str(if unit == "bytes" {
+        "  peak activations per rank\n"
+    } else {
+        "  peak activations per rank (x one rank's microbatch)\n"
+    });
     for r in rows {
         let peaks: Vec<String> = r
             .peak_activations
             .iter()
-            .map(|&v| if unit == "bytes" { human_bytes(v) } else { trim(v) })
+            .map(|&v| {
+                if unit == "bytes" {
+                    human_bytes(v)
+                } else {
+                    trim(v)
+                }
+            })
             .collect();
         out.push_str(&format!(
-            "{:<name_w$} {:>3} {:>2} {:>5} {:>11} {:>6.1}% {:>11} {:>6.3}  {}",
+            "{:<name_w$} {:>3} {:>2} {:>5} {:>12} {:>6.1}% {:>11} {:>6.3}",
             r.schedule,
             r.ranks,
             r.chunks,
@@ -202,7 +210,6 @@ pub fn table(rows: &[&Row]) -> String {
             100.0 * r.bubble_fraction,
             sig(r.lower_bound),
             r.ratio_to_lower_bound,
-            peaks.join(" ")
         ));
         if let Some(b) = &r.bubble {
             out.push_str(&format!("  {:>12}", sig(b.gpu_hours)));
@@ -210,7 +217,7 @@ pub fn table(rows: &[&Row]) -> String {
                 out.push_str(&format!("  {:>11.2}", c));
             }
         }
-        out.push('\n');
+        out.push_str(&format!("  {}\n", peaks.join(" ")));
     }
     out
 }
