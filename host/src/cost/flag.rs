@@ -194,12 +194,19 @@ fn parse_value(text: &str, q: Quantity) -> Option<f64> {
         .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
         .unwrap_or(text.len());
     let (num, suffix) = text.split_at(split);
+    // Sub-second units divide (20us = 20 / 1e6, exactly 2e-5), so values read as written.
+    let per = match (q, suffix) {
+        (Quantity::Seconds, "ms") => Some(1e3),
+        (Quantity::Seconds, "us") => Some(1e6),
+        (Quantity::Seconds, "ns") => Some(1e9),
+        _ => None,
+    };
+    if let Some(per) = per {
+        return num.trim().parse::<f64>().ok().map(|v| v / per);
+    }
     let scale = if q == Quantity::Seconds {
         match suffix {
             "" | "s" => 1.0,
-            "ms" => 1e-3,
-            "us" => 1e-6,
-            "ns" => 1e-9,
             _ => return None,
         }
     } else {
