@@ -260,3 +260,135 @@ fn memory_limit_refuses_with_the_needed_bytes() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["layers_per_stage"], serde_json::json!([1, 2]));
 }
+
+#[test]
+fn plan_json_best_first_and_refusals() {
+    let f = cost_file("plan.json", &[6.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 6.0], "");
+    let g = f.to_str().unwrap();
+    let (code, out, err) = pipefill(&[
+        "plan",
+        "--costs",
+        g,
+        "--ranks",
+        "4",
+        "--global-batch",
+        "8",
+        "--cost-batch",
+        "1",
+        "--format",
+        "json",
+        "--top",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let plans = v["plans"].as_array().unwrap();
+    assert!(!plans.is_empty() && plans.len() <= 5);
+    let steps: Vec<f64> = plans
+        .iter()
+        .map(|p| p["step_time"].as_f64().unwrap())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[0] <= w[1] * (1.0 + 1e-9)),
+        "{steps:?}"
+    );
+    for key in [
+        "family",
+        "chunks",
+        "microbatches",
+        "layers_per_stage",
+        "bubble_fraction",
+        "peak_memory",
+        "ratio_to_bound",
+    ] {
+        assert!(plans[0].get(key).is_some(), "{key} missing");
+    }
+    let (code, out, err) = pipefill(&[
+        "plan",
+        "--costs",
+        g,
+        "--ranks",
+        "2",
+        "--global-batch",
+        "4",
+        "--cost-batch",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("best first"), "{out}");
+
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["plan", "--costs", g, "--ranks", "4", "--global-batch", "8"],
+            "--cost-batch",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "0",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+            ],
+            "--ranks",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "4",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+                "--families",
+                "nope",
+            ],
+            "nope",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "9",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+            ],
+            "9 ranks",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                g,
+                "--ranks",
+                "4",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+                "--memory-limit",
+                "1",
+            ],
+            "no plan fits",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (code, _, err) = pipefill(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected `{needle}` in: {err}"
+        );
+    }
+}

@@ -69,6 +69,9 @@ pub struct PlanRequest {
     pub chunks: Vec<usize>,
     /// Largest `M` to try.
     pub max_microbatches: usize,
+    /// Exactly these `M` values (each must divide the global batch); empty means every divisor of the
+    /// global batch up to `max_microbatches`.
+    pub microbatch_counts: Vec<usize>,
     /// How many of the best candidates to refine by moving boundaries (0: none).
     pub refine: usize,
 }
@@ -85,6 +88,7 @@ impl PlanRequest {
             families: Vec::new(),
             chunks: vec![1, 2, 4],
             max_microbatches: 64,
+            microbatch_counts: Vec::new(),
             refine: 4,
         }
     }
@@ -313,6 +317,16 @@ fn check(request: &PlanRequest) -> Result<(), PlanError> {
             return bad(format!("memory limit is {l}; give bytes per rank > 0"));
         }
     }
+    if let Some(m) = request
+        .microbatch_counts
+        .iter()
+        .find(|&&m| m == 0 || request.global_batch % m != 0)
+    {
+        return bad(format!(
+            "{m} microbatches do not split a global batch of {} samples; use a divisor of it",
+            request.global_batch
+        ));
+    }
     if request.chunks.contains(&0) {
         return bad("chunks (V) candidates must be at least 1".into());
     }
@@ -331,9 +345,13 @@ fn check(request: &PlanRequest) -> Result<(), PlanError> {
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     check(request)?;
     let fams = families(request)?;
-    let ms: Vec<usize> = (1..=request.global_batch.min(request.max_microbatches.max(1)))
-        .filter(|m| request.global_batch % m == 0)
-        .collect();
+    let ms: Vec<usize> = if request.microbatch_counts.is_empty() {
+        (1..=request.global_batch.min(request.max_microbatches.max(1)))
+            .filter(|m| request.global_batch % m == 0)
+            .collect()
+    } else {
+        request.microbatch_counts.clone()
+    };
     let mut plans = Vec::new();
     let mut skipped = Vec::new();
     let mut shapes = Vec::new();
@@ -393,30 +411,51 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     plans.extend(refined);
     sort(&mut plans);
     if plans.is_empty() {
-        let reasons: Vec<String> = skipped
-            .iter()
-            .map(|s| {
-                format!(
-                    "{} V={} M={}: {}",
-                    s.family, s.chunks, s.microbatches, s.reason
-                )
-            })
-            .collect();
-        return Err(PlanError::NoPlan(reasons.join("\n")));
+        return Err(PlanError::NoPlan(summarize(&skipped)));
     }
     Ok(PlanReport { plans, skipped })
 }
 
-/// Best first: step time, then the largest peak memory, then family, V, M and partition name.
+/// The first few reasons candidates were ruled out, and how many there were.
+fn summarize(skipped: &[Skipped]) -> String {
+    const SHOWN: usize = 8;
+    let mut lines: Vec<String> = skipped
+        .iter()
+        .take(SHOWN)
+        .map(|s| {
+            format!(
+                "{} V={} M={}: {}",
+                s.family, s.chunks, s.microbatches, s.reason
+            )
+        })
+        .collect();
+    if skipped.len() > SHOWN {
+        lines.push(format!("... and {} more", skipped.len() - SHOWN));
+    }
+    format!(
+        "{} candidates ruled out, for example:\n  {}",
+        skipped.len(),
+        lines.join("\n  ")
+    )
+}
+
+/// Best first: step time (equal within a relative 1e-9), then fewer microbatches (larger ones run
+/// more efficiently than the linear cost scaling predicts), then the largest peak memory, then
+/// family, V and partition name.
 fn sort(plans: &mut [Plan]) {
     plans.sort_by(|a, b| {
         let mem = |p: &Plan| p.peak_memory.iter().copied().fold(0.0, f64::max);
-        a.step_time
-            .total_cmp(&b.step_time)
+        let tie = (a.step_time - b.step_time).abs() <= 1e-9 * a.step_time.max(b.step_time);
+        let by_time = if tie {
+            std::cmp::Ordering::Equal
+        } else {
+            a.step_time.total_cmp(&b.step_time)
+        };
+        by_time
+            .then(a.microbatches.cmp(&b.microbatches))
             .then(mem(a).total_cmp(&mem(b)))
             .then(a.family.cmp(b.family))
             .then(a.chunks.cmp(&b.chunks))
-            .then(a.microbatches.cmp(&b.microbatches))
             .then(a.partition.cmp(&b.partition))
     });
 }
@@ -430,13 +469,6 @@ fn shape<'a>(
     m: usize,
 ) -> Result<Option<Shape<'a>>, String> {
     let p = request.ranks;
-    if p * v > request.costs.layers.len() {
-        return Err(format!(
-            "{} stages need at least as many layers, the model has {}",
-            p * v,
-            request.costs.layers.len()
-        ));
-    }
     let params = Params::new(p, m).with_chunks(v);
     let schedule = match (family.generate)(&params) {
         Ok(s) => s,
@@ -448,10 +480,27 @@ fn shape<'a>(
             }
         }
     };
+    shape_of(request, family, schedule).map(Some)
+}
+
+/// The shape of an already generated schedule.
+fn shape_of<'a>(
+    request: &'a PlanRequest,
+    family: &'static Family,
+    schedule: Schedule,
+) -> Result<Shape<'a>, String> {
+    let (p, v, m) = (schedule.ranks, schedule.chunks, schedule.microbatches);
+    if p * v > request.costs.layers.len() {
+        return Err(format!(
+            "{} stages need at least as many layers, the model has {}",
+            p * v,
+            request.costs.layers.len()
+        ));
+    }
     let layout = Layout {
         ranks: p,
         chunks: v,
-        placement: family.placement,
+        placement: schedule.placement,
     };
     let factor = (request.global_batch / m) as f64 / request.cost_batch;
     let layers = scale_layers(&request.costs.layers, factor);
@@ -461,7 +510,7 @@ fn shape<'a>(
         bytes_per_rank: bytes.floor() as u64,
         in_flight: stage_in_flight(&schedule),
     });
-    Ok(Some(Shape {
+    Ok(Shape {
         family,
         schedule,
         layout,
@@ -469,7 +518,42 @@ fn shape<'a>(
         problem,
         limit,
         request,
-    }))
+    })
+}
+
+/// The best partition for a given schedule of a known family, with costs measured at the schedule's
+/// microbatch size: the partition methods simulated, the best refined by boundary moves (what
+/// `pipefill train --plan auto` uses for each family it considers). The plan's `microbatch_size` is 1
+/// (costs are not rescaled).
+pub fn best_partition(
+    costs: &CostFile,
+    schedule: &Schedule,
+    memory_limit: Option<f64>,
+) -> Result<Plan, PlanError> {
+    let family = FAMILIES
+        .iter()
+        .find(|f| f.name == schedule.name)
+        .ok_or_else(|| {
+            PlanError::Request(format!(
+                "schedule `{}` is not one of the known families; plan a family by name",
+                schedule.name
+            ))
+        })?;
+    let mut request = PlanRequest::new(costs.clone(), 1.0, schedule.ranks, schedule.microbatches);
+    request.memory_limit = memory_limit;
+    check(&request)?;
+    let sh = shape_of(&request, family, schedule.clone()).map_err(PlanError::Request)?;
+    let (mut found, why) = candidates(&sh);
+    sort(&mut found);
+    let first = found
+        .first()
+        .ok_or_else(|| PlanError::NoPlan(why.join("; ")))?;
+    let refined = sh.refine(first);
+    Ok(if refined.step_time < first.step_time {
+        refined
+    } else {
+        first.clone()
+    })
 }
 
 /// Simulates every partition method on one shape.

@@ -202,6 +202,9 @@ fn expected_grads(ws: &[f32], m: usize) -> Vec<f64> {
 fn every_op_split_and_placement_gives_the_exact_gradient() {
     for placement in [Placement::Looped, Placement::Vshape] {
         for (ranks, chunks) in [(1, 1), (2, 1), (3, 1), (2, 2), (3, 2)] {
+            if placement == Placement::Vshape && chunks != 2 {
+                continue;
+            }
             for split in 0..3 {
                 let m = 4;
                 let ws: Vec<f32> = (0..ranks * chunks).map(|s| 0.9 + 0.05 * s as f32).collect();

@@ -1,14 +1,180 @@
-//! `pipefill schedule` (to be written).
+//! `pipefill schedule`: generate a schedule of a family, validate a schedule file, or list the families.
+//!
+//! ```text
+//! pipefill schedule --schedule NAME --ranks P --microbatches M [--chunks V] [--group-size G]
+//!                   [--format text|json|csv] [--out FILE]
+//! pipefill schedule --validate FILE
+//! pipefill schedule --list
+//! ```
+//!
+//! Bad input (unknown family, `P = 0`, a refused combination, a malformed file, an invalid schedule)
+//! is one error naming the field and the fix, exit code 2. Output files are written atomically.
 
+use std::path::{Path, PathBuf};
+
+use pipefill_host::schedule::families::{self, FAMILIES};
+use pipefill_host::schedule::format::{self, Format};
+use pipefill_host::schedule::validate::{validate, ValidationReport};
+use pipefill_host::schedule::{Params, Schedule, ScheduleError};
+
+use super::output::write_atomic;
 use super::CliError;
 
 /// Flags of `pipefill schedule`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(group(
+    clap::ArgGroup::new("mode").required(true).args(["schedule", "validate", "list"])
+))]
+pub struct Args {
+    /// Family to generate (see --list), e.g. 1f1b, interleaved-1f1b, zbv.
+    #[arg(long, value_name = "NAME", requires_all = ["ranks", "microbatches"])]
+    pub schedule: Option<String>,
+    /// P: number of ranks (pipeline workers).
+    #[arg(long, value_name = "P")]
+    pub ranks: Option<usize>,
+    /// M: microbatches per training step.
+    #[arg(long, value_name = "M")]
+    pub microbatches: Option<usize>,
+    /// V: stages per rank (virtual stages); the family's default when omitted.
+    #[arg(long, value_name = "V")]
+    pub chunks: Option<usize>,
+    /// Interleaved families: microbatches per group (Megatron's microbatch_group_size_per_vp_stage); default P.
+    #[arg(long, value_name = "G")]
+    pub group_size: Option<usize>,
+    /// Output format: text (terminal grid), json (canonical) or csv (PyTorch pipelining compute-only).
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "csv"])]
+    pub format: String,
+    /// Write the schedule to FILE (atomically) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Validate a schedule file (JSON, CSV or text grid): prints OK with the peak in-flight
+    /// activations per rank, or the error (exit code 2).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["ranks", "microbatches", "chunks", "group_size", "out"])]
+    pub validate: Option<PathBuf>,
+    /// List the schedule families: placement, whether they split I/W, constraints.
+    #[arg(long)]
+    pub list: bool,
+}
 
 /// Runs `pipefill schedule`.
-pub fn run(_args: Args) -> Result<(), CliError> {
-    Err(CliError::Failed(
-        "`pipefill schedule` is not implemented yet".into(),
-    ))
+pub fn run(args: Args) -> Result<(), CliError> {
+    if args.list {
+        print!("{}", list());
+        return Ok(());
+    }
+    if let Some(path) = &args.validate {
+        println!("{}", validate_file(path)?);
+        return Ok(());
+    }
+    let s = generate(&args)?;
+    let fmt: Format = args
+        .format
+        .parse()
+        .map_err(|e: ScheduleError| CliError::Usage(e.to_string()))?;
+    let text = format::write(&s, fmt);
+    match &args.out {
+        Some(path) => write_atomic(path, &text),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+/// Generates the schedule the flags ask for.
+fn generate(args: &Args) -> Result<Schedule, CliError> {
+    let name = args.schedule.as_deref().unwrap_or_default();
+    let need = |v: Option<usize>, flag: &str| {
+        v.ok_or_else(|| CliError::Usage(format!("--schedule needs {flag}")))
+    };
+    let params = Params {
+        ranks: need(args.ranks, "--ranks P")?,
+        microbatches: need(args.microbatches, "--microbatches M")?,
+        chunks: args.chunks,
+        group_size: args.group_size,
+    };
+    families::generate(name, &params).map_err(|e| match e {
+        // Refusals name P, M, V, G; on the command line, say which flag sets them.
+        ScheduleError::Refused { .. } => CliError::Usage(format!(
+            "{e} (flags: --ranks P, --microbatches M, --chunks V, --group-size G)"
+        )),
+        other => CliError::Usage(other.to_string()),
+    })
+}
+
+/// Reads and validates a schedule file; returns the OK report.
+fn validate_file(path: &Path) -> Result<String, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError::Usage(format!(
+            "cannot read schedule file `{}`: {e}; check the --validate path",
+            path.display()
+        ))
+    })?;
+    let stem = path
+        .file_stem()
+        .map_or("schedule".into(), |s| s.to_string_lossy().into_owned());
+    let in_file = |e: ScheduleError| CliError::Usage(format!("{}: {e}", path.display()));
+    let s = format::read(&text, &stem).map_err(in_file)?;
+    let report = validate(&s).map_err(in_file)?;
+    Ok(ok_report(&s, &report))
+}
+
+/// The `OK` text of `--validate`.
+fn ok_report(s: &Schedule, report: &ValidationReport) -> String {
+    let peaks: Vec<String> = report
+        .peak_in_flight
+        .iter()
+        .enumerate()
+        .map(|(r, p)| format!("  rank {r}: {p}"))
+        .collect();
+    format!(
+        "OK {}: P={} V={} M={} placement={}, {} actions, unit-time makespan {} slots\n\
+         peak in-flight activations (microbatch-stages) per rank:\n{}",
+        s.name,
+        s.ranks,
+        s.chunks,
+        s.microbatches,
+        s.placement,
+        s.action_count(),
+        report.makespan_slots,
+        peaks.join("\n")
+    )
+}
+
+/// The `--list` table, from the registry.
+fn list() -> String {
+    let mut rows = vec![[
+        "family".to_string(),
+        "placement".into(),
+        "I/W split".into(),
+        "overlap".into(),
+        "default V".into(),
+        "constraints".into(),
+        "summary".into(),
+    ]];
+    for f in FAMILIES {
+        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+        rows.push([
+            f.name.to_string(),
+            f.placement.to_string(),
+            yes_no(f.splits_iw),
+            yes_no(f.overlaps),
+            f.default_chunks.to_string(),
+            f.constraints.to_string(),
+            f.summary.to_string(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let cells: Vec<String> = r
+                .iter()
+                .zip(&widths)
+                .map(|(t, w)| format!("{t:<w$}"))
+                .collect();
+            cells.join("  ").trim_end().to_string() + "\n"
+        })
+        .collect()
 }

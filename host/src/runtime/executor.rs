@@ -2,12 +2,12 @@
 
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Sender};
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 use super::worker::{Message, StepContext, Stop, Worker, WorkerOutput};
 use super::{Loss, RuntimeError, Stage, Tensor};
-use crate::schedule::Schedule;
+use crate::schedule::{Action, Schedule};
 use crate::timeline::{Source, Timeline};
 
 /// Runs training steps of a [`Schedule`] over a trainer's [`Stage`]s, one OS thread per rank.
@@ -82,6 +82,7 @@ use crate::timeline::{Source, Timeline};
 pub struct Executor<S: Stage> {
     schedule: Schedule,
     stages: Vec<S>,
+    exclusive: bool,
 }
 
 /// What one training step produced.
@@ -97,6 +98,9 @@ pub struct StepReport {
     pub peak_held_bytes: Vec<usize>,
     /// Wall-clock seconds of the whole step, threads and optimizer step included.
     pub seconds: f64,
+    /// Seconds spent in the layers by each action (the loss is part of the last stage's `F`),
+    /// every action of the schedule once.
+    pub action_seconds: Vec<(Action, f64)>,
 }
 
 impl<S: Stage> Executor<S> {
@@ -114,7 +118,18 @@ impl<S: Stage> Executor<S> {
                 stages.len()
             )));
         }
-        Ok(Executor { schedule, stages })
+        Ok(Executor {
+            schedule,
+            stages,
+            exclusive: false,
+        })
+    }
+
+    /// With `true`, only one layer call runs at a time over all ranks (the ranks still follow
+    /// their lists and exchange data as usual). Per-action durations are then free of time
+    /// sharing when there are more ranks than cores; `--replay` rebuilds the timeline from them.
+    pub fn set_exclusive(&mut self, exclusive: bool) {
+        self.exclusive = exclusive;
     }
 
     /// The schedule it runs.
@@ -158,6 +173,7 @@ impl<S: Stage> Executor<S> {
         let p = self.schedule.ranks;
         let failed = AtomicBool::new(false);
         let barrier = Barrier::new(p);
+        let lock = Mutex::new(());
         let ctx = StepContext {
             schedule: &self.schedule,
             targets,
@@ -165,6 +181,7 @@ impl<S: Stage> Executor<S> {
             epoch: Instant::now(),
             failed: &failed,
             barrier: &barrier,
+            exclusive: self.exclusive.then_some(&lock),
         };
         let workers = make_workers(&self.schedule, &mut self.stages, inputs);
         let outputs: Vec<WorkerOutput> = std::thread::scope(|scope| {
@@ -193,6 +210,7 @@ fn lost_worker() -> WorkerOutput {
         transfers: Vec::new(),
         losses: Vec::new(),
         peak_held: 0,
+        action_seconds: Vec::new(),
         result: Err(Stop::Failed(RuntimeError::Setup(
             "a worker thread of the runtime panicked outside a layer call".into(),
         ))),
@@ -256,7 +274,15 @@ fn report(
     let mut spans = Vec::with_capacity(outputs.len());
     let mut transfers = Vec::new();
     let mut peak_held_bytes = Vec::with_capacity(outputs.len());
+    let mut action_seconds: Vec<(Action, f64)> = Vec::new();
     for o in outputs {
+        for (a, t) in o.action_seconds {
+            // The last stage's F is two calls (forward, loss): one action.
+            match action_seconds.last_mut() {
+                Some((prev, sum)) if *prev == a => *sum += t,
+                _ => action_seconds.push((a, t)),
+            }
+        }
         for (k, v) in o.losses {
             losses[k] = v;
         }
@@ -270,7 +296,7 @@ fn report(
         spans,
         transfers,
     };
-    shift_to_zero(&mut timeline);
+    timeline.shift_to_zero();
     let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
     Ok(StepReport {
         loss,
@@ -278,26 +304,6 @@ fn report(
         timeline,
         peak_held_bytes,
         seconds,
+        action_seconds,
     })
-}
-
-/// Moves a measured timeline so that its first item starts at 0 (thread start-up is not part of it).
-fn shift_to_zero(t: &mut Timeline) {
-    let origin = t
-        .spans
-        .iter()
-        .flatten()
-        .map(|s| s.start)
-        .fold(f64::INFINITY, f64::min);
-    if !origin.is_finite() {
-        return;
-    }
-    for s in t.spans.iter_mut().flatten() {
-        s.start -= origin;
-        s.end -= origin;
-    }
-    for tr in &mut t.transfers {
-        tr.start = (tr.start - origin).max(0.0);
-        tr.end = (tr.end - origin).max(0.0);
-    }
 }

@@ -11,16 +11,20 @@
 //! - [`Stage`], [`Loss`], [`StageError`]: what a trainer implements.
 //! - [`Executor`]: runs training steps of a schedule, one OS thread per rank, and returns a
 //!   [`StepReport`] with the losses and the measured [`Timeline`](crate::timeline::Timeline).
+//! - [`sequential_step`]: the same step done plainly on one thread (the reference and the
+//!   baseline).
 //! - [`RuntimeError`]: why a step failed (naming the rank and the action).
 
 mod check;
 mod error;
 mod executor;
+mod sequential;
 mod stage;
 mod tensor;
 mod worker;
 
 pub use error::RuntimeError;
 pub use executor::{Executor, StepReport};
+pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 use super::{Loss, RuntimeError, Stage, StageError, Tensor};
@@ -82,6 +82,8 @@ pub(super) struct StepContext<'a, L> {
     pub epoch: Instant,
     pub failed: &'a AtomicBool,
     pub barrier: &'a Barrier,
+    /// When set, every layer call holds this lock: one action at a time over all ranks.
+    pub exclusive: Option<&'a Mutex<()>>,
 }
 
 /// What a worker hands back at the end of a step.
@@ -90,6 +92,8 @@ pub(super) struct WorkerOutput {
     pub transfers: Vec<Transfer>,
     pub losses: Vec<(usize, f32)>,
     pub peak_held: usize,
+    /// Seconds spent in layer calls, per action, in execution order.
+    pub action_seconds: Vec<(Action, f64)>,
     pub result: Result<(), Stop>,
 }
 
@@ -116,7 +120,17 @@ struct Run<'c, 's, S: Stage, L> {
     mailbox: HashMap<Key, Parcel>,
     stashes: HashMap<(usize, usize), Slot<S::Stash>>,
     held: usize,
+    clock: Clock<'c>,
     out: WorkerOutput,
+}
+
+/// Times layer calls: the span of an item runs from its first layer call's start to its last
+/// one's end, so waiting for an input is idle time, not busy time.
+struct Clock<'c> {
+    epoch: Instant,
+    exclusive: Option<&'c Mutex<()>>,
+    first_start: Option<f64>,
+    last_end: f64,
 }
 
 impl<'s, S: Stage> Worker<'s, S> {
@@ -133,11 +147,18 @@ impl<'s, S: Stage> Worker<'s, S> {
             mailbox: HashMap::new(),
             stashes: HashMap::new(),
             held: 0,
+            clock: Clock {
+                epoch: ctx.epoch,
+                exclusive: ctx.exclusive,
+                first_start: None,
+                last_end: 0.0,
+            },
             out: WorkerOutput {
                 spans: Vec::new(),
                 transfers: Vec::new(),
                 losses: Vec::new(),
                 peak_held: 0,
+                action_seconds: Vec::new(),
                 result: Ok(()),
             },
         };
@@ -208,7 +229,7 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
             if self.ctx.failed.load(Ordering::Relaxed) {
                 return Err(Stop::Aborted);
             }
-            let start = self.now();
+            self.clock.first_start = None;
             match *item {
                 Item::One(a) => self.action(a)?,
                 Item::Overlap { forward, backward } => {
@@ -217,7 +238,8 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
                     self.action(backward)?;
                 }
             }
-            let end = self.now();
+            let end = self.clock.last_end;
+            let start = self.clock.first_start.unwrap_or(end);
             self.out.spans.push(Span {
                 rank: self.rank,
                 index,
@@ -260,7 +282,9 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         }
         let rank = self.rank;
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-        let (output, stash) = guarded(rank, a, || stage.forward(input))?;
+        let (output, stash) = self.clock.call(rank, a, &mut self.out.action_seconds, || {
+            stage.forward(input)
+        })?;
         let bytes = stage.held_bytes(&stash);
         self.hold(bytes, 0);
         self.stashes.insert(
@@ -279,7 +303,10 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
                 .get(a.microbatch)
                 .ok_or_else(|| self.fail(a, "no target for this microbatch"))?;
             let loss = self.ctx.loss;
-            let (value, mut grad) = guarded(rank, a, || loss.loss(&output, target))?;
+            let (value, mut grad) =
+                self.clock.call(rank, a, &mut self.out.action_seconds, || {
+                    loss.loss(&output, target)
+                })?;
             grad.scale(1.0 / self.ctx.schedule.microbatches as f32);
             self.out.losses.push((a.microbatch, value));
             self.deliver(Key::new(Kind::GradOutput, a), grad, a);
@@ -305,7 +332,9 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
             return Err(self.fail(a, "I already ran for this microbatch"));
         }
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-        let grad_input = guarded(rank, a, || stage.backward_input(&mut slot.stash, grad))?;
+        let grad_input = self.clock.call(rank, a, &mut self.out.action_seconds, || {
+            stage.backward_input(&mut slot.stash, grad)
+        })?;
         let before = slot.bytes;
         slot.bytes = stage.held_bytes(&slot.stash);
         slot.input_done = true;
@@ -326,7 +355,9 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         }
         self.hold(0, slot.bytes);
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-        guarded(rank, a, || stage.backward_weight(slot.stash))
+        self.clock.call(rank, a, &mut self.out.action_seconds, || {
+            stage.backward_weight(slot.stash)
+        })
     }
 
     fn backward(&mut self, a: Action) -> Result<(), Stop> {
@@ -341,7 +372,9 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         }
         self.hold(0, slot.bytes);
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-        let grad_input = guarded(rank, a, || stage.backward(slot.stash, grad))?;
+        let grad_input = self.clock.call(rank, a, &mut self.out.action_seconds, || {
+            stage.backward(slot.stash, grad)
+        })?;
         self.send_grad_input(a, grad_input);
         Ok(())
     }
@@ -477,6 +510,29 @@ fn no_stash(rank: usize, a: Action) -> Stop {
         action: a,
         message: "no stash: the forward of this stage and microbatch has not run".into(),
     })
+}
+
+impl Clock<'_> {
+    /// Runs a layer call, timing it (holding the exclusive lock if any), and turns its error or
+    /// panic into a failure naming rank and action.
+    fn call<T>(
+        &mut self,
+        rank: usize,
+        action: Action,
+        times: &mut Vec<(Action, f64)>,
+        f: impl FnOnce() -> Result<T, StageError>,
+    ) -> Result<T, Stop> {
+        let _turn = self
+            .exclusive
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()));
+        let start = self.epoch.elapsed().as_secs_f64();
+        let result = guarded(rank, action, f);
+        let end = self.epoch.elapsed().as_secs_f64();
+        self.first_start.get_or_insert(start);
+        self.last_end = end;
+        times.push((action, end - start));
+        result
+    }
 }
 
 /// Runs a layer call, turning its error or panic into a failure naming rank and action.

@@ -64,7 +64,7 @@ pub fn validate(schedule: &Schedule) -> Result<ValidationReport, ScheduleError> 
 }
 
 /// Header checks; also bounds `S * M` by the number of actions so a bogus header cannot make the
-/// checker allocate without limit.
+/// checker allocate more than a few words per action.
 fn check_header(s: &Schedule) -> Result<(), ScheduleError> {
     let invalid = |m: String| Err(ScheduleError::Invalid(m));
     if s.ranks == 0 {
@@ -93,8 +93,10 @@ fn check_header(s: &Schedule) -> Result<(), ScheduleError> {
         .ranks
         .checked_mul(s.chunks)
         .and_then(|x| x.checked_mul(s.microbatches));
+    // A complete schedule holds at least 2 actions per pair; fewer than 1 per pair means the header
+    // is wrong (a few missing actions are reported one by one by the completeness check instead).
     match pairs {
-        Some(n) if n.saturating_mul(2) <= s.action_count() => Ok(()),
+        Some(n) if n <= s.action_count() => Ok(()),
         _ => invalid(format!(
             "P*V*M = {}*{}*{} (stage, microbatch) pairs need at least {} actions (an F and a B each), \
              but the lists hold {}; fix ranks, chunks or microbatches, or add the missing actions",
@@ -494,6 +496,20 @@ mod tests {
 
     #[test]
     fn incomplete_is_reported() {
+        let missing_b = sched(2, 1, 2, &["0F0 0F1 0B0 0B1", "1F0 1B0 1F1"]);
+        let e = validate(&missing_b).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ScheduleError::Incomplete {
+                    stage: 1,
+                    microbatch: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("add `1B1`"), "{e}");
         let s = sched(1, 1, 2, &["0F0 0B0 0F1 0I1"]);
         let e = validate(&s).unwrap_err();
         assert!(

@@ -15,9 +15,9 @@
 //! rank works without a gap from its first action to its last once `M >= 2P - 1`; the only idle
 //! time left is the `r` slots before rank `r` can start and the `P-1-r` slots after it finishes,
 //! which the paper overlaps with the neighbouring iterations (its optimizer post-validation). With
-//! `M < 2P - 1` the warm-up cannot be filled: the schedule is still valid and generated, but it has
-//! gaps (it degrades towards ZB-H1); it is not refused because it is still correct and no worse.
-//! `V = 1`.
+//! `M < 2P - 1` the warm-up cannot be filled: the schedule is still valid and generated (it is
+//! correct, only slower), but it has gaps and can take longer than `zb-h1` (unit times, `P = 4`,
+//! `M = 4`: 16 slots against 15), so prefer `zb-h1` there. `V = 1`.
 
 use super::zb_h1::lagged_rank_list;
 use super::{Params, Schedule, ScheduleError};

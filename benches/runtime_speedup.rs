@@ -1,0 +1,98 @@
+//! Bench command: does a 2-rank 1F1B run reach the speedup the simulator predicts?
+//!
+//! Trains the built-in model (8 layers, 512 wide, batch 256 in 8 microbatches) both ways, same
+//! weights and data:
+//! - sequential: [`sequential_step`] on one thread (the same work, no pipeline);
+//! - pipelined: the executor with `1f1b` on 2 ranks.
+//!
+//! From the pipelined run's median step it takes every action's measured duration, builds a cost
+//! model (per stage, mean F and B), and asks the simulator for the makespan. Predicted speedup =
+//! (sum of the measured action durations) / (simulated makespan); measured speedup = (sequential
+//! step time) / (pipelined step time), medians over the timed steps. It prints both and their ratio
+//! (the issue asks for >= 90%). Run it with two free cores:
+//!
+//! ```sh
+//! cargo bench --bench runtime_speedup            # optional args: ranks microbatches hidden steps
+//! ```
+
+use pipefill::cli::train::measured_cost;
+use pipefill::layers::gemm::GemmBackend;
+use pipefill::layers::{LossKind, Optimizer};
+use pipefill::model::{stage_ranges, ModelSpec, Teacher};
+use pipefill_host::cost::{split_even, CostModel, LinkCost, StageCost};
+use pipefill_host::profile::median;
+use pipefill_host::runtime::{sequential_step, Executor};
+use pipefill_host::schedule::{families, Params};
+use pipefill_kernels::Activation;
+
+fn arg(i: usize, default: usize) -> usize {
+    std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .nth(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (ranks, m, hidden, steps) = (arg(0, 2), arg(1, 8), arg(2, 512), arg(3, 15));
+    let warmup = 3;
+    let spec = ModelSpec::uniform(8, hidden, 16, Activation::Gelu, LossKind::Mse, 32 * m)?;
+    let schedule = families::generate("1f1b", &Params::new(ranks, m))?;
+    let stage_ranges = stage_ranges(&split_even(spec.layers.len(), schedule.stages())?);
+    let opt = Optimizer::adamw(1e-3);
+    let gemm = GemmBackend::default();
+    let teacher = Teacher::new(&spec, 0);
+
+    let mut seq = spec.build_stages(&stage_ranges, opt, gemm, 0)?;
+    let mut seq_times = Vec::new();
+    for step in 0..warmup + steps {
+        let (x, t) = teacher.batch(step as u64, spec.batch, m);
+        let r = sequential_step(&mut seq, x, &t, &spec.loss)?;
+        if step >= warmup {
+            seq_times.push(r.seconds);
+        }
+    }
+
+    let mut ex = Executor::new(
+        schedule.clone(),
+        spec.build_stages(&stage_ranges, opt, gemm, 0)?,
+    )?;
+    let mut reports = Vec::new();
+    for step in 0..warmup + steps {
+        let (x, t) = teacher.batch(step as u64, spec.batch, m);
+        let r = ex.step(x, &t, &spec.loss)?;
+        if step >= warmup {
+            reports.push(r);
+        }
+    }
+    reports.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    let mid = &reports[reports.len() / 2];
+    let t_seq = median(&mut seq_times);
+    let t_par = mid.seconds;
+    let work: f64 = mid.action_seconds.iter().map(|(_, t)| t).sum();
+    let base = CostModel::uniform(
+        StageCost::uniform(0.0, 0.0, 0.0),
+        schedule.stages(),
+        LinkCost::default(),
+    );
+    let cost = measured_cost(&base, mid);
+    let sim = pipefill_host::sim::simulate(&schedule, &cost)?
+        .timeline
+        .makespan();
+    let predicted = work / sim;
+    let measured = t_seq / t_par;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "1f1b P={ranks} M={m}, 8 layers x {hidden}, batch {}, {} timed steps, {cores} cores",
+        spec.batch, steps
+    );
+    println!("sequential step (median):          {:>9.3} ms", t_seq * 1e3);
+    println!("pipelined step (median):           {:>9.3} ms", t_par * 1e3);
+    println!("  of which layer work (all ranks): {:>9.3} ms", work * 1e3);
+    println!("  simulated makespan from it:      {:>9.3} ms", sim * 1e3);
+    println!("measured speedup:  {measured:.3}x");
+    println!("predicted speedup: {predicted:.3}x");
+    println!("measured / predicted: {:.1}%", measured / predicted * 100.0);
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! What `pipefill train` shows and writes: progress, the text summary, the JSON object, the SVG and
+//! the trace.
+
+use std::io::Write;
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pipefill_host::schedule::{Item, Op};
+use pipefill_host::timeline::{Source, Timeline};
+use serde_json::json;
+
+use pipefill_host::profile::median;
+
+use super::{Candidate, CliError, Outcome, Setup};
+
+/// Progress: a bar on a terminal, plain lines otherwise (on stderr, so stdout stays the result).
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    steps: usize,
+}
+
+impl Progress {
+    /// A progress display for `steps` steps; a bar only if `bar`.
+    pub fn new(steps: usize, bar: bool) -> Self {
+        let bar = bar.then(|| {
+            let b = ProgressBar::new(steps as u64);
+            if let Ok(style) =
+                ProgressStyle::with_template("train {bar:30} {pos}/{len} steps  {msg}")
+            {
+                b.set_style(style);
+            }
+            b
+        });
+        Progress { bar, steps }
+    }
+
+    /// Step `step` (from 0) finished with `loss` in `seconds`; `lines` prints plain lines when
+    /// there is no bar.
+    pub fn step(&mut self, step: usize, loss: f32, seconds: f64, lines: bool) {
+        match &self.bar {
+            Some(b) => {
+                b.set_message(format!("loss {loss:.5}  {:.1} ms/step", seconds * 1e3));
+                b.inc(1);
+            }
+            None if lines => eprintln!(
+                "step {:>3}/{}  loss {loss:.6}  {:.2} ms",
+                step + 1,
+                self.steps,
+                seconds * 1e3
+            ),
+            None => {}
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a failure
+/// never leaves a half-written file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
+    let fail =
+        |e: std::io::Error| CliError::Failed(format!("cannot write {}: {e}", path.display()));
+    let name = path
+        .file_name()
+        .ok_or_else(|| CliError::Usage(format!("{} is not a file name", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let result = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(fail)
+}
+
+/// Writes the SVG (measured above predicted) and, with `--trace`, the Chrome trace.
+pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Result<(), CliError> {
+    let both = [&outcome.measured, &chosen.predicted];
+    let svg = svg(&both);
+    write_atomic(&setup.args.svg, svg.as_bytes())?;
+    if let Some(path) = &setup.args.trace {
+        let trace = chrome_trace(&both);
+        write_atomic(path, trace.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Per-rank measured and predicted bubble fractions.
+fn bubbles(measured: &Timeline, predicted: &Timeline) -> Vec<(f64, f64)> {
+    (0..measured.ranks())
+        .map(|r| {
+            (
+                measured.rank_bubble_fraction(r),
+                predicted.rank_bubble_fraction(r),
+            )
+        })
+        .collect()
+}
+
+/// The human-readable summary on stdout.
+pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, outcome: &Outcome) {
+    let a = &setup.args;
+    let s = &setup.spec;
+    println!(
+        "model: {} layers, {} -> {} wide, {:.2} M parameters, loss {}, batch {} in {} microbatches of {}",
+        s.layers.len(),
+        s.input,
+        s.outputs(),
+        s.parameters() as f64 / 1e6,
+        s.loss,
+        s.batch,
+        a.microbatches,
+        s.batch / a.microbatches
+    );
+    if a.ranks > setup.cores {
+        println!(
+            "warning: {} ranks on {} cores: the ranks share cores, so the measured timeline is \
+             distorted by time sharing{}",
+            a.ranks,
+            setup.cores,
+            if a.replay {
+                "; --replay rebuilds it from per-action durations measured one at a time"
+            } else {
+                "; rerun with --replay to rebuild it from per-action durations measured one at a time"
+            }
+        );
+    }
+    println!("candidates (predicted from the profile, uniform split):");
+    println!(
+        "  {:<18} {:>2} {:>3} {:>12} {:>8}",
+        "schedule", "V", "S", "step", "bubble"
+    );
+    for c in candidates {
+        println!(
+            "  {:<18} {:>2} {:>3} {:>9.2} ms {:>7.1}%{}",
+            c.schedule.name,
+            c.schedule.chunks,
+            c.schedule.stages(),
+            c.predicted.makespan() * 1e3,
+            c.predicted.bubble_fraction() * 100.0,
+            if std::ptr::eq(c, chosen) {
+                "  <- chosen"
+            } else {
+                ""
+            }
+        );
+    }
+    let first = outcome.losses.first().copied().unwrap_or(0.0);
+    let last = outcome.losses.last().copied().unwrap_or(0.0);
+    println!(
+        "trained {} steps with {} (P = {}, V = {}, M = {}): loss {first:.6} -> {last:.6} ({})",
+        a.steps,
+        chosen.schedule.name,
+        chosen.schedule.ranks,
+        chosen.schedule.chunks,
+        chosen.schedule.microbatches,
+        if last < first {
+            "falling"
+        } else {
+            "NOT falling"
+        }
+    );
+    let step = median(&mut outcome.step_seconds.clone());
+    println!(
+        "step time: {:.2} ms median (timeline {:.2} ms, predicted {:.2} ms; {:.2} ms of layer work)",
+        step * 1e3,
+        outcome.measured.makespan() * 1e3,
+        chosen.predicted.makespan() * 1e3,
+        outcome.work_seconds * 1e3
+    );
+    println!(
+        "bubble{}:   measured  predicted",
+        if a.replay { " (replayed)" } else { "" }
+    );
+    for (r, (m, p)) in bubbles(&outcome.measured, &chosen.predicted)
+        .iter()
+        .enumerate()
+    {
+        println!("  rank {r:<3}   {:>7.1}%   {:>7.1}%", m * 100.0, p * 100.0);
+    }
+    println!(
+        "  all        {:>7.1}%   {:>7.1}%",
+        outcome.measured.bubble_fraction() * 100.0,
+        chosen.predicted.bubble_fraction() * 100.0
+    );
+    println!("wrote {} (measured above predicted)", a.svg.display());
+    if let Some(t) = &a.trace {
+        println!(
+            "wrote {} (Chrome trace: open in ui.perfetto.dev)",
+            t.display()
+        );
+    }
+}
+
+/// The JSON object on stdout (keys documented in the README).
+pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, outcome: &Outcome) {
+    let a = &setup.args;
+    let m = &outcome.measured;
+    let b = bubbles(m, &chosen.predicted);
+    let value = json!({
+        "schedule": chosen.schedule.name,
+        "ranks": chosen.schedule.ranks,
+        "chunks": chosen.schedule.chunks,
+        "microbatches": chosen.schedule.microbatches,
+        "stages": chosen.schedule.stages(),
+        "layers_per_stage": chosen.layers_per_stage,
+        "steps": a.steps,
+        "seed": a.seed,
+        "losses": outcome.losses,
+        "step_time_s": median(&mut outcome.step_seconds.clone()),
+        "step_times_s": outcome.step_seconds,
+        "makespan_measured_s": m.makespan(),
+        "makespan_predicted_s": chosen.predicted.makespan(),
+        "work_s": outcome.work_seconds,
+        "bubble_measured": m.bubble_fraction(),
+        "bubble_predicted": chosen.predicted.bubble_fraction(),
+        "bubble_measured_per_rank": b.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "bubble_predicted_per_rank": b.iter().map(|x| x.1).collect::<Vec<_>>(),
+        "busy_s": (0..m.ranks()).map(|r| m.busy(r)).collect::<Vec<_>>(),
+        "idle_s": (0..m.ranks()).map(|r| m.idle(r)).collect::<Vec<_>>(),
+        "replay": a.replay,
+        "cores": setup.cores,
+        "time_shared": a.ranks > setup.cores,
+        "candidates": candidates.iter().map(|c| json!({
+            "schedule": c.schedule.name,
+            "chunks": c.schedule.chunks,
+            "step_time_predicted_s": c.predicted.makespan(),
+            "bubble_predicted": c.predicted.bubble_fraction(),
+        })).collect::<Vec<_>>(),
+        "model": {
+            "layers": setup.spec.layers.len(),
+            "input": setup.spec.input,
+            "outputs": setup.spec.outputs(),
+            "parameters": setup.spec.parameters(),
+            "batch": setup.spec.batch,
+            "loss": setup.spec.loss.name(),
+            "optimizer": setup.optimizer.name(),
+            "gemm": setup.gemm.name(),
+        },
+        "svg": a.svg.display().to_string(),
+        "trace": a.trace.as_ref().map(|p| p.display().to_string()),
+    });
+    println!("{value}");
+}
+
+/// Colour of an item in the SVG: forward blue, input-backward / full backward green, weight
+/// backward orange, overlapped pair purple.
+fn colour(item: &Item) -> &'static str {
+    match item {
+        Item::Overlap { .. } => "#8e6bbf",
+        Item::One(a) => match a.op {
+            Op::F => "#4c78a8",
+            Op::B => "#54a24b",
+            Op::I => "#72b7b2",
+            Op::W => "#f58518",
+        },
+    }
+}
+
+/// The timelines stacked top to bottom on one time axis (the longest makespan spans the width).
+fn svg(timelines: &[&Timeline]) -> String {
+    use std::fmt::Write as _;
+    let (width, lane, gap, left) = (1200.0, 18.0, 28.0, 90.0);
+    let span = timelines
+        .iter()
+        .map(|t| t.makespan())
+        .fold(0.0, f64::max)
+        .max(1e-12);
+    let x = |t: f64| left + t / span * (width - left - 10.0);
+    let height: f64 = timelines
+        .iter()
+        .map(|t| gap + lane * t.ranks() as f64)
+        .sum::<f64>()
+        + 10.0;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"monospace\" font-size=\"11\">\n"
+    );
+    let mut y = 0.0;
+    for t in timelines {
+        let kind = match t.source {
+            Source::Measured => "measured",
+            Source::Predicted => "predicted",
+        };
+        let _ = writeln!(
+            out,
+            "<text x=\"4\" y=\"{:.1}\">{} {kind}: {:.3} ms, bubble {:.1}%</text>",
+            y + 18.0,
+            t.name,
+            t.makespan() * 1e3,
+            t.bubble_fraction() * 100.0
+        );
+        y += gap;
+        for (r, spans) in t.spans.iter().enumerate() {
+            let _ = writeln!(out, "<text x=\"4\" y=\"{:.1}\">rank {r}</text>", y + 13.0);
+            for s in spans {
+                let _ = writeln!(
+                    out,
+                    "<rect x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{:.1}\" fill=\"{}\" \
+                     stroke=\"white\" stroke-width=\"0.5\"><title>{} {:.3}-{:.3} ms</title></rect>",
+                    x(s.start),
+                    (x(s.end) - x(s.start)).max(0.5),
+                    lane - 2.0,
+                    colour(&s.item),
+                    s.item,
+                    s.start * 1e3,
+                    s.end * 1e3
+                );
+            }
+            y += lane;
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The timelines as Chrome trace events (one process per timeline, one thread per rank).
+fn chrome_trace(timelines: &[&Timeline]) -> String {
+    let events: Vec<serde_json::Value> = timelines
+        .iter()
+        .enumerate()
+        .flat_map(|(p, t)| {
+            t.spans.iter().flatten().map(move |s| {
+                json!({
+                    "name": s.item.to_string(),
+                    "ph": "X",
+                    "pid": p,
+                    "tid": s.rank,
+                    "ts": s.start * 1e6,
+                    "dur": (s.end - s.start) * 1e6,
+                    "args": { "timeline": format!("{} {:?}", t.name, t.source) },
+                })
+            })
+        })
+        .collect();
+    json!({ "traceEvents": events }).to_string()
+}

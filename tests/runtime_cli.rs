@@ -1,0 +1,149 @@
+//! `pipefill train` end to end: JSON keys, the loss falling, files written, bad input refused with
+//! exit code 2 naming the flag.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn train(dir: &PathBuf, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipefill"))
+        .current_dir(dir)
+        .arg("train")
+        .args(args)
+        .output()
+        .expect("the pipefill binary runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pipefill-train-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn json_has_the_documented_keys_and_the_loss_falls() {
+    let dir = scratch("json");
+    let out = train(
+        &dir,
+        &[
+            "--format",
+            "json",
+            "--steps",
+            "12",
+            "--layers",
+            "4",
+            "--hidden",
+            "32",
+            "--batch",
+            "64",
+            "--lr",
+            "0.01",
+            "--trace",
+            "trace.json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    for key in [
+        "schedule",
+        "ranks",
+        "chunks",
+        "microbatches",
+        "losses",
+        "step_time_s",
+        "bubble_measured",
+        "bubble_predicted",
+        "busy_s",
+        "idle_s",
+        "candidates",
+        "bubble_measured_per_rank",
+        "bubble_predicted_per_rank",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    let losses: Vec<f64> = serde_json::from_value(v["losses"].clone()).unwrap();
+    assert_eq!(losses.len(), 12);
+    assert!(losses[11] < losses[0], "loss must fall: {losses:?}");
+    assert_eq!(v["ranks"], 2);
+    assert_eq!(v["busy_s"].as_array().unwrap().len(), 2);
+    for key in ["bubble_measured", "bubble_predicted"] {
+        let b = v[key].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&b), "{key} = {b}");
+    }
+    let svg = std::fs::read_to_string(dir.join("pipefill-timeline.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("measured") && svg.contains("predicted"));
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).unwrap()).unwrap();
+    assert!(!trace["traceEvents"].as_array().unwrap().is_empty());
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_named_schedule_and_replay_run() {
+    let dir = scratch("replay");
+    let out = train(
+        &dir,
+        &[
+            "--schedule",
+            "dualpipev",
+            "--ranks",
+            "3",
+            "--microbatches",
+            "6",
+            "--steps",
+            "3",
+            "--layers",
+            "6",
+            "--hidden",
+            "16",
+            "--batch",
+            "24",
+            "--replay",
+            "--format",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schedule"], "dualpipev");
+    assert_eq!(v["stages"], 6);
+    assert_eq!(v["replay"], true);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_flag() {
+    let dir = scratch("bad");
+    for (args, needle) in [
+        (vec!["--microbatches", "7"], "--microbatches"),
+        (vec!["--schedule", "nope"], "--schedule"),
+        (vec!["--activation", "tanh"], "--activation"),
+        (vec!["--layers", "1", "--ranks", "2"], "--layers"),
+        (vec!["--lr=0"], "--lr"),
+        (vec!["--model", "missing.toml"], "missing.toml"),
+        (vec!["--steps", "0"], "--steps"),
+    ] {
+        let out = train(&dir, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert!(
+        !dir.join("pipefill-timeline.svg").exists(),
+        "nothing written on refusal"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
