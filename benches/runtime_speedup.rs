@@ -44,25 +44,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gemm = GemmBackend::default();
     let teacher = Teacher::new(&spec, 0);
 
+    // Alternate the two, step by step, so that load from other processes hits both alike.
     let mut seq = spec.build_stages(&stage_ranges, opt, gemm, 0)?;
-    let mut seq_times = Vec::new();
-    for step in 0..warmup + steps {
-        let (x, t) = teacher.batch(step as u64, spec.batch, m);
-        let r = sequential_step(&mut seq, x, &t, &spec.loss)?;
-        if step >= warmup {
-            seq_times.push(r.seconds);
-        }
-    }
-
     let mut ex = Executor::new(
         schedule.clone(),
         spec.build_stages(&stage_ranges, opt, gemm, 0)?,
     )?;
+    let mut seq_times = Vec::new();
     let mut reports = Vec::new();
     for step in 0..warmup + steps {
         let (x, t) = teacher.batch(step as u64, spec.batch, m);
+        let s = sequential_step(&mut seq, x.clone(), &t, &spec.loss)?;
         let r = ex.step(x, &t, &spec.loss)?;
         if step >= warmup {
+            seq_times.push(s.seconds);
             reports.push(r);
         }
     }
@@ -83,9 +78,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let predicted = work / sim;
     let measured = t_seq / t_par;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "1f1b P={ranks} M={m}, 8 layers x {hidden}, batch {}, {} timed steps, {cores} cores",
-        spec.batch, steps
+        "1f1b P={ranks} M={m}, 8 layers x {hidden}, batch {}, {} timed steps, {cores} cores, \
+         load average {}",
+        spec.batch,
+        steps,
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     println!("sequential step (median):          {:>9.3} ms", t_seq * 1e3);
     println!("pipelined step (median):           {:>9.3} ms", t_par * 1e3);

@@ -392,3 +392,126 @@ fn plan_json_best_first_and_refusals() {
         );
     }
 }
+
+#[test]
+fn train_uses_the_plan_by_default() {
+    let dir = std::env::temp_dir().join(format!("pipefill-cli-partition-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("t.svg");
+    let base = [
+        "train",
+        "--layers",
+        "6",
+        "--hidden",
+        "32",
+        "--batch",
+        "16",
+        "--microbatches",
+        "4",
+        "--steps",
+        "2",
+        "--ranks",
+        "2",
+        "--schedule",
+        "1f1b",
+        "--format",
+        "json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ];
+    for (extra, plan) in [(vec![], "auto"), (vec!["--plan", "uniform"], "uniform")] {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend(extra);
+        let (code, out, err) = pipefill(&args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["plan"], plan);
+        let counts: Vec<u64> = v["layers_per_stage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .collect();
+        assert_eq!(counts.iter().sum::<u64>(), 6);
+        if plan == "uniform" {
+            assert_eq!(counts, vec![3, 3]);
+        }
+    }
+    let mut args: Vec<&str> = base.to_vec();
+    args.extend(["--plan", "best"]);
+    let (code, _, err) = pipefill(&args);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn profile_writes_a_cost_file_that_partition_and_plan_read() {
+    let dir = std::env::temp_dir().join(format!("pipefill-cli-partition-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("profiled.json");
+    let o = out.to_str().unwrap();
+    let (code, _, err) = pipefill(&[
+        "profile",
+        "--layers",
+        "4",
+        "--hidden",
+        "32",
+        "--outputs",
+        "8",
+        "--batch",
+        "16",
+        "--microbatches",
+        "4",
+        "--repeats",
+        "3",
+        "--out",
+        o,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let file = pipefill_host::cost::CostFile::parse(&text).unwrap();
+    assert_eq!(file.layers.len(), 4);
+    assert_eq!(file.meta["microbatch_size"], 4);
+    // Layer 0: 32 -> 32 weights + bias in f32; output 4 rows x 32.
+    assert_eq!(file.layers[0].parameter_bytes, ((32 * 32 + 32) * 4) as f64);
+    assert_eq!(file.layers[0].output_bytes, (4 * 32 * 4) as f64);
+    assert_eq!(file.layers[3].output_bytes, (4 * 8 * 4) as f64);
+    assert!(file
+        .layers
+        .iter()
+        .all(|l| l.forward > 0.0 && l.backward_weight > 0.0));
+    let (code, _, err) = pipefill(&["partition", "--costs", o, "--stages", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = pipefill(&["plan", "--costs", o, "--ranks", "2", "--global-batch", "16"]);
+    assert_eq!(code, 0, "{err}");
+
+    for (args, needle) in [
+        (
+            vec![
+                "profile",
+                "--batch",
+                "16",
+                "--microbatches",
+                "3",
+                "--out",
+                o,
+            ],
+            "--microbatches",
+        ),
+        (vec!["profile", "--repeats", "0", "--out", o], "--repeats"),
+        (
+            vec!["profile", "--activation", "tanhh", "--out", o],
+            "--activation",
+        ),
+        (
+            vec!["profile", "--out", "/nonexistent-dir/costs.json"],
+            "cannot write",
+        ),
+    ] {
+        let (code, _, err) = pipefill(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected `{needle}` in: {err}"
+        );
+    }
+}

@@ -15,6 +15,8 @@ enum Fault {
     Error(Op, usize),
     /// Panic in this op of this microbatch.
     Panic(Op, usize),
+    /// Panic when asked how many bytes a stash holds.
+    PanicInHeldBytes,
 }
 
 /// `y = w * x` elementwise with a scalar weight; records the order of its calls.
@@ -89,6 +91,9 @@ impl Stage for ScaleStage {
     }
 
     fn held_bytes(&self, st: &Stash) -> usize {
+        if self.fault == Fault::PanicInHeldBytes && st.k == 1 {
+            panic!("held_bytes panicked");
+        }
         st.x.bytes() + st.dy.as_ref().map_or(0, Tensor::bytes)
     }
 
@@ -352,4 +357,39 @@ fn refuses_what_does_not_fit() {
     let (x, t) = data(3);
     let e = ex.step(x, &t, &loss).unwrap_err();
     assert!(e.to_string().contains("M = 2"), "{e}");
+}
+
+#[test]
+fn a_panic_in_held_bytes_is_caught_too() {
+    let (e, _) = failing_run(Fault::PanicInHeldBytes, 3);
+    assert_eq!(
+        e,
+        RuntimeError::ActionPanicked {
+            rank: 0,
+            action: Action::new(Op::F, 3, 1),
+            message: "held_bytes panicked".into()
+        }
+    );
+}
+
+#[test]
+fn exclusive_mode_gives_the_same_step_and_times_every_action() {
+    let sched = breadth_first(3, 2, 4, Placement::Looped, 2);
+    let run = |exclusive: bool| {
+        let stages = (0..6)
+            .map(|s| ScaleStage::new(0.9 + 0.01 * s as f32))
+            .collect();
+        let mut ex = Executor::new(sched.clone(), stages).unwrap();
+        ex.set_exclusive(exclusive);
+        let (r, ex) = step_with_deadline(ex, 4);
+        (r.unwrap(), ex)
+    };
+    let (a, ea) = run(false);
+    let (b, eb) = run(true);
+    assert_eq!(a.losses, b.losses);
+    for (x, y) in ea.stages().iter().zip(eb.stages()) {
+        assert_eq!(x.grad, y.grad);
+    }
+    assert_eq!(b.action_seconds.len(), sched.action_count());
+    assert!(b.action_seconds.iter().all(|(_, t)| *t >= 0.0));
 }

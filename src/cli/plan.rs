@@ -181,3 +181,49 @@ fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
         );
     }
 }
+
+/// How `pipefill train` splits the model's layers into stages (`--plan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TrainPlan {
+    /// For each schedule considered, the partition with the lowest simulated step time (exact
+    /// bottleneck optimum, baselines, boundary refinement: [`pipefill_host::plan::best_partition`]).
+    #[default]
+    Auto,
+    /// Equal layer counts per stage.
+    Uniform,
+}
+
+/// Layer counts per stage of `schedule` for `pipefill train`: `--plan uniform` gives equal counts,
+/// `--plan auto` the best partition for this schedule from the profiled `costs` (free transfers:
+/// ranks are threads of one process).
+pub fn train_split(
+    plan: TrainPlan,
+    schedule: &pipefill_host::schedule::Schedule,
+    costs: &[pipefill_host::cost::LayerCost],
+    overlap_share: f64,
+) -> Result<Vec<usize>, String> {
+    let stages = schedule.stages();
+    let uniform = || {
+        pipefill_host::cost::split_even(costs.len(), stages).map_err(|_| {
+            format!(
+                "{} layers cannot fill {stages} stages (at least one layer per stage)",
+                costs.len()
+            )
+        })
+    };
+    match plan {
+        TrainPlan::Uniform => uniform(),
+        TrainPlan::Auto => {
+            uniform()?;
+            let file = CostFile {
+                layers: costs.to_vec(),
+                transfer: pipefill_host::cost::LinkCost::default(),
+                overlap_share,
+                meta: serde_json::Value::Null,
+            };
+            pipefill_host::plan::best_partition(&file, schedule, None)
+                .map(|p| p.layers_per_stage)
+                .map_err(|e| e.to_string())
+        }
+    }
+}

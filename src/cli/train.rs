@@ -17,7 +17,7 @@ mod profile;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use pipefill_host::cost::{split_even, CostModel, LayerCost, LinkCost};
+use pipefill_host::cost::{CostModel, LayerCost, LinkCost};
 use pipefill_host::runtime::{Executor, StepReport};
 use pipefill_host::schedule::{families, validate::validate, Params, Schedule};
 use pipefill_host::timeline::Timeline;
@@ -58,6 +58,10 @@ pub struct Args {
     /// Schedule family to train with (default: the one with the lowest predicted step time).
     #[arg(long)]
     pub schedule: Option<String>,
+    /// How to split the layers into stages: `auto` (the best partition for each schedule by simulated
+    /// step time) or `uniform` (equal layer counts).
+    #[arg(long, value_enum, default_value_t = super::plan::TrainPlan::Auto)]
+    pub plan: super::plan::TrainPlan,
     /// Training steps.
     #[arg(long, default_value_t = 30)]
     pub steps: usize,
@@ -251,12 +255,14 @@ pub fn profile(setup: &Setup) -> Result<Vec<LayerCost>, CliError> {
     profile_layers(&setup.spec, rows, 5, setup.gemm, setup.args.seed).map_err(CliError::Failed)
 }
 
-/// Layer counts per stage for a schedule with `stages` stages (uniform until `--plan auto`).
-pub fn split(setup: &Setup, stages: usize) -> Result<Vec<usize>, String> {
-    let layers = setup.spec.layers.len();
-    split_even(layers, stages).map_err(|_| {
-        format!("{layers} layers cannot fill {stages} stages (at least one layer per stage)")
-    })
+/// Layer counts per stage of `schedule`: `--plan auto` (default) the best partition for it from the
+/// profile, `--plan uniform` equal counts (see [`super::plan::train_split`]).
+pub fn split(
+    setup: &Setup,
+    schedule: &Schedule,
+    costs: &[LayerCost],
+) -> Result<Vec<usize>, String> {
+    super::plan::train_split(setup.args.plan, schedule, costs, CPU_OVERLAP_SHARE)
 }
 
 /// Generates, validates and simulates every family that fits (only `--schedule` if given).
@@ -278,7 +284,7 @@ pub fn candidates(setup: &Setup, costs: &[LayerCost]) -> Result<Vec<Candidate>, 
             .and_then(|s| validate(&s).map(|_| s))
             .map_err(|e| e.to_string())
             .and_then(|s| {
-                let counts = split(setup, s.stages())?;
+                let counts = split(setup, &s, costs)?;
                 let mut cost = CostModel::from_layers(costs, &counts, LinkCost::default())
                     .map_err(|e| e.to_string())?;
                 // The CPU runtime runs an overlapped pair's halves one after the other.

@@ -137,6 +137,7 @@ impl<'s, S: Stage> Worker<'s, S> {
     /// Runs this rank's part of one step: zero-grad, the items in order, then (once every rank is
     /// done and none failed) the optimizer step.
     pub(super) fn run<L: Loss>(self, ctx: &StepContext<'_, L>) -> WorkerOutput {
+        let rank = self.rank;
         let mut run = Run {
             ctx,
             rank: self.rank,
@@ -162,7 +163,17 @@ impl<'s, S: Stage> Worker<'s, S> {
                 result: Ok(()),
             },
         };
-        let result = run.zero_grad().and_then(|()| run.items());
+        // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
+        // itself from leaving the other ranks waiting at the barrier.
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            run.zero_grad().and_then(|()| run.items())
+        }))
+        .unwrap_or_else(|p| {
+            Err(Stop::Failed(RuntimeError::Setup(format!(
+                "rank {rank} stopped: the runtime panicked: {}",
+                panic_message(&*p)
+            ))))
+        });
         if let Err(Stop::Failed(_)) = result {
             run.abort_others();
         }
@@ -282,10 +293,12 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         }
         let rank = self.rank;
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-        let (output, stash) = self.clock.call(rank, a, &mut self.out.action_seconds, || {
-            stage.forward(input)
-        })?;
-        let bytes = stage.held_bytes(&stash);
+        let (output, stash, bytes) =
+            self.clock.call(rank, a, &mut self.out.action_seconds, || {
+                let (output, stash) = stage.forward(input)?;
+                let bytes = stage.held_bytes(&stash);
+                Ok((output, stash, bytes))
+            })?;
         self.hold(bytes, 0);
         self.stashes.insert(
             (a.stage, a.microbatch),
@@ -332,11 +345,12 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
             return Err(self.fail(a, "I already ran for this microbatch"));
         }
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-        let grad_input = self.clock.call(rank, a, &mut self.out.action_seconds, || {
-            stage.backward_input(&mut slot.stash, grad)
+        let (grad_input, bytes) = self.clock.call(rank, a, &mut self.out.action_seconds, || {
+            let grad_input = stage.backward_input(&mut slot.stash, grad)?;
+            Ok((grad_input, stage.held_bytes(&slot.stash)))
         })?;
         let before = slot.bytes;
-        slot.bytes = stage.held_bytes(&slot.stash);
+        slot.bytes = bytes;
         slot.input_done = true;
         let after = slot.bytes;
         self.hold(after, before);

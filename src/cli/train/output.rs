@@ -133,7 +133,13 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
             }
         );
     }
-    println!("candidates (predicted from the profile, uniform split):");
+    println!(
+        "candidates (predicted from the profile, {} split):",
+        match setup.args.plan {
+            crate::cli::plan::TrainPlan::Auto => "--plan auto",
+            crate::cli::plan::TrainPlan::Uniform => "uniform",
+        }
+    );
     println!(
         "  {:<18} {:>2} {:>3} {:>12} {:>8}",
         "schedule", "V", "S", "step", "bubble"
@@ -212,6 +218,10 @@ pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         "microbatches": chosen.schedule.microbatches,
         "stages": chosen.schedule.stages(),
         "layers_per_stage": chosen.layers_per_stage,
+        "plan": match a.plan {
+            crate::cli::plan::TrainPlan::Auto => "auto",
+            crate::cli::plan::TrainPlan::Uniform => "uniform",
+        },
         "steps": a.steps,
         "seed": a.seed,
         "losses": outcome.losses,
