@@ -1,7 +1,7 @@
 //! Timelines as pictures: Chrome trace JSON (Perfetto, chrome://tracing), a self-contained SVG Gantt
 //! chart, and a compact text Gantt for the terminal.
 //!
-//! All three take [`Timeline`]s, predicted or measured alike, and several at once for comparison
+//! All three take [`Timeline`](crate::timeline::Timeline)s, predicted or measured alike, and several at once for comparison
 //! (e.g. a measured timeline above the predicted one, or several schedules). Times in a timeline are
 //! seconds (or the abstract unit of `--cost` flags); the Chrome trace writes microseconds as its format
 //! requires.
