@@ -118,7 +118,6 @@ fn interleaved_1f1b_bubble_time() {
 }
 
 #[test]
-#[ignore = "TEMPORARY: the zero-bubble generators (helper sched-zb) are not on main yet; this test passes against wt/sched-zb 3c97d20 and is re-enabled when they land"]
 fn zb_h1_bubble_time() {
     for &p in PS {
         for &m in MS.iter().filter(|&&m| m >= p) {
@@ -138,7 +137,6 @@ fn zb_h1_bubble_time() {
 }
 
 #[test]
-#[ignore = "TEMPORARY: the zero-bubble generators (helper sched-zb) are not on main yet; this test passes against wt/sched-zb 3c97d20 and is re-enabled when they land"]
 fn zb_h2_and_zbv_have_no_inner_bubble_when_f_i_w_equal() {
     for (name, v) in [("zb-h2", 1usize), ("zbv", 2)] {
         for &p in PS {

@@ -1,5 +1,5 @@
 //! Matrix products for the CPU layers through a well-kept GEMM crate, single-threaded (one rank is
-//! one thread): [`matrixmultiply`] or [`gemm`](::gemm), chosen by [`GemmBackend`].
+//! one thread): [`matrixmultiply`] or [`gemm`](https://docs.rs/gemm), chosen by [`GemmBackend`].
 //!
 //! Both were measured on this project's layer shapes (see NOTES.md, "Train"); the default is the
 //! faster one there. Transposes are expressed through strides, never copied.

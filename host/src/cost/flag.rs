@@ -87,7 +87,14 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
     let [f, i, w, b, a, r, p, o] = values;
     let forward = f.ok_or_else(|| CostError::flag(text, "F (forward time) is missing", FIX))?;
     let (backward_input, backward_weight, backward) =
-        resolve_backward("", i, w, b).map_err(|e| CostError::flag(text, e.to_string(), FIX))?;
+        resolve_backward("", i, w, b).map_err(|e| match e {
+            CostError::Field { field, problem, .. } => CostError::flag(
+                text,
+                format!("{} {problem}", key_name(&field)),
+                "give I and W, or B, or B with one of I and W, e.g. F=1,I=1,W=1 or F=1,B=2",
+            ),
+            other => other,
+        })?;
     let activation_bytes = a.unwrap_or(0.0);
     let released_at_input = r.unwrap_or(0.0);
     if released_at_input > activation_bytes {
@@ -107,6 +114,57 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
         parameter_bytes: p.unwrap_or(0.0),
         output_bytes: o.unwrap_or(0.0),
     })
+}
+
+/// Parses a time for a command-line flag (`0.5`, `20us`, `1.5ms`; plain numbers are seconds):
+/// finite and `>= 0`. The error says what would be accepted.
+///
+/// ```
+/// assert_eq!(pipefill_host::cost::flag::parse_time("20us"), Ok(2e-5));
+/// assert!(pipefill_host::cost::flag::parse_time("-1").is_err());
+/// ```
+pub fn parse_time(text: &str) -> Result<f64, String> {
+    parse_checked(text, Quantity::Seconds)
+}
+
+/// Parses a size in bytes for a command-line flag (`1048576`, `64MiB`, `2G`): finite and `>= 0`.
+pub fn parse_bytes(text: &str) -> Result<f64, String> {
+    parse_checked(text, Quantity::Bytes)
+}
+
+/// Parses a bandwidth in bytes per second (`2.5e10`, `25GB`, `100GiB`; "per second" implied): `> 0`.
+pub fn parse_bandwidth(text: &str) -> Result<f64, String> {
+    let v = parse_value(text.trim(), Quantity::Bytes).ok_or_else(|| {
+        format!(
+            "cannot read `{text}`: {}",
+            Quantity::BytesPerSecond.expected()
+        )
+    })?;
+    match Quantity::BytesPerSecond.problem(v) {
+        Some(p) => Err(format!(
+            "`{text}` {p}: {}",
+            Quantity::BytesPerSecond.expected()
+        )),
+        None => Ok(v),
+    }
+}
+
+/// A value with a unit suffix, range-checked.
+fn parse_checked(text: &str, q: Quantity) -> Result<f64, String> {
+    let v = parse_value(text.trim(), q)
+        .ok_or_else(|| format!("cannot read `{text}`: {}", unit_help(q)))?;
+    match q.problem(v) {
+        Some(p) => Err(format!("`{text}` {p}: {}", q.expected())),
+        None => Ok(v),
+    }
+}
+
+/// `I (backward_input)` for a long key name.
+fn key_name(long: &str) -> String {
+    match KEYS.iter().find(|(_, l, _)| l.contains(&long)) {
+        Some((short, _, _)) => format!("{short} ({long})"),
+        None => long.to_string(),
+    }
 }
 
 /// "time" or "size".
@@ -136,12 +194,19 @@ fn parse_value(text: &str, q: Quantity) -> Option<f64> {
         .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
         .unwrap_or(text.len());
     let (num, suffix) = text.split_at(split);
+    // Sub-second units divide (20us = 20 / 1e6, exactly 2e-5), so values read as written.
+    let per = match (q, suffix) {
+        (Quantity::Seconds, "ms") => Some(1e3),
+        (Quantity::Seconds, "us") => Some(1e6),
+        (Quantity::Seconds, "ns") => Some(1e9),
+        _ => None,
+    };
+    if let Some(per) = per {
+        return num.trim().parse::<f64>().ok().map(|v| v / per);
+    }
     let scale = if q == Quantity::Seconds {
         match suffix {
             "" | "s" => 1.0,
-            "ms" => 1e-3,
-            "us" => 1e-6,
-            "ns" => 1e-9,
             _ => return None,
         }
     } else {
@@ -187,8 +252,9 @@ mod tests {
             ("F=inf,B=1", "not finite"),
             ("F=1,B=-2", "negative"),
             ("B=1", "F (forward time) is missing"),
-            ("F=1", "backward_input"),
-            ("F=1,I=1", "backward_weight"),
+            ("F=1", "I (backward_input) is missing"),
+            ("F=1,I=1", "W (backward_weight) is missing"),
+            ("F=1,I=3,B=2", "I (backward_input) is larger than backward"),
             ("F=1,B=1,A=1,R=2", "larger than A"),
         ] {
             let e = parse_cost_flag(text).unwrap_err().to_string();

@@ -3,7 +3,7 @@
 //! There are three ways in, all checked field by field (errors name the field and the fix, see
 //! [`CostError`]):
 //!
-//! - the **cost file** ([`CostFile`], module [`file`]): per-layer costs, the one schema for measured
+//! - the **cost file** ([`CostFile`], module [`file`](mod@file)): per-layer costs, the one schema for measured
 //!   (`pipefill profile`) and hand-written costs, turned into per-stage costs with a partition
 //!   ([`CostModel::from_layers`]);
 //! - the **per-stage file** (same fields under `"stages"` instead of `"layers"`), read by

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError};
 use std::sync::{Barrier, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Loss, RuntimeError, Stage, StageError, Tensor};
 use crate::schedule::{Action, Item, Op, Schedule};
@@ -85,6 +85,9 @@ pub(super) struct StepContext<'a, L> {
     /// When set, every layer call holds this lock: one action at a time over all ranks.
     pub exclusive: Option<&'a Mutex<()>>,
 }
+
+/// How long a waiting rank polls its channel (yielding its core between polls) before it blocks.
+const POLL: Duration = Duration::from_micros(30);
 
 /// What a worker hands back at the end of a step.
 pub(super) struct WorkerOutput {
@@ -455,9 +458,23 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         Ok(parcel.tensor)
     }
 
+    /// The next message: polled for up to [`POLL`], yielding the core between polls (a hand-off
+    /// that arrives soon then costs no sleep and wake-up), then blocking.
+    fn next_message(&self) -> Result<Message, RecvError> {
+        let start = Instant::now();
+        while start.elapsed() < POLL {
+            match self.rx.try_recv() {
+                Ok(m) => return Ok(m),
+                Err(TryRecvError::Disconnected) => return Err(RecvError),
+                Err(TryRecvError::Empty) => std::thread::yield_now(),
+            }
+        }
+        self.rx.recv()
+    }
+
     fn receive_until(&mut self, want: Key, consumer: Action) -> Result<Parcel, Stop> {
         loop {
-            let message = self.rx.recv().map_err(|_| {
+            let message = self.next_message().map_err(|_| {
                 self.fail(
                     consumer,
                     "waits for data that no rank will send (does the schedule validate?)",

@@ -3,7 +3,7 @@
 //! A [`Schedule`] is, for each rank, the ordered list of the [`Item`]s it executes. An item is one
 //! [`Action`] (`(op, stage, microbatch)`) or an overlapped forward/backward pair (as in DualPipe).
 //! Schedules are produced by generators (one file per family, listed in [`families`]), checked by
-//! [`validate`](validate::validate), written and read in the formats of [`format`], simulated by
+//! [`validate`](validate::validate), written and read in the formats of [`format`](mod@format), simulated by
 //! [`crate::sim`] and executed by [`crate::runtime`]. Nothing here knows about devices.
 //!
 //! The text form of an action is PyTorch pipelining's: `{stage}{op}{microbatch}`, e.g. `2F0`, `0I3`,

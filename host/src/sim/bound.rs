@@ -22,7 +22,7 @@ use crate::cost::CostModel;
 use crate::schedule::{Item, Placement, Schedule};
 
 /// The lower bound for `schedule`'s `P`, `V`, `M` and placement under `costs` (overlap savings are
-/// counted when the schedule contains overlapped pairs). See the [module docs](self).
+/// counted when the schedule contains overlapped pairs). How it is derived: `host/src/sim/bound.rs`.
 ///
 /// `costs` must have `schedule.stages()` stages (as [`super::simulate`] checks); with fewer the bound
 /// uses what is there.

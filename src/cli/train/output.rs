@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pipefill_host::schedule::{Item, Op};
-use pipefill_host::timeline::{Source, Timeline};
+use pipefill_host::timeline::Timeline;
+use pipefill_host::trace::{chrome_trace, svg_gantt, SvgOptions};
 use serde_json::json;
 
 use pipefill_host::profile::median;
@@ -84,7 +84,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
 /// Writes the SVG (measured above predicted) and, with `--trace`, the Chrome trace.
 pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Result<(), CliError> {
     let both = [&outcome.measured, &chosen.predicted];
-    let svg = svg(&both);
+    let options = SvgOptions {
+        title: format!(
+            "pipefill train: {} on {} ranks, M = {} (measured above predicted)",
+            chosen.schedule.name, chosen.schedule.ranks, chosen.schedule.microbatches
+        ),
+        ..SvgOptions::default()
+    };
+    let svg = svg_gantt(&both, &options);
     write_atomic(&setup.args.svg, svg.as_bytes())?;
     if let Some(path) = &setup.args.trace {
         let trace = chrome_trace(&both);
@@ -259,97 +266,4 @@ pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         "trace": a.trace.as_ref().map(|p| p.display().to_string()),
     });
     println!("{value}");
-}
-
-/// Colour of an item in the SVG: forward blue, input-backward / full backward green, weight
-/// backward orange, overlapped pair purple.
-fn colour(item: &Item) -> &'static str {
-    match item {
-        Item::Overlap { .. } => "#8e6bbf",
-        Item::One(a) => match a.op {
-            Op::F => "#4c78a8",
-            Op::B => "#54a24b",
-            Op::I => "#72b7b2",
-            Op::W => "#f58518",
-        },
-    }
-}
-
-/// The timelines stacked top to bottom on one time axis (the longest makespan spans the width).
-fn svg(timelines: &[&Timeline]) -> String {
-    use std::fmt::Write as _;
-    let (width, lane, gap, left) = (1200.0, 18.0, 28.0, 90.0);
-    let span = timelines
-        .iter()
-        .map(|t| t.makespan())
-        .fold(0.0, f64::max)
-        .max(1e-12);
-    let x = |t: f64| left + t / span * (width - left - 10.0);
-    let height: f64 = timelines
-        .iter()
-        .map(|t| gap + lane * t.ranks() as f64)
-        .sum::<f64>()
-        + 10.0;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
-         font-family=\"monospace\" font-size=\"11\">\n"
-    );
-    let mut y = 0.0;
-    for t in timelines {
-        let kind = match t.source {
-            Source::Measured => "measured",
-            Source::Predicted => "predicted",
-        };
-        let _ = writeln!(
-            out,
-            "<text x=\"4\" y=\"{:.1}\">{} {kind}: {:.3} ms, bubble {:.1}%</text>",
-            y + 18.0,
-            t.name,
-            t.makespan() * 1e3,
-            t.bubble_fraction() * 100.0
-        );
-        y += gap;
-        for (r, spans) in t.spans.iter().enumerate() {
-            let _ = writeln!(out, "<text x=\"4\" y=\"{:.1}\">rank {r}</text>", y + 13.0);
-            for s in spans {
-                let _ = writeln!(
-                    out,
-                    "<rect x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{:.1}\" fill=\"{}\" \
-                     stroke=\"white\" stroke-width=\"0.5\"><title>{} {:.3}-{:.3} ms</title></rect>",
-                    x(s.start),
-                    (x(s.end) - x(s.start)).max(0.5),
-                    lane - 2.0,
-                    colour(&s.item),
-                    s.item,
-                    s.start * 1e3,
-                    s.end * 1e3
-                );
-            }
-            y += lane;
-        }
-    }
-    out.push_str("</svg>\n");
-    out
-}
-
-/// The timelines as Chrome trace events (one process per timeline, one thread per rank).
-fn chrome_trace(timelines: &[&Timeline]) -> String {
-    let events: Vec<serde_json::Value> = timelines
-        .iter()
-        .enumerate()
-        .flat_map(|(p, t)| {
-            t.spans.iter().flatten().map(move |s| {
-                json!({
-                    "name": s.item.to_string(),
-                    "ph": "X",
-                    "pid": p,
-                    "tid": s.rank,
-                    "ts": s.start * 1e6,
-                    "dur": (s.end - s.start) * 1e6,
-                    "args": { "timeline": format!("{} {:?}", t.name, t.source) },
-                })
-            })
-        })
-        .collect();
-    json!({ "traceEvents": events }).to_string()
 }

@@ -1,1 +1,0 @@
-//! `trace`: to be written (see the issue that owns it).
