@@ -303,6 +303,10 @@ fn plan_json_best_first_and_refusals() {
     ] {
         assert!(plans[0].get(key).is_some(), "{key} missing");
     }
+    let svg = std::env::temp_dir().join(format!(
+        "pipefill-cli-partition-{}-plan.svg",
+        std::process::id()
+    ));
     let (code, out, err) = pipefill(&[
         "plan",
         "--costs",
@@ -313,9 +317,16 @@ fn plan_json_best_first_and_refusals() {
         "4",
         "--cost-batch",
         "1",
+        "--svg",
+        svg.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("best first"), "{out}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.starts_with("<svg") && drawn.contains("best plan"),
+        "{drawn}"
+    );
 
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (

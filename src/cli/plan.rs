@@ -3,7 +3,7 @@
 //! ```text
 //! pipefill plan --costs costs.json --ranks 4 --global-batch 64 [--memory-limit BYTES]
 //!     [--cost-batch SAMPLES] [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
-//!     [--top 10] [--format table|json]
+//!     [--top 10] [--format table|json] [--svg best.svg]
 //! ```
 //!
 //! JSON: `{"ranks", "global_batch", "memory_limit", "plans": [{family, chunks, microbatches,
@@ -12,8 +12,10 @@
 
 use std::path::PathBuf;
 
-use pipefill_host::cost::CostFile;
-use pipefill_host::plan::{plan, Plan, PlanError, PlanReport, PlanRequest};
+use pipefill_host::cost::{CostFile, CostModel};
+use pipefill_host::plan::{plan, scale_layers, Plan, PlanError, PlanReport, PlanRequest};
+use pipefill_host::sim::simulate;
+use pipefill_host::trace::{svg_gantt, SvgOptions};
 use serde::Serialize;
 
 use super::partition::Format;
@@ -56,6 +58,9 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+    /// Write the best plan's predicted timeline as SVG to this file (atomically).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
 }
 
 /// Maps planning errors to the CLI: everything but "no plan fits" is a usage error.
@@ -145,6 +150,13 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
         Format::Table => print_table(&req, &report, shown),
     }
+    if let Some(path) = &args.svg {
+        let best = report
+            .best()
+            .ok_or_else(|| CliError::Failed("no plan to draw".into()))?;
+        let svg = best_timeline_svg(&req, best)?;
+        super::profile::write_atomic(path, svg.as_bytes())?;
+    }
     Ok(())
 }
 
@@ -180,6 +192,32 @@ fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
             p.layers_per_stage
         );
     }
+}
+
+/// The best plan's predicted timeline as SVG (re-simulated from its schedule and scaled costs).
+fn best_timeline_svg(req: &PlanRequest, best: &Plan) -> Result<String, CliError> {
+    let failed = |e: String| CliError::Failed(e);
+    let layers = scale_layers(
+        &req.costs.layers,
+        best.microbatch_size as f64 / req.cost_batch,
+    );
+    let mut model = CostModel::from_layers(&layers, &best.layers_per_stage, req.costs.transfer)
+        .map_err(|e| failed(e.to_string()))?;
+    model.overlap_share = req.costs.overlap_share;
+    let sim = simulate(&best.schedule, &model).map_err(|e| failed(e.to_string()))?;
+    let options = SvgOptions {
+        title: format!(
+            "best plan: {} V={} M={} {} {:?}: predicted {:.6} s",
+            best.family,
+            best.chunks,
+            best.microbatches,
+            best.partition,
+            best.layers_per_stage,
+            best.step_time
+        ),
+        ..SvgOptions::default()
+    };
+    Ok(svg_gantt(&[&sim.timeline], &options))
 }
 
 /// How `pipefill train` splits the model's layers into stages (`--plan`).
