@@ -534,6 +534,17 @@ pub fn optimal(
     layout: &Layout,
     limit: Option<&MemoryLimit>,
 ) -> Result<Partition, PartitionError> {
+    optimal_with_budget(problem, layout, limit, search::DEFAULT_NODE_BUDGET)
+}
+
+/// [`optimal`] with an explicit node budget for the `V > 1` search (the number of stage ends it may
+/// try; `V = 1` ignores it). A smaller budget returns sooner, possibly with `exact: false`.
+pub fn optimal_with_budget(
+    problem: &Problem,
+    layout: &Layout,
+    limit: Option<&MemoryLimit>,
+    budget: u64,
+) -> Result<Partition, PartitionError> {
     check_sizes(problem, layout)?;
     if let Some(l) = limit {
         if l.in_flight.len() != layout.stages() {
@@ -549,8 +560,18 @@ pub fn optimal(
         p.exact = true;
         Ok(p)
     } else {
-        search::branch_and_bound(problem, layout, limit, search::DEFAULT_NODE_BUDGET)
+        search::branch_and_bound(problem, layout, limit, budget)
     }
+}
+
+/// The split minimising the largest *stage* cost (not rank load), exactly, ignoring which rank holds
+/// which stage and any memory limit. With `V > 1` this is a different split from [`optimal`]'s, and
+/// can simulate faster: a rank's total load is not all that matters when each microbatch waits on
+/// every stage in turn. [`crate::plan`] tries both.
+pub fn per_stage_optimal(problem: &Problem, layout: &Layout) -> Result<Partition, PartitionError> {
+    check_sizes(problem, layout)?;
+    let boundaries = chain_optimum(problem, layout, None)?;
+    problem.evaluate(layout, &boundaries)
 }
 
 /// Exact minimum over splits of the largest stage cost, for layouts where every rank holds one

@@ -8,7 +8,8 @@
 //! - every schedule family (or the ones asked for) and every `V` it accepts among the candidates;
 //! - every `M` dividing `N` (up to a maximum), each microbatch then holding `N / M` samples;
 //! - for each, the partitions of [`crate::partition`]: the exact bottleneck optimum (under the memory
-//!   limit, with the schedule's in-flight activations per stage) and the baselines;
+//!   limit, with the schedule's in-flight activations per stage), the baselines, and with `V > 1` the
+//!   per-stage optimum (which often simulates faster than the rank-load optimum);
 //!
 //! simulates each candidate with [`crate::sim::simulate`], drops those whose peak memory (parameters
 //! plus the simulator's activation peak) exceeds the limit, then **refines** the best few: moving one
@@ -27,11 +28,16 @@ use thiserror::Error;
 
 use crate::cost::{CostError, CostFile, CostModel, LayerCost};
 use crate::partition::{
-    stage_in_flight, Layout, MemoryLimit, Method, Partition, PartitionError, Problem,
+    optimal_with_budget, per_stage_optimal, stage_in_flight, Layout, MemoryLimit, Method,
+    Partition, PartitionError, Problem,
 };
 use crate::schedule::families::{Family, FAMILIES};
 use crate::schedule::{Params, Schedule};
 use crate::sim::{simulate, SimError, Simulation};
+
+/// Node budget of the exact `V > 1` partition search for each candidate: the plan simulates and
+/// refines afterwards, so a near-optimal bottleneck split found quickly is worth more than a proof.
+pub const PLAN_NODE_BUDGET: u64 = 1_000_000;
 
 /// Why planning failed altogether.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -568,7 +574,12 @@ fn candidates(sh: &Shape) -> (Vec<Plan>, Vec<String>) {
         } else {
             None
         };
-        match method.apply(&sh.problem, &sh.layout, limit) {
+        let result = if method == Method::Optimal {
+            optimal_with_budget(&sh.problem, &sh.layout, limit, PLAN_NODE_BUDGET)
+        } else {
+            method.apply(&sh.problem, &sh.layout, limit)
+        };
+        match result {
             Ok(part) => {
                 if tried.contains(&part.boundaries) {
                     continue;
@@ -580,6 +591,16 @@ fn candidates(sh: &Shape) -> (Vec<Plan>, Vec<String>) {
                 }
             }
             Err(e) => why.push(format!("{} partition: {e}", method.name())),
+        }
+    }
+    if sh.layout.chunks > 1 {
+        if let Ok(part) = per_stage_optimal(&sh.problem, &sh.layout) {
+            if !tried.contains(&part.boundaries) {
+                match sh.evaluate(&part, "per-stage-optimal".to_string()) {
+                    Ok(p) => found.push(p),
+                    Err(e) => why.push(e),
+                }
+            }
         }
     }
     (found, why)

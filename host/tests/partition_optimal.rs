@@ -2,7 +2,8 @@
 //! balancers of other systems.
 
 use pipefill_host::partition::{
-    baselines, optimal, partition, Layout, MemoryLimit, Method, PartitionError, Problem,
+    baselines, optimal, partition, per_stage_optimal, Layout, MemoryLimit, Method, PartitionError,
+    Problem,
 };
 use pipefill_host::schedule::Placement;
 use proptest::prelude::*;
@@ -113,6 +114,17 @@ proptest! {
             }
             (e, g) => prop_assert!(false, "brute force {:?}, partitioner {:?}", e, g),
         }
+    }
+
+    #[test]
+    fn per_stage_optimal_minimises_the_slowest_stage((p, layout, _limit) in case()) {
+        let got = per_stage_optimal(&p, &layout).unwrap();
+        let best = all_splits(p.layers(), layout.stages())
+            .into_iter()
+            .map(|b| *p.evaluate(&layout, &b).unwrap().stage_costs.iter().max().unwrap())
+            .min()
+            .unwrap();
+        prop_assert_eq!(*got.stage_costs.iter().max().unwrap(), best);
     }
 
     #[test]
