@@ -8,7 +8,8 @@
 //! ```
 //!
 //! For each of `uniform`, `parameters`, `time-greedy`, `optimal` (with the same schedule, `1f1b`, and
-//! `M = 8`) and the best plan of `pipefill plan` (its own family, V, M and refined partition):
+//! `M = 8`) and the best plan of `pipefill plan` (its own family, V and refined partition; once with
+//! `M = 8`, the microbatch size the costs were profiled at, once over every `M`):
 //!
 //! - **predicted**: the simulator's step time from the profiled costs;
 //! - **measured**: the median step time of real training steps on CPU threads. When there are more
@@ -36,21 +37,14 @@ const RANKS: usize = 4;
 const MICROBATCHES: usize = 8;
 const BATCH: usize = 128;
 
-/// Input 512 -> "embedding" 2048 -> blocks of 256 -> "head" 2048 classes.
+/// Input 512 -> "embedding" 1536 -> 1536 x 512 -> eight 512 x 512 blocks -> "head" 512 x 1536:
+/// the first, second and last layers each cost about three blocks.
 fn model() -> ModelSpec {
     let act = Activation::Gelu;
-    let mut layers = vec![LayerSpec {
-        width: 2048,
-        activation: act,
-    }];
-    layers.extend((0..9).map(|_| LayerSpec {
-        width: 256,
-        activation: act,
-    }));
-    layers.push(LayerSpec {
-        width: 2048,
-        activation: Activation::Identity,
-    });
+    let layer = |width, activation| LayerSpec { width, activation };
+    let mut layers = vec![layer(1536, act)];
+    layers.extend((0..9).map(|_| layer(512, act)));
+    layers.push(layer(1536, Activation::Identity));
     ModelSpec {
         input: 512,
         layers,
@@ -167,31 +161,36 @@ fn main() {
         });
     }
 
-    let mut req = PlanRequest::new(costs.clone(), rows as f64, RANKS, BATCH);
-    req.max_microbatches = 32;
-    let report = plan(&req).expect("plan");
-    let best = report.best().expect("a plan");
-    let factor = best.microbatch_size as f64 / rows as f64;
-    let layers = scale_layers(&costs.layers, factor);
-    let cost =
-        CostModel::from_layers(&layers, &best.layers_per_stage, costs.transfer).expect("plan cost");
-    let measured = measure(
-        &spec,
-        &best.schedule,
-        &best.layers_per_stage,
-        &cost,
-        steps,
-        replay,
-    );
-    rows_out.push(Row {
-        name: "plan".into(),
-        detail: format!(
-            "{} V={} M={} {} {:?}",
-            best.family, best.chunks, best.microbatches, best.partition, best.layers_per_stage
-        ),
-        predicted: best.step_time,
-        measured,
-    });
+    // The plan twice: with M fixed to the profiled microbatch size (costs exact for it), and over
+    // every M (costs scaled linearly with the microbatch size, see `plan`'s docs).
+    for (label, counts) in [("plan M=8", vec![MICROBATCHES]), ("plan all M", vec![])] {
+        let mut req = PlanRequest::new(costs.clone(), rows as f64, RANKS, BATCH);
+        req.max_microbatches = 32;
+        req.microbatch_counts = counts;
+        let report = plan(&req).expect("plan");
+        let best = report.best().expect("a plan");
+        let factor = best.microbatch_size as f64 / rows as f64;
+        let layers = scale_layers(&costs.layers, factor);
+        let cost = CostModel::from_layers(&layers, &best.layers_per_stage, costs.transfer)
+            .expect("plan cost");
+        let measured = measure(
+            &spec,
+            &best.schedule,
+            &best.layers_per_stage,
+            &cost,
+            steps,
+            replay,
+        );
+        rows_out.push(Row {
+            name: label.into(),
+            detail: format!(
+                "{} V={} M={} {} {:?}",
+                best.family, best.chunks, best.microbatches, best.partition, best.layers_per_stage
+            ),
+            predicted: best.step_time,
+            measured,
+        });
+    }
 
     let best_pred = rows_out
         .iter()

@@ -99,6 +99,16 @@ pub enum PartitionError {
         /// The smallest per-rank peak over all splits (a lower bound when `V > 1`).
         needed: u64,
     },
+    /// A baseline's split does not fit the memory limit (baselines do not look at memory).
+    #[error("the {method} split needs {peak} bytes on its fullest rank, over the limit of {limit} bytes per rank; use --method optimal, which respects the limit")]
+    OverMemory {
+        /// The baseline's name.
+        method: &'static str,
+        /// The limit given.
+        limit: u64,
+        /// The split's largest rank memory.
+        peak: u64,
+    },
     /// The `V > 1` search ran out of its node budget before finding any split that fits the memory
     /// limit.
     #[error("the search gave up after {nodes} tries without finding a split that fits the memory limit; raise the limit or use fewer stages per rank")]
@@ -485,10 +495,10 @@ impl Method {
             let mem = problem.rank_memory(layout, &boundaries, &limit.in_flight)?;
             let peak = mem.iter().copied().max().unwrap_or(0);
             if peak > limit.bytes_per_rank {
-                return Err(PartitionError::MemoryInfeasible {
-                    stages: s,
+                return Err(PartitionError::OverMemory {
+                    method: self.name(),
                     limit: limit.bytes_per_rank,
-                    needed: peak,
+                    peak,
                 });
             }
         }

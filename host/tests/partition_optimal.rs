@@ -183,6 +183,11 @@ fn memory_limit_forces_a_different_split_or_refuses() {
     let tight = optimal(&p, &layout, Some(&limit)).unwrap();
     assert_eq!(tight.boundaries, vec![0, 3, 4]);
     assert_eq!(tight.bottleneck, 30);
+    // The uniform split [0, 2, 4] ignores memory: refused, naming its own peak.
+    match Method::Uniform.apply(&p, &layout, Some(&limit)) {
+        Err(PartitionError::OverMemory { peak, .. }) => assert_eq!(peak, 20),
+        other => panic!("expected OverMemory, got {other:?}"),
+    }
     let none = MemoryLimit {
         bytes_per_rank: 9,
         in_flight: vec![1, 2],

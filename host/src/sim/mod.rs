@@ -142,6 +142,17 @@ enum Cause {
     },
 }
 
+/// When an item can start, what it waits for, or why it cannot run.
+#[derive(Debug, Clone, Copy)]
+enum Ready {
+    /// All inputs are there at this time; the cause names the last one.
+    At(f64, Cause),
+    /// This input is missing.
+    Wait(Slot),
+    /// The item can never run here (the reason).
+    Bad(&'static str),
+}
+
 /// Sentinel for "not done yet" in the location tables.
 const NOT_DONE: u64 = u64::MAX;
 
@@ -411,12 +422,13 @@ impl<'a> Run<'a> {
             for a in item.actions() {
                 self.check_action(r, index, &item, a)?;
             }
-            let ready_at = match self.ready_time(r, index, &item)? {
-                Ok((t, _)) => t,
-                Err(slot) => {
+            let ready_at = match self.ready_time(r, &item) {
+                Ready::At(t, _) => t,
+                Ready::Wait(slot) => {
                     self.blocked[r] = Some(slot);
                     return Ok(());
                 }
+                Ready::Bad(why) => return Err(self.bad(r, index, &item, why.into())),
             };
             let dur = match item {
                 Item::One(a) => self.costs.stages[a.stage].time(a.op),
@@ -446,39 +458,29 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// When all inputs of `item` (position `index` on rank `r`) are available and which input came
-    /// last, or the slot it still waits for. For a pair, the later of its halves (the forward's on a
-    /// tie). Pure: called again after the run to trace the critical path.
+    /// When all inputs of `item` (on rank `r`) are available and which input came last, or the slot
+    /// it still waits for. For a pair, the later of its halves (the forward's on a tie). Pure: called
+    /// again after the run to trace the critical path.
     #[inline]
-    #[allow(clippy::type_complexity)]
-    fn ready_time(
-        &self,
-        r: usize,
-        index: usize,
-        item: &Item,
-    ) -> Result<Result<(f64, Cause), Slot>, SimError> {
-        Ok(match *item {
-            Item::One(a) => self.inputs(r, index, item, a)?,
+    fn ready_time(&self, r: usize, item: &Item) -> Ready {
+        match *item {
+            Item::One(a) => self.inputs(r, a),
             Item::Overlap { forward, backward } => {
                 if forward.op != Op::F || !matches!(backward.op, Op::B | Op::I) {
-                    return Err(self.bad(
-                        r,
-                        index,
-                        item,
-                        "an overlapped pair is a forward (F) with a backward (B or I)".into(),
-                    ));
+                    return Ready::Bad(
+                        "an overlapped pair is a forward (F) with a backward (B or I)",
+                    );
                 }
-                let f = match self.inputs(r, index, item, forward)? {
-                    Ok(x) => x,
-                    Err(slot) => return Ok(Err(slot)),
-                };
-                let b = match self.inputs(r, index, item, backward)? {
-                    Ok(x) => x,
-                    Err(slot) => return Ok(Err(slot)),
-                };
-                Ok(if b.0 > f.0 { b } else { f })
+                let f = self.inputs(r, forward);
+                let Ready::At(ft, _) = f else { return f };
+                let b = self.inputs(r, backward);
+                match b {
+                    Ready::At(bt, _) if bt > ft => b,
+                    Ready::At(..) => f,
+                    other => other,
+                }
             }
-        })
+        }
     }
 
     /// Activation memory: `F` allocates at its start, backward ops free at their end (recorded in
@@ -546,20 +548,14 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// When the inputs of `a` (to run on rank `r`) are available, or the slot it waits for.
+    /// When the inputs of `a` (to run on rank `r`) are available and which came last, or the slot it
+    /// waits for. Small by design: this is the hot path.
     #[inline]
-    #[allow(clippy::type_complexity)]
-    fn inputs(
-        &self,
-        r: usize,
-        index: usize,
-        item: &Item,
-        a: Action,
-    ) -> Result<Result<(f64, Cause), Slot>, SimError> {
+    fn inputs(&self, r: usize, a: Action) -> Ready {
         let d = &self.done;
         let i = d.index(a.stage, a.microbatch);
         let data = |end: f64, at: u64, transfer: f64| {
-            (
+            Ready::At(
                 end + transfer,
                 Cause::Data {
                     rank: (at >> 32) as u32,
@@ -568,13 +564,13 @@ impl<'a> Run<'a> {
                 },
             )
         };
-        Ok(Ok(match a.op {
-            Op::F if a.stage == 0 => (0.0, Cause::Start),
+        match a.op {
+            Op::F if a.stage == 0 => Ready::At(0.0, Cause::Start),
             Op::F => {
                 let j = i - 1;
                 let prev = &d.slots[j];
                 if prev.f_loc == NOT_DONE {
-                    return Ok(Err(Slot::Forward(j)));
+                    return Ready::Wait(Slot::Forward(j));
                 }
                 let t = self.hop(a.stage - 1, r, a.stage - 1);
                 data(prev.f_end, prev.f_loc, t)
@@ -582,43 +578,37 @@ impl<'a> Run<'a> {
             Op::I | Op::B => {
                 let mine = &d.slots[i];
                 if mine.f_loc == NOT_DONE {
-                    return Ok(Err(Slot::Forward(i)));
+                    return Ready::Wait(Slot::Forward(i));
                 }
-                let own = data(mine.f_end, mine.f_loc, 0.0);
+                let own = mine.f_end;
                 if a.stage + 1 == self.stage_rank.len() {
-                    own
+                    return data(own, mine.f_loc, 0.0);
+                }
+                let j = i + 1;
+                let next = &d.slots[j];
+                if next.g_loc == NOT_DONE {
+                    return Ready::Wait(Slot::Grad(j));
+                }
+                let t = self.hop(a.stage + 1, r, a.stage);
+                if next.g_end + t > own {
+                    data(next.g_end, next.g_loc, t)
                 } else {
-                    let j = i + 1;
-                    let next = &d.slots[j];
-                    if next.g_loc == NOT_DONE {
-                        return Ok(Err(Slot::Grad(j)));
-                    }
-                    let t = self.hop(a.stage + 1, r, a.stage);
-                    let grad = data(next.g_end, next.g_loc, t);
-                    if grad.0 > own.0 {
-                        grad
-                    } else {
-                        own
-                    }
+                    data(own, mine.f_loc, 0.0)
                 }
             }
             Op::W => {
                 let mine = &d.slots[i];
                 if mine.g_loc == NOT_DONE {
-                    return Ok(Err(Slot::Grad(i)));
+                    return Ready::Wait(Slot::Grad(i));
                 }
                 if d.g_kind[i] == 2 {
-                    return Err(self.bad(
-                        r,
-                        index,
-                        item,
-                        "W needs the I of the same stage and microbatch, but it ran as a full B"
-                            .into(),
-                    ));
+                    return Ready::Bad(
+                        "W needs the I of the same stage and microbatch, but it ran as a full B",
+                    );
                 }
                 data(mine.g_end, mine.g_loc, 0.0)
             }
-        }))
+        }
     }
 
     /// Transfer time from stage `from` to rank `r` over the boundary after stage `boundary`
@@ -770,15 +760,15 @@ impl<'a> Run<'a> {
             let (via, next) = if i > 0 && spans[r][i - 1].end >= span.start {
                 (Via::Rank, Some((r, i - 1)))
             } else {
-                match self.ready_time(r, i, &span.item) {
-                    Ok(Ok((
+                match self.ready_time(r, &span.item) {
+                    Ready::At(
                         _,
                         Cause::Data {
                             rank,
                             index,
                             transfer,
                         },
-                    ))) => (
+                    ) => (
                         Via::Data { transfer },
                         Some((rank as usize, index as usize)),
                     ),
