@@ -9,18 +9,19 @@ use super::CliError;
 
 /// Writes `contents` to `path` atomically (temp file + rename in the same folder).
 ///
-/// Errors are [`CliError::Usage`] naming the path: the usual causes (missing folder, no permission)
-/// are fixed by the user choosing another `--out`.
-pub fn write_atomic(path: &Path, contents: &str) -> Result<(), CliError> {
+/// `flag` names the option the path came from (`--out`, `--svg`, `--trace`): errors are
+/// [`CliError::Usage`] naming it and the path, since the usual causes (missing folder, no permission)
+/// are fixed by the user choosing another path.
+pub fn write_atomic(flag: &str, path: &Path, contents: impl AsRef<[u8]>) -> Result<(), CliError> {
     let fail = |what: &str, e: std::io::Error| {
         CliError::Usage(format!(
-            "cannot {what} `{}`: {e}; check the --out path",
+            "{flag}: cannot {what} `{}`: {e}; check that the folder exists and is writable",
             path.display()
         ))
     };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| CliError::Usage(format!("--out `{}` is not a file path", path.display())))?;
+    let file_name = path.file_name().ok_or_else(|| {
+        CliError::Usage(format!("{flag} `{}` is not a file path", path.display()))
+    })?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -33,7 +34,7 @@ pub fn write_atomic(path: &Path, contents: &str) -> Result<(), CliError> {
     let result = (|| {
         let mut f =
             fs::File::create(&tmp).map_err(|e| fail("create a temporary file next to", e))?;
-        f.write_all(contents.as_bytes())
+        f.write_all(contents.as_ref())
             .and_then(|()| f.sync_all())
             .map_err(|e| fail("write", e))?;
         fs::rename(&tmp, path).map_err(|e| fail("replace", e))
@@ -53,13 +54,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pipefill-out-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let p = dir.join("a.json");
-        write_atomic(&p, "one").unwrap();
-        write_atomic(&p, "two").unwrap();
+        write_atomic("--out", &p, "one").unwrap();
+        write_atomic("--out", &p, "two").unwrap();
         assert_eq!(fs::read_to_string(&p).unwrap(), "two");
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
         let missing = dir.join("no/such/dir/x.json");
         assert!(matches!(
-            write_atomic(&missing, "x"),
+            write_atomic("--out", &missing, "x"),
             Err(CliError::Usage(_))
         ));
         fs::remove_dir_all(&dir).unwrap();

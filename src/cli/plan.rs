@@ -155,7 +155,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             .best()
             .ok_or_else(|| CliError::Failed("no plan to draw".into()))?;
         let svg = best_timeline_svg(&req, best)?;
-        super::profile::write_atomic(path, svg.as_bytes())?;
+        super::output::write_atomic("--svg", path, svg)?;
     }
     Ok(())
 }

@@ -9,17 +9,16 @@
 //! [`pipefill_host::profile`] on one microbatch (`batch / microbatches` rows). The file records the
 //! microbatch size, backend and repeats in `meta`, and is written atomically.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use pipefill_host::cost::{CostFile, LinkCost};
 use pipefill_host::profile::{profile_layers, ProfileOptions, ProfiledLayer};
 use pipefill_host::runtime::Tensor;
-use pipefill_kernels::Activation;
 
+use super::output::write_atomic;
 use super::CliError;
 use crate::layers::gemm::GemmBackend;
-use crate::layers::{LinearStage, LossKind, Optimizer};
+use crate::layers::{LinearStage, Optimizer};
 use crate::model::ModelSpec;
 
 /// Where to measure.
@@ -38,27 +37,9 @@ pub struct Args {
     /// Where to write the cost file (JSON).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
-    /// Model file (TOML or JSON, per-layer widths); replaces --layers/--hidden/--outputs/--activation/--loss.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Layers of the built-in model (the last one is the output layer).
-    #[arg(long, default_value_t = 8)]
-    pub layers: usize,
-    /// Width of the input and of the hidden layers.
-    #[arg(long, default_value_t = 256)]
-    pub hidden: usize,
-    /// Width of the output layer.
-    #[arg(long, default_value_t = 16)]
-    pub outputs: usize,
-    /// Activation of the hidden layers: identity, relu, gelu, silu.
-    #[arg(long, default_value = "gelu")]
-    pub activation: String,
-    /// Loss: mse or ce.
-    #[arg(long, default_value = "mse")]
-    pub loss: String,
-    /// Rows per step.
-    #[arg(long, default_value_t = 256)]
-    pub batch: usize,
+    /// The built-in model.
+    #[command(flatten)]
+    pub model: super::model_flags::ModelArgs,
     /// Microbatches per step: layers are measured on `batch / microbatches` rows.
     #[arg(long, default_value_t = 8)]
     pub microbatches: usize,
@@ -76,62 +57,10 @@ pub struct Args {
     pub seed: u64,
 }
 
-/// Writes `bytes` to `path` via a temporary file in the same folder and a rename, so the file is
-/// either the old one or the complete new one.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| CliError::Usage(format!("{}: not a file name", path.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let fail = |e: std::io::Error| {
-        CliError::Usage(format!(
-            "cannot write {}: {e}; check that the folder exists and is writable",
-            path.display()
-        ))
-    };
-    let result = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail(e));
-    }
-    Ok(())
-}
-
 /// The model the flags describe.
 pub fn model_from_flags(args: &Args) -> Result<ModelSpec, CliError> {
     let usage = |m: String| CliError::Usage(m);
-    let spec = match &args.model {
-        Some(path) => ModelSpec::from_file(path, args.batch),
-        None => {
-            let activation: Activation = args
-                .activation
-                .parse()
-                .map_err(|e| usage(format!("--activation: {e}")))?;
-            let loss: LossKind = args
-                .loss
-                .parse()
-                .map_err(|e| usage(format!("--loss: {e}")))?;
-            ModelSpec::uniform(
-                args.layers,
-                args.hidden,
-                args.outputs,
-                activation,
-                loss,
-                args.batch,
-            )
-        }
-    }
-    .map_err(|e| usage(e.0))?;
+    let spec = args.model.spec()?;
     if args.microbatches == 0 || spec.batch % args.microbatches != 0 {
         return Err(usage(format!(
             "--microbatches {}: must be at least 1 and divide the batch ({} rows)",
@@ -207,7 +136,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         repeats: args.repeats,
     };
     let file = profile_model(&spec, rows, gemm, options, args.seed)?;
-    write_atomic(&args.out, file.to_json().as_bytes())?;
+    write_atomic("--out", &args.out, file.to_json())?;
     let total: f64 = file.layers.iter().map(|l| l.total()).sum();
     eprintln!(
         "profiled {} layers on {rows} rows: F+I+W {:.6} s per microbatch in all; wrote {}",

@@ -73,7 +73,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .map_err(|e: ScheduleError| CliError::Usage(e.to_string()))?;
     let text = format::write(&s, fmt);
     match &args.out {
-        Some(path) => write_atomic(path, &text),
+        Some(path) => write_atomic("--out", path, &text),
         None => {
             print!("{text}");
             Ok(())

@@ -133,16 +133,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
     });
     let timelines: Vec<_> = order.iter().map(|&i| &sims[i].timeline).collect();
     if let Some(path) = &args.trace {
-        write_atomic(path, &chrome_trace(&timelines))
-            .map_err(|e| usage(format!("--trace: {e}")))?;
+        write_atomic("--trace", path, chrome_trace(&timelines))?;
     }
     if let Some(path) = &args.svg {
         let opts = SvgOptions {
             title: "pipefill simulate: predicted timelines, best first".into(),
             ..SvgOptions::default()
         };
-        write_atomic(path, &svg_gantt(&timelines, &opts))
-            .map_err(|e| usage(format!("--svg: {e}")))?;
+        write_atomic("--svg", path, svg_gantt(&timelines, &opts))?;
     }
     let sorted: Vec<&Row> = order.iter().map(|&i| &rows[i]).collect();
     match args.format {

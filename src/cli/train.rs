@@ -4,31 +4,31 @@
 //! rest):
 //!
 //! 1. [`setup`]: check the flags, build the model description;
-//! 2. [`profile`]: time every layer's `F`, `I`, `W` briefly on one microbatch;
-//! 3. [`split`]: the stages of a schedule with `S = P * V` stages (uniform layer counts for now);
+//! 2. [`profile`]: time every layer's `F`, `I`, `W` briefly on one microbatch (the same
+//!    measurement as `pipefill profile`, [`profile_model`]);
+//! 3. [`split`]: the stages of a schedule with `S = P * V` stages (`--plan auto`: the best partition;
+//!    `--plan uniform`: equal layer counts);
 //! 4. [`candidates`]: generate, validate and simulate each schedule family that fits (or only
 //!    `--schedule`), and choose the lowest predicted step time;
 //! 5. [`train`]: run the steps with the executor, showing progress;
 //! 6. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
 mod output;
-mod profile;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use pipefill_host::cost::{CostModel, LayerCost, LinkCost};
+use pipefill_host::profile::ProfileOptions;
 use pipefill_host::runtime::{Executor, StepReport};
 use pipefill_host::schedule::{families, validate::validate, Params, Schedule};
 use pipefill_host::timeline::Timeline;
-use pipefill_kernels::Activation;
 
+use super::profile::profile_model;
 use super::CliError;
 use crate::layers::gemm::GemmBackend;
-use crate::layers::{LossKind, Optimizer};
+use crate::layers::Optimizer;
 use crate::model::{stage_ranges, ModelSpec, Teacher};
-
-pub use profile::profile_layers;
 
 /// Share of the shorter half of an overlapped F/B pair that is not hidden, on CPU threads: the
 /// runtime runs the two halves sequentially, so nothing is hidden.
@@ -81,27 +81,9 @@ pub struct Args {
     /// per-action durations (use when ranks exceed cores).
     #[arg(long)]
     pub replay: bool,
-    /// Model file (TOML or JSON, per-layer widths); replaces --layers/--hidden/--outputs/--activation/--loss.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Layers of the built-in model (the last one is the output layer).
-    #[arg(long, default_value_t = 8)]
-    pub layers: usize,
-    /// Width of the input and of the hidden layers.
-    #[arg(long, default_value_t = 256)]
-    pub hidden: usize,
-    /// Width of the output layer (classes for --loss ce).
-    #[arg(long, default_value_t = 16)]
-    pub outputs: usize,
-    /// Rows per step (split into the microbatches).
-    #[arg(long, default_value_t = 256)]
-    pub batch: usize,
-    /// Activation of the hidden layers: identity, relu, gelu, silu.
-    #[arg(long, default_value = "gelu")]
-    pub activation: String,
-    /// Loss: mse or ce (softmax cross-entropy).
-    #[arg(long, default_value = "mse")]
-    pub loss: String,
+    /// The built-in model.
+    #[command(flatten)]
+    pub model: super::model_flags::ModelArgs,
     /// Optimizer: adamw or sgd (momentum 0.9).
     #[arg(long, default_value = "adamw")]
     pub optimizer: String,
@@ -198,28 +180,7 @@ pub fn setup(args: Args) -> Result<Setup, CliError> {
             )))
         }
     };
-    let spec = match &args.model {
-        Some(path) => ModelSpec::from_file(path, args.batch),
-        None => {
-            let activation: Activation = args
-                .activation
-                .parse()
-                .map_err(|e| usage(format!("--activation: {e}")))?;
-            let loss: LossKind = args
-                .loss
-                .parse()
-                .map_err(|e| usage(format!("--loss: {e}")))?;
-            ModelSpec::uniform(
-                args.layers,
-                args.hidden,
-                args.outputs,
-                activation,
-                loss,
-                args.batch,
-            )
-        }
-    }
-    .map_err(|e| usage(e.0))?;
+    let spec = args.model.spec()?;
     if spec.batch % args.microbatches != 0 {
         return Err(usage(format!(
             "--batch {} does not split into --microbatches {}: give a batch that is a multiple of \
@@ -252,7 +213,11 @@ pub fn setup(args: Args) -> Result<Setup, CliError> {
 /// Times every layer briefly on one microbatch.
 pub fn profile(setup: &Setup) -> Result<Vec<LayerCost>, CliError> {
     let rows = setup.spec.batch / setup.args.microbatches;
-    profile_layers(&setup.spec, rows, 5, setup.gemm, setup.args.seed).map_err(CliError::Failed)
+    let options = ProfileOptions {
+        warmup: 1,
+        repeats: 5,
+    };
+    Ok(profile_model(&setup.spec, rows, setup.gemm, options, setup.args.seed)?.layers)
 }
 
 /// Layer counts per stage of `schedule`: `--plan auto` (default) the best partition for it from the

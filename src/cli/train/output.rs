@@ -1,9 +1,6 @@
 //! What `pipefill train` shows and writes: progress, the text summary, the JSON object, the SVG and
 //! the trace.
 
-use std::io::Write;
-use std::path::Path;
-
 use indicatif::{ProgressBar, ProgressStyle};
 use pipefill_host::timeline::Timeline;
 use pipefill_host::trace::{chrome_trace, svg_gantt, SvgOptions};
@@ -12,6 +9,7 @@ use serde_json::json;
 use pipefill_host::profile::median;
 
 use super::{Candidate, CliError, Outcome, Setup};
+use crate::cli::output::write_atomic;
 
 /// Progress: a bar on a terminal, plain lines otherwise (on stderr, so stdout stays the result).
 pub struct Progress {
@@ -60,27 +58,6 @@ impl Progress {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a failure
-/// never leaves a half-written file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
-    let fail =
-        |e: std::io::Error| CliError::Failed(format!("cannot write {}: {e}", path.display()));
-    let name = path
-        .file_name()
-        .ok_or_else(|| CliError::Usage(format!("{} is not a file name", path.display())))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    let result = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(fail)
-}
-
 /// Writes the SVG (measured above predicted) and, with `--trace`, the Chrome trace.
 pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Result<(), CliError> {
     let both = [&outcome.measured, &chosen.predicted];
@@ -92,10 +69,10 @@ pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Resu
         ..SvgOptions::default()
     };
     let svg = svg_gantt(&both, &options);
-    write_atomic(&setup.args.svg, svg.as_bytes())?;
+    write_atomic("--svg", &setup.args.svg, svg)?;
     if let Some(path) = &setup.args.trace {
         let trace = chrome_trace(&both);
-        write_atomic(path, trace.as_bytes())?;
+        write_atomic("--trace", path, trace)?;
     }
     Ok(())
 }
