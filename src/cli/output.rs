@@ -15,7 +15,7 @@ use super::CliError;
 pub fn write_atomic(flag: &str, path: &Path, contents: impl AsRef<[u8]>) -> Result<(), CliError> {
     let fail = |what: &str, e: std::io::Error| {
         CliError::Usage(format!(
-            "{flag}: cannot {what} `{}`: {e}; check that the folder exists and is writable",
+            "{flag}: cannot write `{}` ({what}): {e}; check that the folder exists and is writable",
             path.display()
         ))
     };
@@ -33,11 +33,11 @@ pub fn write_atomic(flag: &str, path: &Path, contents: impl AsRef<[u8]>) -> Resu
     ));
     let result = (|| {
         let mut f =
-            fs::File::create(&tmp).map_err(|e| fail("create a temporary file next to", e))?;
+            fs::File::create(&tmp).map_err(|e| fail("creating a temporary file beside it", e))?;
         f.write_all(contents.as_ref())
             .and_then(|()| f.sync_all())
-            .map_err(|e| fail("write", e))?;
-        fs::rename(&tmp, path).map_err(|e| fail("replace", e))
+            .map_err(|e| fail("writing", e))?;
+        fs::rename(&tmp, path).map_err(|e| fail("renaming the temporary file onto it", e))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
