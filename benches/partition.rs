@@ -9,7 +9,9 @@
 //!
 //! For each of `uniform`, `parameters`, `time-greedy`, `optimal` (with the same schedule, `1f1b`, and
 //! `M = 8`) and the best plan of `pipefill plan` (its own family, V and refined partition; once with
-//! `M = 8`, the microbatch size the costs were profiled at, once over every `M`):
+//! `M = 8`, the microbatch size the costs were profiled at, then over every `M` with times scaled
+//! linearly (`all M, lin`: the fixed part dropped) and by the affine model (`all M, aff`: the fixed
+//! part fitted from a second profile at an eighth of the rows, as `pipefill profile` does)):
 //!
 //! - **predicted**: the simulator's step time from the profiled costs;
 //! - **measured**: the median step time of real training steps on CPU threads. When there are more
@@ -126,9 +128,11 @@ fn main() {
     let replay = RANKS > cores;
     let spec = model();
     let rows = BATCH / MICROBATCHES;
+    // Profiled at the microbatch size and at an eighth of it, for the fixed part (as `pipefill profile`).
     let costs: CostFile = profile_model(
         &spec,
         rows,
+        Some(rows / 8),
         GemmBackend::Matrixmultiply,
         ProfileOptions {
             warmup: 2,
@@ -161,17 +165,23 @@ fn main() {
         });
     }
 
-    // The plan twice: with M fixed to the profiled microbatch size (costs exact for it), and over
-    // every M (costs scaled linearly with the microbatch size, see `plan`'s docs).
-    for (label, counts) in [("plan M=8", vec![MICROBATCHES]), ("plan all M", vec![])] {
-        let mut req = PlanRequest::new(costs.clone(), rows as f64, RANKS, BATCH);
+    // The plan three times: with M fixed to the profiled microbatch size (costs exact for it), and
+    // over every M with costs scaled linearly (the fixed part dropped) and by the affine model.
+    let mut linear = costs.clone();
+    linear.layers.iter_mut().for_each(|l| l.fixed = None);
+    for (label, file, counts) in [
+        ("plan M=8", &costs, vec![MICROBATCHES]),
+        ("all M, lin", &linear, vec![]),
+        ("all M, aff", &costs, vec![]),
+    ] {
+        let mut req = PlanRequest::new(file.clone(), rows as f64, RANKS, BATCH);
         req.max_microbatches = 32;
         req.microbatch_counts = counts;
         let report = plan(&req).expect("plan");
         let best = report.best().expect("a plan");
         let factor = best.microbatch_size as f64 / rows as f64;
-        let layers = scale_layers(&costs.layers, factor);
-        let cost = CostModel::from_layers(&layers, &best.layers_per_stage, costs.transfer)
+        let layers = scale_layers(&file.layers, factor);
+        let cost = CostModel::from_layers(&layers, &best.layers_per_stage, file.transfer)
             .expect("plan cost");
         let measured = measure(
             &spec,

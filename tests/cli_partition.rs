@@ -490,10 +490,53 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
         .layers
         .iter()
         .all(|l| l.forward > 0.0 && l.backward_weight > 0.0));
+    // The fixed part is fitted from a second profile at an eighth of the rows (at least 1).
+    assert_eq!(file.meta["fit_microbatch_size"], 1);
+    assert!(file.layers.iter().all(|l| l.fixed.is_some()));
     let (code, _, err) = pipefill(&["partition", "--costs", o, "--stages", "2"]);
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = pipefill(&["plan", "--costs", o, "--ranks", "2", "--global-batch", "16"]);
+    let (code, out_text, err) =
+        pipefill(&["plan", "--costs", o, "--ranks", "2", "--global-batch", "16"]);
     assert_eq!(code, 0, "{err}");
+    assert!(out_text.contains("affine time scaling"), "{out_text}");
+
+    // `--fit-rows 0`: one size, no fixed part, linear scaling as before.
+    let one = dir.join("one-size.json");
+    let one_s = one.to_str().unwrap();
+    let (code, _, err) = pipefill(&[
+        "profile",
+        "--layers",
+        "2",
+        "--hidden",
+        "16",
+        "--outputs",
+        "4",
+        "--batch",
+        "16",
+        "--microbatches",
+        "2",
+        "--repeats",
+        "1",
+        "--fit-rows",
+        "0",
+        "--out",
+        one_s,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let file =
+        pipefill_host::cost::CostFile::parse(&std::fs::read_to_string(&one).unwrap()).unwrap();
+    assert!(file.layers.iter().all(|l| l.fixed.is_none()));
+    let (code, out_text, err) = pipefill(&[
+        "plan",
+        "--costs",
+        one_s,
+        "--ranks",
+        "2",
+        "--global-batch",
+        "16",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out_text.contains("linear time scaling"), "{out_text}");
 
     for (args, needle) in [
         (
@@ -509,6 +552,20 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
             "--microbatches",
         ),
         (vec!["profile", "--repeats", "0", "--out", o], "--repeats"),
+        (
+            vec![
+                "profile",
+                "--batch",
+                "16",
+                "--microbatches",
+                "4",
+                "--fit-rows",
+                "4",
+                "--out",
+                o,
+            ],
+            "--fit-rows",
+        ),
         (
             vec!["profile", "--activation", "tanhh", "--out", o],
             "--activation",

@@ -19,9 +19,13 @@
 //! ## Scaling costs with the microbatch size
 //!
 //! The cost file was measured at some microbatch size `b0` ([`PlanRequest::cost_batch`]). For a
-//! microbatch of `b` samples, times, activation bytes and output bytes are scaled by `b / b0` and
-//! parameter bytes kept: a linear model, which is optimistic for small microbatches on devices whose
-//! kernels lose efficiency at small sizes (profile at the size you will run to avoid it).
+//! microbatch of `b` samples, activation and output bytes are scaled by `b / b0` and parameter bytes
+//! kept. Times are scaled by [`LayerCost::scaled`]: when the file gives a layer's `fixed` part (what
+//! `pipefill profile` fits from two microbatch sizes), by the affine model
+//! `time(b) = fixed + (time - fixed) * b / b0`, so small microbatches pay their per-call overhead;
+//! without it, linearly by `b / b0`, which is optimistic for small microbatches on devices whose
+//! kernels lose efficiency at small sizes (profile with a fitted fixed part, or at the size you will
+//! run, to avoid it).
 
 use serde::Serialize;
 use thiserror::Error;
@@ -161,22 +165,10 @@ impl PlanReport {
     }
 }
 
-/// Scales per-layer costs measured at `b0` samples to `b` samples (see the module docs).
+/// Scales per-layer costs measured at `b0` samples to `b = factor * b0` samples with
+/// [`LayerCost::scaled`] (see the module docs).
 pub fn scale_layers(layers: &[LayerCost], factor: f64) -> Vec<LayerCost> {
-    layers
-        .iter()
-        .map(|l| LayerCost {
-            name: l.name.clone(),
-            forward: l.forward * factor,
-            backward_input: l.backward_input * factor,
-            backward_weight: l.backward_weight * factor,
-            backward: l.backward * factor,
-            activation_bytes: l.activation_bytes * factor,
-            released_at_input: l.released_at_input * factor,
-            parameter_bytes: l.parameter_bytes,
-            output_bytes: l.output_bytes * factor,
-        })
-        .collect()
+    layers.iter().map(|l| l.scaled(factor)).collect()
 }
 
 /// Everything fixed for one (family, V, M).

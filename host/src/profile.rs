@@ -14,6 +14,11 @@
 //! optimizer step). `B` is recorded as `I + W`. The upstream gradient used for `I` is a constant
 //! tensor of the output's shape: time does not depend on its values for dense layers.
 //!
+//! To scale times to other microbatch sizes, profile the layers twice, at the microbatch size `rows`
+//! and at a smaller `small_rows`, and let [`fit_fixed`] fit per layer and op the affine model
+//! `time(r) = fixed + per_row * r` through the two medians (the cost file's `"fixed"`, see
+//! [`crate::cost::scaling`]).
+//!
 //! On a GPU, a backend with asynchronous kernels must make each op finish before it returns (or time
 //! with device events) for these host-clock timings to mean anything; the built-in CPU layers are
 //! synchronous.
@@ -22,7 +27,7 @@ use std::time::Instant;
 
 use thiserror::Error;
 
-use crate::cost::LayerCost;
+use crate::cost::{FixedCost, LayerCost};
 use crate::runtime::{Stage, StageError, Tensor};
 
 /// Why profiling failed.
@@ -41,6 +46,9 @@ pub enum ProfileError {
     /// Zero repeats asked for.
     #[error("repeats must be at least 1 (the median of zero runs is undefined)")]
     NoRepeats,
+    /// The two profiles given to [`fit_fixed`] cannot be combined.
+    #[error("cannot fit the fixed part: {0}")]
+    Fit(String),
 }
 
 /// How many runs to make.
@@ -171,9 +179,75 @@ pub fn profile_layers<S: Stage>(
     Ok(out)
 }
 
+/// The fixed part of the line through `(small_rows, small)` and `(rows, t)`, clamped to `0..=t`: a
+/// negative intercept (superlinear growth, or noise) is taken as linear, and a time that shrank with
+/// more rows (noise) as all fixed.
+fn intercept(t: f64, rows: f64, small: f64, small_rows: f64) -> f64 {
+    let per_row = (t - small) / (rows - small_rows);
+    (t - per_row * rows).clamp(0.0, t)
+}
+
+/// Sets each layer's fixed part ([`LayerCost::fixed`]) from the same layers profiled at `small_rows`
+/// (`small`, in the same order) and at `rows` (`costs`, whose times stay the measured ones).
+///
+/// ```
+/// use pipefill_host::cost::LayerCost;
+/// use pipefill_host::profile::fit_fixed;
+/// let mut at32 = vec![LayerCost::new("a", 0.0042, 0.004, 0.0034)];
+/// let at4 = vec![LayerCost::new("a", 0.0014, 0.001, 0.0006)];
+/// fit_fixed(&mut at32, 32, &at4, 4).unwrap();
+/// let f = at32[0].fixed.unwrap();
+/// assert!((f.forward - 0.001).abs() < 1e-12); // per_row 0.0001
+/// ```
+pub fn fit_fixed(
+    costs: &mut [LayerCost],
+    rows: usize,
+    small: &[LayerCost],
+    small_rows: usize,
+) -> Result<(), ProfileError> {
+    if small_rows == 0 || small_rows >= rows {
+        return Err(ProfileError::Fit(format!(
+            "the second microbatch size ({small_rows} rows) must be at least 1 and below {rows}"
+        )));
+    }
+    if small.len() != costs.len() {
+        return Err(ProfileError::Fit(format!(
+            "{} layers profiled at {small_rows} rows, {} at {rows}",
+            small.len(),
+            costs.len()
+        )));
+    }
+    let (r, s) = (rows as f64, small_rows as f64);
+    for (c, lo) in costs.iter_mut().zip(small) {
+        c.fixed = Some(FixedCost {
+            forward: intercept(c.forward, r, lo.forward, s),
+            backward_input: intercept(c.backward_input, r, lo.backward_input, s),
+            backward_weight: intercept(c.backward_weight, r, lo.backward_weight, s),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fit_recovers_an_affine_cost_and_clamps_noise() {
+        // time(r) = 0.5 + 0.25 r for F; W grows superlinearly; I shrinks with rows (noise).
+        let mut at = vec![LayerCost::new("a", 0.5 + 0.25 * 16.0, 1.0, 16.0)];
+        let small = vec![LayerCost::new("a", 0.5 + 0.25 * 4.0, 2.0, 1.0)];
+        fit_fixed(&mut at, 16, &small, 4).unwrap();
+        let f = at[0].fixed.unwrap();
+        assert!((f.forward - 0.5).abs() < 1e-12, "{f:?}");
+        assert_eq!(f.backward_input, 1.0);
+        assert_eq!(f.backward_weight, 0.0);
+        // The fitted layer passes the cost file's checks and reproduces both measurements.
+        at[0].check("layers[0]").unwrap();
+        assert!((at[0].scaled(0.25).forward - small[0].forward).abs() < 1e-12);
+        assert!(fit_fixed(&mut at, 4, &small, 4).is_err());
+        assert!(fit_fixed(&mut at, 16, &[], 4).is_err());
+    }
 
     #[test]
     fn median_of_odd_and_even() {

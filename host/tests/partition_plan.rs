@@ -120,3 +120,52 @@ fn best_partition_for_a_fixed_schedule_beats_uniform() {
         Err(PlanError::Request(_))
     ));
 }
+
+/// `model()` measured at 16 samples per microbatch, with a given share of every time fixed.
+fn with_fixed_share(share: f64) -> CostFile {
+    let mut costs = model();
+    for l in &mut costs.layers {
+        l.fixed = Some(pipefill_host::cost::FixedCost {
+            forward: share * l.forward,
+            backward_input: share * l.backward_input,
+            backward_weight: share * l.backward_weight,
+        });
+    }
+    costs
+}
+
+#[test]
+fn fixed_overhead_makes_plan_prefer_larger_microbatches() {
+    let run = |costs: CostFile| {
+        let mut req = PlanRequest::new(costs, 16.0, 4, 16);
+        req.max_microbatches = 16;
+        plan(&req).unwrap()
+    };
+    // Linear scaling: halving the microbatch halves its cost, so many small microbatches (smaller
+    // bubble) win.
+    let linear = run(model());
+    let linear_best = linear.best().unwrap();
+    assert!(linear_best.microbatches >= 8, "{linear_best:?}");
+    // A file without `fixed` and one with a zero fixed part plan the same.
+    let zero = run(with_fixed_share(0.0));
+    assert_eq!(zero.best().unwrap().step_time, linear_best.step_time);
+    // All of every time fixed: a microbatch costs the same whatever its size, so each extra one
+    // adds a whole microbatch of work to every rank; one microbatch of 16 is the known optimum.
+    let fixed = run(with_fixed_share(1.0));
+    let best = fixed.best().unwrap();
+    assert_eq!(
+        (best.microbatches, best.microbatch_size),
+        (1, 16),
+        "{best:?}"
+    );
+    // Predictions follow the model: with every time fixed, M microbatches of any size cost what M
+    // of the measured size cost, so the M = 16 plan is much slower than under linear scaling.
+    let slowest_m = |r: &pipefill_host::plan::PlanReport| {
+        r.plans
+            .iter()
+            .filter(|p| p.microbatches == 16)
+            .map(|p| p.step_time)
+            .fold(f64::INFINITY, f64::min)
+    };
+    assert!(slowest_m(&fixed) > 8.0 * slowest_m(&linear));
+}

@@ -6,7 +6,11 @@
 //!     [--top 10] [--format table|json] [--svg best.svg]
 //! ```
 //!
-//! JSON: `{"ranks", "global_batch", "memory_limit", "plans": [{family, chunks, microbatches,
+//! Times are scaled to each microbatch size by the affine model when every layer of the cost file
+//! has a `fixed` part (`pipefill profile` fits it), linearly when none has (see
+//! [`pipefill_host::plan`]); the output says which (`"scaling": "affine" | "linear" | "mixed"`).
+//!
+//! JSON: `{"ranks", "global_batch", "memory_limit", "scaling", "plans": [{family, chunks, microbatches,
 //! microbatch_size, partition, layers_per_stage, step_time, bubble_fraction, peak_memory,
 //! lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>}`, best plan first.
 
@@ -126,6 +130,7 @@ struct JsonOut<'a> {
     ranks: usize,
     global_batch: usize,
     memory_limit: Option<f64>,
+    scaling: &'static str,
     plans: &'a [Plan],
     skipped: usize,
 }
@@ -141,6 +146,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 ranks: req.ranks,
                 global_batch: req.global_batch,
                 memory_limit: req.memory_limit,
+                scaling: scaling(&req.costs),
                 plans: shown,
                 skipped: report.skipped.len(),
             };
@@ -160,15 +166,27 @@ pub fn run(args: Args) -> Result<(), CliError> {
     Ok(())
 }
 
+/// How times are scaled to other microbatch sizes: `affine` when every layer has a fixed part,
+/// `linear` when none has, `mixed` otherwise.
+pub fn scaling(costs: &CostFile) -> &'static str {
+    let with = costs.layers.iter().filter(|l| l.fixed.is_some()).count();
+    match with {
+        0 => "linear",
+        n if n == costs.layers.len() => "affine",
+        _ => "mixed",
+    }
+}
+
 fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
     println!(
-        "{} plans for P={} N={}{} ({} candidates ruled out); best first:",
+        "{} plans for P={} N={}{}, {} time scaling ({} candidates ruled out); best first:",
         report.plans.len(),
         req.ranks,
         req.global_batch,
         req.memory_limit
             .map(|l| format!(" memory limit {l:.0} B/rank"))
             .unwrap_or_default(),
+        scaling(&req.costs),
         report.skipped.len()
     );
     println!(

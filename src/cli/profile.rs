@@ -2,17 +2,22 @@
 //!
 //! ```text
 //! pipefill profile [--backend cpu] [--model FILE | --layers 8 --hidden 256 --outputs 16 ...]
-//!     [--batch 256 --microbatches 8] [--warmup 2 --repeats 7] --out costs.json
+//!     [--batch 256 --microbatches 8] [--fit-rows R] [--warmup 2 --repeats 7] --out costs.json
 //! ```
 //!
 //! Each layer is wrapped alone in a [`LinearStage`] and measured through the `Stage` trait by
-//! [`pipefill_host::profile`] on one microbatch (`batch / microbatches` rows). The file records the
-//! microbatch size, backend and repeats in `meta`, and is written atomically.
+//! [`pipefill_host::profile`] on one microbatch (`batch / microbatches` rows), then again on `R` rows
+//! (`--fit-rows`, default an eighth of the microbatch, at least 1; 0 to skip) to fit each layer's
+//! fixed per-call part ([`pipefill_host::profile::fit_fixed`]), which `plan` uses to scale times to
+//! other microbatch sizes. The file records the microbatch sizes, backend and repeats in `meta`, and
+//! is written atomically.
 
 use std::path::PathBuf;
 
-use pipefill_host::cost::{CostFile, LinkCost};
-use pipefill_host::profile::{profile_layers, ProfileOptions, ProfiledLayer};
+use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+use pipefill_host::profile::{
+    fit_fixed, profile_layers, ProfileError, ProfileOptions, ProfiledLayer,
+};
 use pipefill_host::runtime::Tensor;
 
 use super::output::write_atomic;
@@ -46,6 +51,11 @@ pub struct Args {
     /// GEMM crate: matrixmultiply or gemm.
     #[arg(long, default_value = "matrixmultiply")]
     pub gemm: String,
+    /// Second microbatch size (rows) to measure, to fit each layer's fixed per-call cost (the cost
+    /// file's `fixed`); below the microbatch size. Default: an eighth of it (at least 1); 0: measure
+    /// one size only (plan then scales times linearly).
+    #[arg(long, value_name = "ROWS")]
+    pub fit_rows: Option<usize>,
     /// Untimed rounds before measuring.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
@@ -70,15 +80,59 @@ pub fn model_from_flags(args: &Args) -> Result<ModelSpec, CliError> {
     Ok(spec)
 }
 
+/// `--fit-rows` for a microbatch of `rows` rows: `None` to measure one size only.
+pub fn fit_rows(flag: Option<usize>, rows: usize) -> Result<Option<usize>, CliError> {
+    match flag {
+        None if rows >= 2 => Ok(Some((rows / 8).max(1))),
+        None | Some(0) => Ok(None),
+        Some(r) if r < rows => Ok(Some(r)),
+        Some(r) => Err(CliError::Usage(format!(
+            "--fit-rows {r}: must be below the microbatch size ({rows} rows), or 0 to measure one size"
+        ))),
+    }
+}
+
 /// Profiles every layer of `spec` on `rows` rows and returns the cost file (free transfers: ranks
-/// are threads of one process; `meta` says how it was measured).
+/// are threads of one process; `meta` says how it was measured). With `fit_rows`, profiles again on
+/// that many rows and records each layer's fixed part ([`fit_fixed`]).
 pub fn profile_model(
+    spec: &ModelSpec,
+    rows: usize,
+    fit_rows: Option<usize>,
+    gemm: GemmBackend,
+    options: ProfileOptions,
+    seed: u64,
+) -> Result<CostFile, CliError> {
+    let failed = |e: ProfileError| CliError::Failed(e.to_string());
+    let mut costs = profile_rows(spec, rows, gemm, options, seed)?;
+    if let Some(small) = fit_rows {
+        let at_small = profile_rows(spec, small, gemm, options, seed)?;
+        fit_fixed(&mut costs, rows, &at_small, small).map_err(failed)?;
+    }
+    Ok(CostFile {
+        layers: costs,
+        transfer: LinkCost::default(),
+        overlap_share: 0.0,
+        meta: serde_json::json!({
+            "backend": "cpu",
+            "microbatch_size": rows,
+            "fit_microbatch_size": fit_rows,
+            "gemm": gemm.name(),
+            "warmup": options.warmup,
+            "repeats": options.repeats,
+            "clock": "std::time::Instant (monotonic), median of repeats",
+        }),
+    })
+}
+
+/// Every layer of `spec` profiled alone on `rows` rows.
+fn profile_rows(
     spec: &ModelSpec,
     rows: usize,
     gemm: GemmBackend,
     options: ProfileOptions,
     seed: u64,
-) -> Result<CostFile, CliError> {
+) -> Result<Vec<LayerCost>, CliError> {
     let mut stages: Vec<(String, LinearStage, f64)> = spec
         .init_layers(seed)
         .into_iter()
@@ -100,21 +154,7 @@ pub fn profile_model(
         .collect();
     let input = Tensor::matrix(rows, spec.input, vec![0.5; rows * spec.input])
         .map_err(|e| CliError::Failed(e.to_string()))?;
-    let costs =
-        profile_layers(layers, input, options).map_err(|e| CliError::Failed(e.to_string()))?;
-    Ok(CostFile {
-        layers: costs,
-        transfer: LinkCost::default(),
-        overlap_share: 0.0,
-        meta: serde_json::json!({
-            "backend": "cpu",
-            "microbatch_size": rows,
-            "gemm": gemm.name(),
-            "warmup": options.warmup,
-            "repeats": options.repeats,
-            "clock": "std::time::Instant (monotonic), median of repeats",
-        }),
-    })
+    profile_layers(layers, input, options).map_err(|e| CliError::Failed(e.to_string()))
 }
 
 /// Runs `pipefill profile`.
@@ -135,7 +175,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         warmup: args.warmup,
         repeats: args.repeats,
     };
-    let file = profile_model(&spec, rows, gemm, options, args.seed)?;
+    let fit = fit_rows(args.fit_rows, rows)?;
+    let file = profile_model(&spec, rows, fit, gemm, options, args.seed)?;
     write_atomic("--out", &args.out, file.to_json())?;
     let total: f64 = file.layers.iter().map(|l| l.total()).sum();
     eprintln!(

@@ -217,7 +217,16 @@ pub fn profile(setup: &Setup) -> Result<Vec<LayerCost>, CliError> {
         warmup: 1,
         repeats: 5,
     };
-    Ok(profile_model(&setup.spec, rows, setup.gemm, options, setup.args.seed)?.layers)
+    // Train runs at this microbatch size and never rescales: one size is enough.
+    Ok(profile_model(
+        &setup.spec,
+        rows,
+        None,
+        setup.gemm,
+        options,
+        setup.args.seed,
+    )?
+    .layers)
 }
 
 /// Layer counts per stage of `schedule`: `--plan auto` (default) the best partition for it from the

@@ -25,6 +25,12 @@
 //! | `parameter_bytes` | yes | weights (and anything else held for the whole step) |
 //! | `released_at_input` | no (0) | part of `activation_bytes` freed when I ends |
 //! | `output_bytes` | no (0) | the output per microbatch (crosses the boundary after this layer) |
+//! | `fixed` | no, `layers` only | `{"forward": s, "backward_input": s, "backward_weight": s}`: the part of each time that does not grow with the microbatch size (all three required, each at most the op's time) |
+//!
+//! `fixed` makes `plan` scale times to other microbatch sizes by the affine model
+//! `time(b) = fixed + (time - fixed) * b / b0` instead of linearly (module
+//! [`scaling`](super::scaling)); `pipefill profile` fits it from two microbatch sizes. Without it, times
+//! scale linearly, as before.
 //!
 //! Backward: `backward_input` and `backward_weight`, or `backward` alone (then `I = W = B/2`), or
 //! `backward` with one of the two (see [`super::resolve_backward`]).
@@ -42,7 +48,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::check::{Fields, Quantity};
-use super::{resolve_backward, CostError, CostModel, LayerCost, LinkCost, StageCost};
+use super::{resolve_backward, CostError, CostModel, FixedCost, LayerCost, LinkCost, StageCost};
 
 /// The keys an entry (layer or stage) may have.
 const ENTRY_KEYS: &[&str] = &[
@@ -55,6 +61,7 @@ const ENTRY_KEYS: &[&str] = &[
     "released_at_input",
     "parameter_bytes",
     "output_bytes",
+    "fixed",
 ];
 
 /// The keys the top level may have.
@@ -142,8 +149,13 @@ impl CostInput {
                 let stages = entries
                     .iter()
                     .enumerate()
-                    .map(|(i, v)| parse_entry(v, &format!("stages[{i}]"), false).map(|(_, s)| s))
-                    .collect::<Result<Vec<_>, _>>()?;
+                    .map(|(i, v)| {
+                        let path = format!("stages[{i}]");
+                        let (_, s) = parse_entry(v, &path, false)?;
+                        refuse_fixed(v, &path)?;
+                        Ok(s)
+                    })
+                    .collect::<Result<Vec<_>, CostError>>()?;
                 Ok(CostInput::Stages(CostModel {
                     stages,
                     link: transfer,
@@ -156,8 +168,12 @@ impl CostInput {
                     .iter()
                     .enumerate()
                     .map(|(i, v)| {
-                        let (name, s) = parse_entry(v, &format!("layers[{i}]"), true)?;
-                        Ok(layer_from(name.unwrap_or_default(), &s))
+                        let path = format!("layers[{i}]");
+                        let (name, s) = parse_entry(v, &path, true)?;
+                        let mut layer = layer_from(name.unwrap_or_default(), &s);
+                        layer.fixed = parse_fixed(v, &path)?;
+                        layer.check(&path)?;
+                        Ok(layer)
                     })
                     .collect::<Result<Vec<_>, CostError>>()?;
                 Ok(CostInput::Layers(CostFile {
@@ -246,6 +262,37 @@ fn parse_entry(
     Ok((name, stage))
 }
 
+/// The optional `fixed` object of a layer entry (its numbers; [`LayerCost::check`] bounds them).
+fn parse_fixed(v: &Value, path: &str) -> Result<Option<FixedCost>, CostError> {
+    let Some(fixed) = v.get("fixed") else {
+        return Ok(None);
+    };
+    let path = format!("{path}.fixed");
+    let f = Fields::object(
+        fixed,
+        &path,
+        "an object {\"forward\": s, \"backward_input\": s, \"backward_weight\": s}",
+    )?;
+    f.only(&["forward", "backward_input", "backward_weight"])?;
+    Ok(Some(FixedCost {
+        forward: f.required("forward", Quantity::Seconds)?,
+        backward_input: f.required("backward_input", Quantity::Seconds)?,
+        backward_weight: f.required("backward_weight", Quantity::Seconds)?,
+    }))
+}
+
+/// Per-stage entries are simulated as given, never rescaled: a `fixed` there would be ignored.
+fn refuse_fixed(v: &Value, path: &str) -> Result<(), CostError> {
+    if v.get("fixed").is_some() {
+        return Err(CostError::field(
+            format!("{path}.fixed"),
+            "is only read for per-layer costs",
+            "remove \"fixed\" from \"stages\" entries (per-stage costs are simulated as given), or give \"layers\"",
+        ));
+    }
+    Ok(())
+}
+
 /// A [`LayerCost`] with the fields of a checked entry.
 fn layer_from(name: String, s: &StageCost) -> LayerCost {
     LayerCost {
@@ -258,6 +305,7 @@ fn layer_from(name: String, s: &StageCost) -> LayerCost {
         released_at_input: s.released_at_input,
         parameter_bytes: s.parameter_bytes,
         output_bytes: s.output_bytes,
+        fixed: None,
     }
 }
 
@@ -304,6 +352,80 @@ mod tests {
         assert_eq!(m.stages[0].backward_input, 1.0);
         assert_eq!(m.overlap_share, 0.25);
         assert_eq!(m.link, LinkCost::default());
+    }
+
+    const FIXED_LAYER: &str = r#"{"name": "a", "forward": 2, "backward_input": 1, "backward_weight": 1,
+        "activation_bytes": 0, "parameter_bytes": 0"#;
+
+    fn with_fixed(fixed: &str) -> String {
+        format!(r#"{{"layers": [{FIXED_LAYER}, "fixed": {fixed}}}]}}"#)
+    }
+
+    #[test]
+    fn reads_the_fixed_part_and_writes_it_back() {
+        let f = CostFile::parse(&with_fixed(
+            r#"{"forward": 0.5, "backward_input": 0, "backward_weight": 1}"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            f.layers[0].fixed,
+            Some(FixedCost {
+                forward: 0.5,
+                backward_input: 0.0,
+                backward_weight: 1.0
+            })
+        );
+        assert_eq!(CostFile::parse(&f.to_json()).unwrap(), f);
+        // Absent: unknown (linear scaling), and not written.
+        let plain = CostFile::parse(GOOD).unwrap();
+        assert!(plain.layers.iter().all(|l| l.fixed.is_none()));
+        assert!(!plain.to_json().contains("fixed"));
+    }
+
+    #[test]
+    fn the_fixed_part_is_checked() {
+        let cases = [
+            (
+                with_fixed(r#"{"forward": -0.5, "backward_input": 0, "backward_weight": 0}"#),
+                "layers[0].fixed.forward",
+                "negative",
+            ),
+            (
+                with_fixed(r#"{"forward": 0, "backward_weight": 0}"#),
+                "layers[0].fixed.backward_input",
+                "missing",
+            ),
+            (
+                with_fixed(r#"{"forward": 0, "backward_input": 0, "backward_weight": 1.5}"#),
+                "layers[0].fixed.backward_weight",
+                "larger",
+            ),
+            (
+                with_fixed(r#"{"forward": 0, "backward_input": 0, "backward_weight": null}"#),
+                "layers[0].fixed.backward_weight",
+                "null",
+            ),
+            (
+                with_fixed(r#"{"forward": 0, "backward_input": 0, "backward_weight": 0, "per_row": 1}"#),
+                "layers[0].fixed.per_row",
+                "",
+            ),
+            (with_fixed("0.5"), "layers[0].fixed", "expected an object"),
+            (
+                r#"{"stages": [{"forward": 1, "backward": 1, "activation_bytes": 0, "parameter_bytes": 0,
+                    "fixed": {"forward": 0, "backward_input": 0, "backward_weight": 0}}]}"#
+                    .to_string(),
+                "stages[0].fixed",
+                "per-layer",
+            ),
+        ];
+        for (text, field, what) in cases {
+            let e = err(&text);
+            assert!(
+                e.contains(field) && e.contains(what) && e.contains("Fix:"),
+                "`{text}` gave `{e}`; wanted {field} / {what}"
+            );
+        }
     }
 
     #[test]

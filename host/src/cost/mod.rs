@@ -40,11 +40,13 @@ mod error;
 pub mod file;
 pub mod flag;
 mod model;
+pub mod scaling;
 
 pub use error::CostError;
 pub use file::{CostFile, CostInput};
 pub use flag::parse_cost_flag;
 pub use model::{split_even, CostSpec};
+pub use scaling::FixedCost;
 
 use crate::schedule::Op;
 
@@ -72,6 +74,10 @@ pub struct LayerCost {
     pub parameter_bytes: f64,
     /// Bytes of the layer's output per microbatch (what crosses a stage boundary after it).
     pub output_bytes: f64,
+    /// The part of F, I, W that does not grow with the microbatch size (cost file `"fixed"`);
+    /// `None`: unknown, times scale linearly (see [`scaling`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixed: Option<FixedCost>,
 }
 
 impl LayerCost {
@@ -92,6 +98,7 @@ impl LayerCost {
             released_at_input: 0.0,
             parameter_bytes: 0.0,
             output_bytes: 0.0,
+            fixed: None,
         }
     }
 
@@ -100,7 +107,8 @@ impl LayerCost {
         self.forward + self.backward_input + self.backward_weight
     }
 
-    /// Checks every field (finite, non-negative, `released_at_input <= activation_bytes`), naming
+    /// Checks every field (finite, non-negative, `released_at_input <= activation_bytes`, the fixed
+    /// part within the times), naming
     /// fields under `path` (e.g. `layers[3]`).
     pub fn check(&self, path: &str) -> Result<(), CostError> {
         check_common(
@@ -137,7 +145,11 @@ impl LayerCost {
             ],
             self.released_at_input,
             self.activation_bytes,
-        )
+        )?;
+        match &self.fixed {
+            Some(f) => f.check(path, self),
+            None => Ok(()),
+        }
     }
 }
 
