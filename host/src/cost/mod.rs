@@ -107,70 +107,30 @@ impl LayerCost {
         self.forward + self.backward_input + self.backward_weight
     }
 
+    /// The layer's times and sizes as a [`StageCost`] (a one-layer stage), without name or fixed part.
+    pub fn numbers(&self) -> StageCost {
+        StageCost {
+            forward: self.forward,
+            backward_input: self.backward_input,
+            backward_weight: self.backward_weight,
+            backward: self.backward,
+            activation_bytes: self.activation_bytes,
+            released_at_input: self.released_at_input,
+            parameter_bytes: self.parameter_bytes,
+            output_bytes: self.output_bytes,
+        }
+    }
+
     /// Checks every field (finite, non-negative, `released_at_input <= activation_bytes`, the fixed
     /// part within the times), naming
     /// fields under `path` (e.g. `layers[3]`).
     pub fn check(&self, path: &str) -> Result<(), CostError> {
-        check_common(
-            path,
-            &[
-                ("forward", self.forward, check::Quantity::Seconds),
-                (
-                    "backward_input",
-                    self.backward_input,
-                    check::Quantity::Seconds,
-                ),
-                (
-                    "backward_weight",
-                    self.backward_weight,
-                    check::Quantity::Seconds,
-                ),
-                ("backward", self.backward, check::Quantity::Seconds),
-                (
-                    "activation_bytes",
-                    self.activation_bytes,
-                    check::Quantity::Bytes,
-                ),
-                (
-                    "released_at_input",
-                    self.released_at_input,
-                    check::Quantity::Bytes,
-                ),
-                (
-                    "parameter_bytes",
-                    self.parameter_bytes,
-                    check::Quantity::Bytes,
-                ),
-                ("output_bytes", self.output_bytes, check::Quantity::Bytes),
-            ],
-            self.released_at_input,
-            self.activation_bytes,
-        )?;
+        self.numbers().check(path)?;
         match &self.fixed {
             Some(f) => f.check(path, self),
             None => Ok(()),
         }
     }
-}
-
-/// Checks named values, then that the bytes released at I do not exceed the activation bytes.
-fn check_common(
-    path: &str,
-    values: &[(&str, f64, check::Quantity)],
-    released: f64,
-    activation: f64,
-) -> Result<(), CostError> {
-    for (name, v, q) in values {
-        q.check(&format!("{path}.{name}"), *v)?;
-    }
-    if released > activation {
-        return Err(CostError::field(
-            format!("{path}.released_at_input"),
-            format!("is larger than activation_bytes ({released} > {activation})"),
-            "released_at_input is the part of activation_bytes freed at I: at most activation_bytes",
-        ));
-    }
-    Ok(())
 }
 
 /// A link between ranks: `time = latency + bytes / bandwidth`.
@@ -287,43 +247,53 @@ impl StageCost {
         }
     }
 
-    /// Checks every field, naming them under `path` (e.g. `stages[2]`).
+    /// Checks every field (finite, non-negative, `released_at_input <= activation_bytes`), naming them
+    /// under `path` (e.g. `stages[2]`).
     pub fn check(&self, path: &str) -> Result<(), CostError> {
-        check_common(
-            path,
-            &[
-                ("forward", self.forward, check::Quantity::Seconds),
-                (
-                    "backward_input",
-                    self.backward_input,
-                    check::Quantity::Seconds,
+        let values = [
+            ("forward", self.forward, check::Quantity::Seconds),
+            (
+                "backward_input",
+                self.backward_input,
+                check::Quantity::Seconds,
+            ),
+            (
+                "backward_weight",
+                self.backward_weight,
+                check::Quantity::Seconds,
+            ),
+            ("backward", self.backward, check::Quantity::Seconds),
+            (
+                "activation_bytes",
+                self.activation_bytes,
+                check::Quantity::Bytes,
+            ),
+            (
+                "released_at_input",
+                self.released_at_input,
+                check::Quantity::Bytes,
+            ),
+            (
+                "parameter_bytes",
+                self.parameter_bytes,
+                check::Quantity::Bytes,
+            ),
+            ("output_bytes", self.output_bytes, check::Quantity::Bytes),
+        ];
+        for (name, v, q) in values {
+            q.check(&format!("{path}.{name}"), v)?;
+        }
+        if self.released_at_input > self.activation_bytes {
+            return Err(CostError::field(
+                format!("{path}.released_at_input"),
+                format!(
+                    "is larger than activation_bytes ({} > {})",
+                    self.released_at_input, self.activation_bytes
                 ),
-                (
-                    "backward_weight",
-                    self.backward_weight,
-                    check::Quantity::Seconds,
-                ),
-                ("backward", self.backward, check::Quantity::Seconds),
-                (
-                    "activation_bytes",
-                    self.activation_bytes,
-                    check::Quantity::Bytes,
-                ),
-                (
-                    "released_at_input",
-                    self.released_at_input,
-                    check::Quantity::Bytes,
-                ),
-                (
-                    "parameter_bytes",
-                    self.parameter_bytes,
-                    check::Quantity::Bytes,
-                ),
-                ("output_bytes", self.output_bytes, check::Quantity::Bytes),
-            ],
-            self.released_at_input,
-            self.activation_bytes,
-        )
+                "released_at_input is the part of activation_bytes freed at I: at most activation_bytes",
+            ));
+        }
+        Ok(())
     }
 }
 
