@@ -93,6 +93,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("pipelined step (median):           {:>9.3} ms", t_par * 1e3);
     println!("  of which layer work (all ranks): {:>9.3} ms", work * 1e3);
     println!("  simulated makespan from it:      {:>9.3} ms", sim * 1e3);
+    println!(
+        "  measured timeline makespan:      {:>9.3} ms (the rest of the step: thread start, optimizer step)",
+        mid.timeline.makespan() * 1e3
+    );
     println!("measured speedup:  {measured:.3}x");
     println!("predicted speedup: {predicted:.3}x");
     println!("measured / predicted: {:.1}%", measured / predicted * 100.0);
