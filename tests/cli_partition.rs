@@ -1,24 +1,13 @@
 //! `pipefill partition` end to end: output keys and values, and refusals with exit code 2.
 
 use std::path::PathBuf;
-use std::process::Command;
 
-fn pipefill(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pipefill"))
-        .args(args)
-        .output()
-        .expect("run pipefill");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+use common::pipefill;
 
 /// Writes a cost file whose layers' F + I + W are `totals` (F = I = W = total / 3).
 fn cost_file(name: &str, totals: &[f64], extra: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pipefill-cli-partition-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("cli-partition");
     let layers: Vec<String> = totals
         .iter()
         .enumerate()
@@ -212,14 +201,7 @@ fn bad_inputs_exit_2_with_a_clear_message() {
             "best",
         ),
     ];
-    for (args, needle) in cases {
-        let (code, _, err) = pipefill(&args);
-        assert_eq!(code, 2, "{args:?}: {err}");
-        assert!(
-            err.contains(needle),
-            "{args:?}: expected `{needle}` in: {err}"
-        );
-    }
+    common::assert_refused(cases);
 }
 
 #[test]
@@ -394,20 +376,12 @@ fn plan_json_best_first_and_refusals() {
             "no plan fits",
         ),
     ];
-    for (args, needle) in cases {
-        let (code, _, err) = pipefill(&args);
-        assert_eq!(code, 2, "{args:?}: {err}");
-        assert!(
-            err.contains(needle),
-            "{args:?}: expected `{needle}` in: {err}"
-        );
-    }
+    common::assert_refused(cases);
 }
 
 #[test]
 fn train_uses_the_plan_by_default() {
-    let dir = std::env::temp_dir().join(format!("pipefill-cli-partition-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("cli-partition");
     let svg = dir.join("t.svg");
     let base = [
         "train",
@@ -456,8 +430,7 @@ fn train_uses_the_plan_by_default() {
 
 #[test]
 fn profile_writes_a_cost_file_that_partition_and_plan_read() {
-    let dir = std::env::temp_dir().join(format!("pipefill-cli-partition-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("cli-partition");
     let out = dir.join("profiled.json");
     let o = out.to_str().unwrap();
     let (code, _, err) = pipefill(&[
@@ -538,7 +511,7 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
     assert_eq!(code, 0, "{err}");
     assert!(out_text.contains("linear time scaling"), "{out_text}");
 
-    for (args, needle) in [
+    common::assert_refused([
         (
             vec![
                 "profile",
@@ -574,12 +547,5 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
             vec!["profile", "--out", "/nonexistent-dir/costs.json"],
             "cannot write",
         ),
-    ] {
-        let (code, _, err) = pipefill(&args);
-        assert_eq!(code, 2, "{args:?}: {err}");
-        assert!(
-            err.contains(needle),
-            "{args:?}: expected `{needle}` in: {err}"
-        );
-    }
+    ]);
 }

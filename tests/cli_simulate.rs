@@ -2,26 +2,14 @@
 //! and refusals with exit code 2 that name the flag or field.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde_json::Value;
 
-fn pipefill(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pipefill"))
-        .args(args)
-        .output()
-        .expect("run pipefill");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+use common::pipefill;
 
 fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pipefill-cli-simulate-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("cli-simulate")
 }
 
 fn write(name: &str, text: &str) -> PathBuf {

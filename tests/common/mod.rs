@@ -1,0 +1,44 @@
+//! Shared helpers of the command-line tests: run the built `pipefill` binary, make scratch folders.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs `pipefill ARGS` in `dir` (or the test's folder) and returns exit code, stdout and stderr.
+pub fn pipefill_in(dir: Option<&Path>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipefill"));
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
+    let out = cmd.args(args).output().expect("run pipefill");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `pipefill ARGS` and returns exit code, stdout and stderr.
+pub fn pipefill(args: &[&str]) -> (i32, String, String) {
+    pipefill_in(None, args)
+}
+
+/// A scratch folder for this test process, `pipefill-<tag>-<pid>` under the temp dir (created).
+#[allow(dead_code)]
+pub fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pipefill-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("create a scratch folder");
+    d
+}
+
+/// Asserts that each `pipefill ARGS` exits with code 2 and names `needle` in its error.
+#[allow(dead_code)]
+pub fn assert_refused<'a>(cases: impl IntoIterator<Item = (Vec<&'a str>, &'a str)>) {
+    for (args, needle) in cases {
+        let (code, _, err) = pipefill(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected `{needle}` in: {err}"
+        );
+    }
+}
