@@ -22,10 +22,16 @@ pub struct Linear {
     pub weight: Vec<f32>,
     /// `b`.
     pub bias: Vec<f32>,
-    /// Accumulated `dW` of the current step.
-    pub weight_grad: Vec<f32>,
-    /// Accumulated `db` of the current step.
-    pub bias_grad: Vec<f32>,
+    /// Accumulated `dW` of the current step (stale while `fresh`).
+    weight_grad: Vec<f32>,
+    /// Accumulated `db` of the current step (stale while `fresh`).
+    bias_grad: Vec<f32>,
+    /// `true` after [`zero_grad`](Linear::zero_grad) until the first
+    /// [`backward_weight`](Linear::backward_weight): the gradient buffers count as zero, and
+    /// that first call overwrites them instead of adding (PyTorch's `zero_grad(set_to_none=True)`
+    /// idea). This saves writing the whole `dW` once per step, which is memory-bound and slows
+    /// down when every rank does it at once.
+    fresh: bool,
     weight_state: ParamState,
     bias_state: ParamState,
 }
@@ -54,6 +60,7 @@ impl Linear {
             activation,
             weight_grad: vec![0.0; weight.len()],
             bias_grad: vec![0.0; outputs],
+            fresh: true,
             weight,
             bias,
             weight_state: ParamState::default(),
@@ -118,29 +125,132 @@ impl Linear {
         dx
     }
 
-    /// Adds this microbatch's `dW += X^T dZ` and `db += colsum(dZ)`.
+    /// Adds this microbatch's `dW += X^T dZ` and `db += colsum(dZ)` (the first call after
+    /// [`zero_grad`](Linear::zero_grad) writes `dW = X^T dZ` without reading the old values).
     pub fn backward_weight(&mut self, gemm: GemmBackend, x: &[f32], dz: &[f32], rows: usize) {
+        let beta = if self.fresh {
+            self.bias_grad.fill(0.0);
+            0.0
+        } else {
+            1.0
+        };
+        self.fresh = false;
         matmul(
             gemm,
             MatRef::new(x, rows, self.inputs).t(),
             MatRef::new(dz, rows, self.outputs),
             &mut self.weight_grad,
-            1.0,
+            beta,
         );
         bias_grad_accumulate(&mut self.bias_grad, dz);
     }
 
-    /// Zeroes the accumulated gradients.
+    /// Starts a new accumulation: the gradients count as zero from now on. Writes nothing; the
+    /// next [`backward_weight`](Linear::backward_weight) overwrites the buffers.
     pub fn zero_grad(&mut self) {
-        self.weight_grad.iter_mut().for_each(|g| *g = 0.0);
-        self.bias_grad.iter_mut().for_each(|g| *g = 0.0);
+        self.fresh = true;
+    }
+
+    /// The accumulated `dW` (`inputs x outputs`, row-major), or `None` when nothing accumulated
+    /// since [`zero_grad`](Linear::zero_grad) (the gradient is zero).
+    pub fn weight_grad(&self) -> Option<&[f32]> {
+        (!self.fresh).then_some(&self.weight_grad[..])
+    }
+
+    /// The accumulated `db`, or `None` when nothing accumulated since
+    /// [`zero_grad`](Linear::zero_grad) (the gradient is zero).
+    pub fn bias_grad(&self) -> Option<&[f32]> {
+        (!self.fresh).then_some(&self.bias_grad[..])
     }
 
     /// Applies step `t` (from 1) of `opt`.
     pub fn update(&mut self, opt: &Optimizer, t: u32) {
+        if self.fresh {
+            // No microbatch reached this layer: the gradient is zero (weight decay and momentum
+            // still apply).
+            self.weight_grad.fill(0.0);
+            self.bias_grad.fill(0.0);
+        }
         self.weight_state
             .update(opt, t, &mut self.weight, &self.weight_grad);
         self.bias_state
             .update(opt, t, &mut self.bias, &self.bias_grad);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer() -> Linear {
+        let weight = (0..12).map(|i| i as f32 * 0.1 - 0.5).collect();
+        Linear::new(4, 3, Activation::Gelu, weight, vec![0.1, -0.2, 0.3])
+    }
+
+    /// `dW` and `db` by definition, in f64: `sum_k X_k^T dZ_k` and `sum_k colsum(dZ_k)`.
+    fn expected(batches: &[(Vec<f32>, Vec<f32>)], rows: usize) -> (Vec<f64>, Vec<f64>) {
+        let (mut dw, mut db) = (vec![0.0f64; 12], vec![0.0f64; 3]);
+        for (x, dz) in batches {
+            for r in 0..rows {
+                for i in 0..4 {
+                    for o in 0..3 {
+                        dw[i * 3 + o] += x[r * 4 + i] as f64 * dz[r * 3 + o] as f64;
+                    }
+                }
+                for o in 0..3 {
+                    db[o] += dz[r * 3 + o] as f64;
+                }
+            }
+        }
+        (dw, db)
+    }
+
+    fn close(got: &[f32], want: &[f64]) -> bool {
+        got.iter()
+            .zip(want)
+            .all(|(g, w)| (*g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0))
+    }
+
+    #[test]
+    fn zero_grad_then_backward_weight_forgets_the_previous_step() {
+        let mut l = layer();
+        let batch = |s: f32| {
+            let x: Vec<f32> = (0..8).map(|i| (i as f32 * s).sin()).collect();
+            let dz: Vec<f32> = (0..6).map(|i| (i as f32 * s).cos()).collect();
+            (x, dz)
+        };
+        // A step's worth of stale gradient, then a new step with two microbatches.
+        let old = batch(0.3);
+        l.backward_weight(GemmBackend::default(), &old.0, &old.1, 2);
+        l.zero_grad();
+        assert_eq!(
+            l.weight_grad(),
+            None,
+            "after zero_grad the gradient is zero"
+        );
+        let new = [batch(0.7), batch(1.9)];
+        for (x, dz) in &new {
+            l.backward_weight(GemmBackend::default(), x, dz, 2);
+        }
+        let (dw, db) = expected(&new, 2);
+        assert!(
+            close(l.weight_grad().unwrap(), &dw),
+            "{:?}",
+            l.weight_grad()
+        );
+        assert!(close(l.bias_grad().unwrap(), &db), "{:?}", l.bias_grad());
+    }
+
+    #[test]
+    fn an_update_without_any_backward_uses_a_zero_gradient() {
+        let (mut a, mut b) = (layer(), layer());
+        let stale: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        a.backward_weight(GemmBackend::default(), &stale, &[1.0; 6], 2);
+        a.zero_grad();
+        let opt = Optimizer::sgd(0.1);
+        a.update(&opt, 1);
+        b.update(&opt, 1);
+        assert_eq!(a.weight, b.weight);
+        assert_eq!(a.bias, b.bias);
     }
 }

@@ -24,7 +24,7 @@ mod tensor;
 mod worker;
 
 pub use error::RuntimeError;
-pub use executor::{Executor, StepReport};
+pub use executor::{default_poll, Executor, StepReport};
 pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};

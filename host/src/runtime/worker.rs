@@ -84,10 +84,10 @@ pub(super) struct StepContext<'a, L> {
     pub barrier: &'a Barrier,
     /// When set, every layer call holds this lock: one action at a time over all ranks.
     pub exclusive: Option<&'a Mutex<()>>,
+    /// How long a waiting rank polls its channel (yielding its core between polls) before it
+    /// blocks; see [`Executor::set_poll`](super::Executor::set_poll).
+    pub poll: Duration,
 }
-
-/// How long a waiting rank polls its channel (yielding its core between polls) before it blocks.
-const POLL: Duration = Duration::from_micros(30);
 
 /// What a worker hands back at the end of a step.
 pub(super) struct WorkerOutput {
@@ -458,11 +458,11 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         Ok(parcel.tensor)
     }
 
-    /// The next message: polled for up to [`POLL`], yielding the core between polls (a hand-off
-    /// that arrives soon then costs no sleep and wake-up), then blocking.
+    /// The next message: polled for up to `ctx.poll`, yielding the core between polls (a
+    /// hand-off that arrives meanwhile costs neither side a sleep and a wake-up), then blocking.
     fn next_message(&self) -> Result<Message, RecvError> {
         let start = Instant::now();
-        while start.elapsed() < POLL {
+        while start.elapsed() < self.ctx.poll {
             match self.rx.try_recv() {
                 Ok(m) => return Ok(m),
                 Err(TryRecvError::Disconnected) => return Err(RecvError),
