@@ -61,6 +61,9 @@ fn json_has_the_documented_keys_and_the_loss_falls() {
         "candidates",
         "bubble_measured_per_rank",
         "bubble_predicted_per_rank",
+        "makespan_resimulated_s",
+        "bubble_resimulated",
+        "bubble_resimulated_per_rank",
     ] {
         assert!(v.get(key).is_some(), "missing {key}: {v}");
     }
@@ -69,10 +72,14 @@ fn json_has_the_documented_keys_and_the_loss_falls() {
     assert!(losses[11] < losses[0], "loss must fall: {losses:?}");
     assert_eq!(v["ranks"], 2);
     assert_eq!(v["busy_s"].as_array().unwrap().len(), 2);
-    for key in ["bubble_measured", "bubble_predicted"] {
+    for key in ["bubble_measured", "bubble_predicted", "bubble_resimulated"] {
         let b = v[key].as_f64().unwrap();
         assert!((0.0..1.0).contains(&b), "{key} = {b}");
     }
+    assert_eq!(
+        v["bubble_resimulated_per_rank"].as_array().unwrap().len(),
+        2
+    );
     let svg = std::fs::read_to_string(dir.join("pipefill-timeline.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("measured") && svg.contains("predicted"));
     let trace: serde_json::Value =
@@ -121,6 +128,9 @@ fn a_named_schedule_and_replay_run() {
     assert_eq!(v["schedule"], "dualpipev");
     assert_eq!(v["stages"], 6);
     assert_eq!(v["replay"], true);
+    // With --replay the measured timeline is the one resimulated from the run's durations.
+    assert_eq!(v["bubble_measured"], v["bubble_resimulated"]);
+    assert_eq!(v["makespan_measured_s"], v["makespan_resimulated_s"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -132,6 +132,10 @@ pub struct Outcome {
     pub step_seconds: Vec<f64>,
     /// The measured timeline of the median step (rebuilt by the simulator with `--replay`).
     pub measured: Timeline,
+    /// The simulator's timeline from the median step's own action durations (mean per stage and
+    /// op): what the schedule would take if the runtime added nothing to the layers' time. Set
+    /// apart from the profile-based prediction, it tells profile error from runtime overhead.
+    pub resimulated: Timeline,
     /// Sequential step time estimate: the sum of the median step's layer seconds.
     pub work_seconds: f64,
 }
@@ -339,9 +343,9 @@ pub fn train(setup: &Setup, chosen: &Candidate) -> Result<Outcome, CliError> {
     let median_step = median_index(&step_seconds);
     let r = &reports[median_step];
     let work_seconds = r.action_seconds.iter().map(|(_, t)| t).sum();
+    let resimulated = predict(&chosen.schedule, &measured_cost(&chosen.cost, r)).map_err(failed)?;
     let measured = if a.replay {
-        let cost = measured_cost(&chosen.cost, r);
-        let mut t = predict(&chosen.schedule, &cost).map_err(failed)?;
+        let mut t = resimulated.clone();
         t.source = pipefill_host::timeline::Source::Measured;
         t
     } else {
@@ -351,6 +355,7 @@ pub fn train(setup: &Setup, chosen: &Candidate) -> Result<Outcome, CliError> {
         losses,
         step_seconds,
         measured,
+        resimulated,
         work_seconds,
     })
 }

@@ -77,14 +77,15 @@ pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Resu
     Ok(())
 }
 
-/// Per-rank measured and predicted bubble fractions.
-fn bubbles(measured: &Timeline, predicted: &Timeline) -> Vec<(f64, f64)> {
-    (0..measured.ranks())
+/// Per-rank bubble fractions: measured, predicted from the profile, resimulated from the run.
+fn bubbles(outcome: &Outcome, predicted: &Timeline) -> Vec<[f64; 3]> {
+    (0..outcome.measured.ranks())
         .map(|r| {
-            (
-                measured.rank_bubble_fraction(r),
+            [
+                outcome.measured.rank_bubble_fraction(r),
                 predicted.rank_bubble_fraction(r),
-            )
+                outcome.resimulated.rank_bubble_fraction(r),
+            ]
         })
         .collect()
 }
@@ -160,26 +161,35 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
     );
     let step = median(&mut outcome.step_seconds.clone());
     println!(
-        "step time: {:.2} ms median (timeline {:.2} ms, predicted {:.2} ms; {:.2} ms of layer work)",
+        "step time: {:.2} ms median (timeline {:.2} ms; predicted {:.2} ms from the profile, \
+         {:.2} ms from this run's action durations; {:.2} ms of layer work)",
         step * 1e3,
         outcome.measured.makespan() * 1e3,
         chosen.predicted.makespan() * 1e3,
+        outcome.resimulated.makespan() * 1e3,
         outcome.work_seconds * 1e3
     );
     println!(
-        "bubble{}:   measured  predicted",
+        "bubble{}:   measured  predicted  from run",
         if a.replay { " (replayed)" } else { "" }
     );
-    for (r, (m, p)) in bubbles(&outcome.measured, &chosen.predicted)
-        .iter()
-        .enumerate()
-    {
-        println!("  rank {r:<3}   {:>7.1}%   {:>7.1}%", m * 100.0, p * 100.0);
+    for (r, [m, p, x]) in bubbles(outcome, &chosen.predicted).iter().enumerate() {
+        println!(
+            "  rank {r:<3}   {:>7.1}%   {:>7.1}%  {:>7.1}%",
+            m * 100.0,
+            p * 100.0,
+            x * 100.0
+        );
     }
     println!(
-        "  all        {:>7.1}%   {:>7.1}%",
+        "  all        {:>7.1}%   {:>7.1}%  {:>7.1}%",
         outcome.measured.bubble_fraction() * 100.0,
-        chosen.predicted.bubble_fraction() * 100.0
+        chosen.predicted.bubble_fraction() * 100.0,
+        outcome.resimulated.bubble_fraction() * 100.0
+    );
+    println!(
+        "  (predicted: the simulator on the profiled costs; from run: the simulator on this run's \
+         mean action durations)"
     );
     println!("wrote {} (measured above predicted)", a.svg.display());
     if let Some(t) = &a.trace {
@@ -194,7 +204,8 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
 pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, outcome: &Outcome) {
     let a = &setup.args;
     let m = &outcome.measured;
-    let b = bubbles(m, &chosen.predicted);
+    let b = bubbles(outcome, &chosen.predicted);
+    let x = &outcome.resimulated;
     let value = json!({
         "schedule": chosen.schedule.name,
         "ranks": chosen.schedule.ranks,
@@ -216,8 +227,11 @@ pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         "work_s": outcome.work_seconds,
         "bubble_measured": m.bubble_fraction(),
         "bubble_predicted": chosen.predicted.bubble_fraction(),
-        "bubble_measured_per_rank": b.iter().map(|x| x.0).collect::<Vec<_>>(),
-        "bubble_predicted_per_rank": b.iter().map(|x| x.1).collect::<Vec<_>>(),
+        "bubble_measured_per_rank": b.iter().map(|v| v[0]).collect::<Vec<_>>(),
+        "bubble_predicted_per_rank": b.iter().map(|v| v[1]).collect::<Vec<_>>(),
+        "makespan_resimulated_s": x.makespan(),
+        "bubble_resimulated": x.bubble_fraction(),
+        "bubble_resimulated_per_rank": b.iter().map(|v| v[2]).collect::<Vec<_>>(),
         "busy_s": (0..m.ranks()).map(|r| m.busy(r)).collect::<Vec<_>>(),
         "idle_s": (0..m.ranks()).map(|r| m.idle(r)).collect::<Vec<_>>(),
         "replay": a.replay,
