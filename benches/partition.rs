@@ -116,6 +116,7 @@ struct Row {
 }
 
 fn main() {
+    pipefill::alloc::keep_freed_memory();
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run only for bench.
     if !std::env::args().any(|a| a == "--bench") {
         return;

@@ -50,6 +50,7 @@ fn zero_loss(_: &Tensor, _: &Tensor) -> Result<(f32, Tensor), StageError> {
 }
 
 fn executor_overhead(c: &mut Criterion) {
+    pipefill::alloc::keep_freed_memory();
     let mut g = c.benchmark_group("executor_overhead");
     let m = 64;
     for (family, ranks) in [("1f1b", 1), ("1f1b", 2), ("zb-h1", 2)] {
@@ -74,6 +75,7 @@ fn executor_overhead(c: &mut Criterion) {
 }
 
 fn gemm_backends(c: &mut Criterion) {
+    pipefill::alloc::keep_freed_memory();
     let mut g = c.benchmark_group("gemm");
     let (rows, d) = (32, 256);
     let x = vec![0.5f32; rows * d];

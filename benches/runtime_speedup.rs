@@ -16,6 +16,9 @@
 //! ```sh
 //! cargo bench --bench runtime_speedup      # optional args: ranks microbatches hidden steps poll_us
 //! ```
+//!
+//! Like the `pipefill` command, it first calls [`pipefill::alloc::keep_freed_memory`];
+//! `PIPEFILL_DEFAULT_MALLOC=1` leaves glibc's defaults, for an A/B run.
 
 use std::time::Duration;
 
@@ -39,6 +42,9 @@ fn arg(i: usize, default: usize) -> usize {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the `pipefill` command does (see `pipefill::alloc`); PIPEFILL_DEFAULT_MALLOC=1 skips it.
+    let kept = std::env::var_os("PIPEFILL_DEFAULT_MALLOC").is_none()
+        && pipefill::alloc::keep_freed_memory();
     let (ranks, m, hidden, steps) = (arg(0, 2), arg(1, 8), arg(2, 512), arg(3, 15));
     let poll = std::env::args()
         .skip(1)
@@ -92,7 +98,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "1f1b P={ranks} M={m}, 8 layers x {hidden}, batch {}, {} timed steps, {cores} cores, \
-         load average {}, waiting ranks poll {poll:?}",
+         load average {}, waiting ranks poll {poll:?}, malloc keeps freed memory: {kept}",
         spec.batch,
         steps,
         load.split_whitespace()

@@ -4,6 +4,7 @@
 //! compiled from `kernels/` by `build.rs`, the model description, and the `pipefill` command line.
 //! The engine itself (schedules, simulator, partitioner, runtime, traces) is [`pipefill_host`].
 
+pub mod alloc;
 pub mod cli;
 pub mod layers;
 pub mod model;

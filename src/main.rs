@@ -2,6 +2,7 @@
 
 fn main() {
     restore_default_sigpipe();
+    pipefill::alloc::keep_freed_memory();
     std::process::exit(pipefill::cli::main());
 }
 

@@ -1,18 +1,27 @@
 //! Profiling: measure each layer's `F`, `I` and `W` time and its memory through the [`Stage`] trait.
 //!
-//! Any [`Stage`] can be profiled: the built-in layers and a custom trainer's alike. For each layer,
-//! in model order (each layer's output is the next layer's input):
+//! Any [`Stage`] can be profiled: the built-in layers and a custom trainer's alike.
+//! [`profile_layers`] runs rounds of two passes over the whole model, as training steps do: `F`
+//! through every layer in order (each layer's output is the next layer's input), then the backward
+//! from the last layer back to the first (each layer's input gradient is the previous layer's
+//! upstream gradient): the fused `B` per layer in the first pass; every `I`, then every `W`, in the
+//! second.
 //!
-//! 1. `warmup` untimed rounds of `F`, `I`, `W` (caches, allocator, lazy initialisation);
-//! 2. `repeats` timed rounds; each op is timed alone with a monotonic clock ([`std::time::Instant`])
-//!    and the **median** over the rounds is kept (robust to the odd preempted run);
+//! 1. `warmup` untimed rounds (caches, allocator, lazy initialisation);
+//! 2. `repeats` timed rounds; each call is timed alone with a monotonic clock
+//!    ([`std::time::Instant`]) and each layer keeps the **median** over the rounds (robust to the
+//!    odd preempted run). A layer is timed among the others, not in a loop of its own, so it does not
+//!    find its weights and inputs in cache every time (it would measure too fast), and `W` runs
+//!    after the other layers' `I`, as zero-bubble schedules defer it;
 //! 3. memory from the stash: `activation_bytes` is what the stash holds after `F`,
 //!    `released_at_input` what `I` freed of it; `output_bytes` is the output tensor's size;
 //!    `parameter_bytes` comes from the caller, who knows its weights (the trait does not expose them).
 //!
 //! Weight gradients accumulate during profiling and are zeroed at the end; weights never change (no
-//! optimizer step). `B` is recorded as `I + W`. The upstream gradient used for `I` is a constant
-//! tensor of the output's shape: time does not depend on its values for dense layers.
+//! optimizer step). `B` is measured on its own ([`Stage::backward`]; a fused backward may be faster
+//! than `I + W`, and `W` right after `I` finds its inputs in cache). The last layer's upstream gradient is a tensor of
+//! ones of its output's shape: time does not depend on the values for dense layers.
+//! [`profile_stage`] profiles a single layer in a loop of its own.
 //!
 //! To scale times to other microbatch sizes, profile the layers twice, at the microbatch size `rows`
 //! and at a smaller `small_rows`, and let [`fit_fixed`] fit per layer and op the affine model
@@ -154,29 +163,160 @@ pub struct ProfiledLayer<'a, S: Stage> {
 }
 
 /// Profiles layers in model order, feeding each one's output to the next.
+///
+/// Each round is two passes over the whole model, as training steps run it (see the module docs):
+/// `F` through every layer, then the fused backward `B` layer by layer from the last; and `F` again,
+/// then every layer's `I` from the last, then every layer's `W`, deferred after all of them (as
+/// zero-bubble schedules defer it, so that `W` finds its inputs less fresh in cache than right after
+/// `I`). Each call is timed alone, and each layer keeps the median over the rounds: `F` over both
+/// passes, `B` from the first, `I` and `W` from the second.
 pub fn profile_layers<S: Stage>(
-    layers: Vec<ProfiledLayer<'_, S>>,
+    mut layers: Vec<ProfiledLayer<'_, S>>,
     input: Tensor,
     options: ProfileOptions,
 ) -> Result<Vec<LayerCost>, ProfileError> {
     if options.repeats == 0 {
         return Err(ProfileError::NoRepeats);
     }
-    let mut x = input;
-    let mut out = Vec::with_capacity(layers.len());
-    for (index, l) in layers.into_iter().enumerate() {
-        let (cost, y) =
-            profile_stage(&l.name, l.stage, &x, l.parameter_bytes, options).map_err(|source| {
-                ProfileError::Layer {
-                    index,
-                    name: l.name.clone(),
-                    source,
-                }
+    let n = layers.len();
+    // Per layer: samples of F, I, W, B.
+    let mut samples: Vec<[Vec<f64>; 4]> = (0..n).map(|_| Default::default()).collect();
+    let mut memory = vec![(0usize, 0usize, 0usize); n];
+    for round in 0..options.warmup + options.repeats {
+        let timed = round >= options.warmup;
+        let name = |layers: &[ProfiledLayer<'_, S>], index: usize| layers[index].name.clone();
+        let fused =
+            fused_pass(&mut layers, &input).map_err(|(index, source)| ProfileError::Layer {
+                index,
+                name: name(&layers, index),
+                source,
             })?;
+        let split =
+            split_pass(&mut layers, &input).map_err(|(index, source)| ProfileError::Layer {
+                index,
+                name: name(&layers, index),
+                source,
+            })?;
+        for (l, (b, r)) in fused.into_iter().zip(split).enumerate() {
+            if timed {
+                let [f, i, w] = r.times;
+                samples[l][0].extend([b.0, f]);
+                samples[l][1].push(i);
+                samples[l][2].push(w);
+                samples[l][3].push(b.1);
+            }
+            memory[l] = (r.held_after_f, r.held_after_i, r.output.bytes());
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for ((l, [mut f, mut i, mut w, mut b]), (after_f, after_i, output)) in
+        layers.iter_mut().zip(samples).zip(memory)
+    {
+        l.stage.zero_grad();
+        let mut cost = LayerCost::new(&l.name, median(&mut f), median(&mut i), median(&mut w));
+        cost.backward = median(&mut b);
+        cost.activation_bytes = after_f as f64;
+        cost.released_at_input = after_f.saturating_sub(after_i) as f64;
+        cost.parameter_bytes = l.parameter_bytes;
+        cost.output_bytes = output as f64;
         out.push(cost);
-        x = y;
     }
     Ok(out)
+}
+
+/// The layers' forward in order: per layer, its time, held bytes, stash and output.
+type Forward<T> = Vec<(f64, usize, T, Tensor)>;
+
+fn forward_pass<S: Stage>(
+    layers: &mut [ProfiledLayer<'_, S>],
+    input: &Tensor,
+) -> Result<Forward<S::Stash>, (usize, StageError)> {
+    let mut x = input.clone();
+    let mut forward = Vec::with_capacity(layers.len());
+    for (index, l) in layers.iter_mut().enumerate() {
+        let t0 = Instant::now();
+        let (y, stash) = l.stage.forward(x).map_err(|e| (index, e))?;
+        let f = t0.elapsed().as_secs_f64();
+        let held = l.stage.held_bytes(&stash);
+        forward.push((f, held, stash, y.clone()));
+        x = y;
+    }
+    Ok(forward)
+}
+
+/// The upstream gradient for a layer with output `output`: the next layer's input gradient, or
+/// ones for the last layer (and wherever a layer returned none of the right shape); time does not
+/// depend on the values.
+fn upstream(grad: Option<Tensor>, output: &Tensor) -> Result<Tensor, StageError> {
+    match grad {
+        Some(g) if g.shape() == output.shape() => Ok(g),
+        _ => Ok(Tensor::new(
+            output.shape().to_vec(),
+            vec![1.0; output.len()],
+        )?),
+    }
+}
+
+/// `F` through every layer, then `B` from the last layer back: per layer, `(F, B)` seconds.
+fn fused_pass<S: Stage>(
+    layers: &mut [ProfiledLayer<'_, S>],
+    input: &Tensor,
+) -> Result<Vec<(f64, f64)>, (usize, StageError)> {
+    let mut forward = forward_pass(layers, input)?;
+    let mut times = vec![(0.0, 0.0); layers.len()];
+    let mut grad = None;
+    for (index, l) in layers.iter_mut().enumerate().rev() {
+        let (f, _, stash, output) = forward
+            .pop()
+            .ok_or((index, StageError::new("profiling lost a stash")))?;
+        let dy = upstream(grad.take(), &output).map_err(|e| (index, e))?;
+        let t = Instant::now();
+        let dx = l.stage.backward(stash, dy).map_err(|e| (index, e))?;
+        times[index] = (f, t.elapsed().as_secs_f64());
+        grad = Some(dx);
+    }
+    Ok(times)
+}
+
+/// `F` through every layer, `I` from the last layer back, then every `W` (last layer first).
+fn split_pass<S: Stage>(
+    layers: &mut [ProfiledLayer<'_, S>],
+    input: &Tensor,
+) -> Result<Vec<Round>, (usize, StageError)> {
+    let mut forward = forward_pass(layers, input)?;
+    let mut pending = Vec::with_capacity(layers.len());
+    let mut grad = None;
+    for (index, l) in layers.iter_mut().enumerate().rev() {
+        let (f, held_after_f, mut stash, output) = forward
+            .pop()
+            .ok_or((index, StageError::new("profiling lost a stash")))?;
+        let dy = upstream(grad.take(), &output).map_err(|e| (index, e))?;
+        let t = Instant::now();
+        let dx = l
+            .stage
+            .backward_input(&mut stash, dy)
+            .map_err(|e| (index, e))?;
+        let i = t.elapsed().as_secs_f64();
+        let held_after_i = l.stage.held_bytes(&stash);
+        grad = Some(dx);
+        pending.push((index, f, i, held_after_f, held_after_i, stash, output));
+    }
+    let mut rounds: Vec<Option<Round>> = (0..layers.len()).map(|_| None).collect();
+    for (index, f, i, held_after_f, held_after_i, stash, output) in pending {
+        let t = Instant::now();
+        layers[index]
+            .stage
+            .backward_weight(stash)
+            .map_err(|e| (index, e))?;
+        let w = t.elapsed().as_secs_f64();
+        rounds[index] = Some(Round {
+            times: [f, i, w],
+            held_after_f,
+            held_after_i,
+            output,
+        });
+    }
+    Ok(rounds.into_iter().flatten().collect())
 }
 
 /// The fixed part of the line through `(small_rows, small)` and `(rows, t)`, clamped to `0..=t`: a

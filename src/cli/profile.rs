@@ -125,7 +125,7 @@ pub fn profile_model(
     })
 }
 
-/// Every layer of `spec` profiled alone on `rows` rows.
+/// Every layer of `spec` profiled on `rows` rows, in passes over the whole model.
 fn profile_rows(
     spec: &ModelSpec,
     rows: usize,
@@ -139,8 +139,9 @@ fn profile_rows(
         .enumerate()
         .map(|(l, layer)| {
             let bytes = (layer.parameters() * std::mem::size_of::<f32>()) as f64;
-            // Not first: its input gradient is computed, as in a stage that is not the model's first.
-            let stage = LinearStage::new(vec![layer], Optimizer::sgd(0.0), gemm, false);
+            // Layer 0 is always in the model's first stage, which skips its input gradient (nobody
+            // needs it); every other layer computes it, whichever stage it lands in.
+            let stage = LinearStage::new(vec![layer], Optimizer::sgd(0.0), gemm, l == 0);
             (format!("linear{l}"), stage, bytes)
         })
         .collect();
