@@ -83,7 +83,7 @@ fn gemm_backends(c: &mut Criterion) {
     let mut y = vec![0.0f32; rows * d];
     let mut dw = vec![0.0f32; d * d];
     g.throughput(Throughput::Elements((2 * rows * d * d) as u64));
-    for backend in GemmBackend::ALL {
+    for &backend in GemmBackend::ALL {
         g.bench_function(BenchmarkId::new("forward XW", backend), |b| {
             b.iter(|| {
                 matmul(

@@ -412,17 +412,17 @@ mod tests {
         let spec = ModelSpec::uniform(6, 8, 4, Activation::Relu, LossKind::Mse, 16).unwrap();
         let opt = Optimizer::sgd(0.1);
         let a = spec
-            .build_stages(&stage_ranges(&[3, 3]), opt, GemmBackend::Gemm, 7)
+            .build_stages(&stage_ranges(&[3, 3]), opt, GemmBackend::default(), 7)
             .unwrap();
         let b = spec
-            .build_stages(&stage_ranges(&[2, 2, 2]), opt, GemmBackend::Gemm, 7)
+            .build_stages(&stage_ranges(&[2, 2, 2]), opt, GemmBackend::default(), 7)
             .unwrap();
         let flat = |s: &[LinearStage]| -> Vec<Linear> {
             s.iter().flat_map(|s| s.layers.clone()).collect()
         };
         assert_eq!(flat(&a), flat(&b));
         let c = spec
-            .build_stages(&stage_ranges(&[2, 2, 2]), opt, GemmBackend::Gemm, 8)
+            .build_stages(&stage_ranges(&[2, 2, 2]), opt, GemmBackend::default(), 8)
             .unwrap();
         assert_ne!(flat(&a), flat(&c));
     }

@@ -121,7 +121,7 @@ fn reference(
 
 #[test]
 fn linear_stage_matches_an_f64_reference() {
-    for gemm in GemmBackend::ALL {
+    for &gemm in GemmBackend::ALL {
         for activation in Activation::ALL {
             for loss in [LossKind::Mse, LossKind::CrossEntropy] {
                 let spec = ModelSpec {
@@ -187,7 +187,7 @@ fn the_first_stage_skips_its_input_gradient() {
         .build_stages(
             std::slice::from_ref(&(0..2)),
             Optimizer::sgd(0.1),
-            GemmBackend::Gemm,
+            GemmBackend::default(),
             1,
         )
         .unwrap()

@@ -1,8 +1,10 @@
 //! Matrix products for the CPU layers through a well-kept GEMM crate, single-threaded (one rank is
-//! one thread): [`matrixmultiply`] or [`gemm`](https://docs.rs/gemm), chosen by [`GemmBackend`].
+//! one thread): [`matrixmultiply`] or, with the crate feature `gemm`,
+//! [`gemm`](https://docs.rs/gemm), chosen by [`GemmBackend`].
 //!
 //! Both were measured on this project's layer shapes (see NOTES.md, "Train"); the default is the
-//! faster one there. Transposes are expressed through strides, never copied.
+//! faster one there, and the other is left out of the default build (it costs compile time).
+//! Transposes are expressed through strides, never copied.
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,18 +15,24 @@ pub enum GemmBackend {
     /// `matrixmultiply::sgemm` (built without its threading feature: one thread).
     #[default]
     Matrixmultiply,
-    /// `gemm::gemm` with `Parallelism::None`.
+    /// `gemm::gemm` with `Parallelism::None` (crate feature `gemm`).
+    #[cfg(feature = "gemm")]
     Gemm,
 }
 
 impl GemmBackend {
-    /// Both backends, default first.
-    pub const ALL: [GemmBackend; 2] = [GemmBackend::Matrixmultiply, GemmBackend::Gemm];
+    /// The backends in this build, default first.
+    pub const ALL: &'static [GemmBackend] = &[
+        GemmBackend::Matrixmultiply,
+        #[cfg(feature = "gemm")]
+        GemmBackend::Gemm,
+    ];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
             GemmBackend::Matrixmultiply => "matrixmultiply",
+            #[cfg(feature = "gemm")]
             GemmBackend::Gemm => "gemm",
         }
     }
@@ -40,10 +48,26 @@ impl FromStr for GemmBackend {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        GemmBackend::ALL
-            .into_iter()
-            .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown GEMM backend `{s}`: use `matrixmultiply` or `gemm`"))
+        if let Some(b) = GemmBackend::ALL.iter().find(|b| b.name() == s) {
+            return Ok(*b);
+        }
+        if s == "gemm" {
+            return Err(
+                "this build has no `gemm` backend: rebuild with `--features gemm` \
+                        (for example `cargo run --release --features gemm -- ...`), or use \
+                        `matrixmultiply`"
+                    .to_string(),
+            );
+        }
+        let names: Vec<&str> = GemmBackend::ALL.iter().map(|b| b.name()).collect();
+        Err(format!(
+            "unknown GEMM backend `{s}`: use {}",
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ))
     }
 }
 
@@ -125,6 +149,7 @@ pub fn matmul(backend: GemmBackend, a: MatRef<'_>, b: MatRef<'_>, c: &mut [f32],
                 n as isize,
                 1,
             ),
+            #[cfg(feature = "gemm")]
             GemmBackend::Gemm => gemm::gemm(
                 m,
                 n,
@@ -184,7 +209,7 @@ mod tests {
         // A^T and B^T stored row-major, then viewed transposed again.
         let at: Vec<f32> = (0..k * m).map(|x| a[(x % m) * k + x / m]).collect();
         let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-        for backend in GemmBackend::ALL {
+        for &backend in GemmBackend::ALL {
             let mut c = vec![0.5f32; m * n];
             matmul(
                 backend,
@@ -208,6 +233,26 @@ mod tests {
                     "{backend} beta {i}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn backend_names_parse_and_a_missing_backend_names_the_fix() {
+        assert_eq!(
+            "matrixmultiply".parse::<GemmBackend>(),
+            Ok(GemmBackend::Matrixmultiply)
+        );
+        let e = "blas".parse::<GemmBackend>().unwrap_err();
+        assert!(
+            e.contains("`blas`") && e.contains("`matrixmultiply`"),
+            "{e}"
+        );
+        #[cfg(feature = "gemm")]
+        assert_eq!("gemm".parse::<GemmBackend>(), Ok(GemmBackend::Gemm));
+        #[cfg(not(feature = "gemm"))]
+        {
+            let e = "gemm".parse::<GemmBackend>().unwrap_err();
+            assert!(e.contains("--features gemm"), "{e}");
         }
     }
 }
