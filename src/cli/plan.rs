@@ -242,7 +242,7 @@ fn best_timeline_svg(req: &PlanRequest, best: &Plan) -> Result<String, CliError>
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum TrainPlan {
     /// For each schedule considered, the partition with the lowest simulated step time (exact
-    /// bottleneck optimum, baselines, boundary refinement: [`pipefill_host::plan::best_partition`]).
+    /// bottleneck optimum, baselines, boundary refinement; `pipefill_host::plan::best_partition`).
     #[default]
     Auto,
     /// Equal layer counts per stage.
