@@ -10,8 +10,10 @@
 //! For each of `uniform`, `parameters`, `time-greedy`, `optimal` (with the same schedule, `1f1b`, and
 //! `M = 8`) and the best plan of `pipefill plan` (its own family, V and refined partition; once with
 //! `M = 8`, the microbatch size the costs were profiled at, then over every `M` with times scaled
-//! linearly (`all M, lin`: the fixed part dropped) and by the affine model (`all M, aff`: the fixed
-//! part fitted from a second profile at an eighth of the rows, as `pipefill profile` does)):
+//! linearly (`all M, lin`: the fixed part dropped), by the affine model (`all M, aff`: the fixed
+//! part fitted from a second profile at an eighth of the rows) and interpolated between samples
+//! (`all M, smp`: every layer also profiled at every power of two up to the batch), as
+//! `pipefill profile` does by default):
 //!
 //! - **predicted**: the simulator's step time from the profiled costs;
 //! - **measured**: the median step time of real training steps on CPU threads. When there are more
@@ -129,11 +131,14 @@ fn main() {
     let replay = RANKS > cores;
     let spec = model();
     let rows = BATCH / MICROBATCHES;
-    // Profiled at the microbatch size and at an eighth of it, for the fixed part (as `pipefill profile`).
+    // Profiled at the microbatch size, at an eighth of it for the fixed part, and at every power of
+    // two up to the batch for the samples (as `pipefill profile` does by default).
+    let sizes: Vec<usize> = (0..8).map(|k| 1 << k).filter(|&s| s <= BATCH).collect();
     let costs: CostFile = profile_model(
         &spec,
         rows,
         Some(rows / 8),
+        &sizes,
         GemmBackend::Matrixmultiply,
         ProfileOptions {
             warmup: 2,
@@ -166,14 +171,21 @@ fn main() {
         });
     }
 
-    // The plan three times: with M fixed to the profiled microbatch size (costs exact for it), and
-    // over every M with costs scaled linearly (the fixed part dropped) and by the affine model.
+    // The plan four times: with M fixed to the profiled microbatch size (costs exact for it), and
+    // over every M with costs scaled linearly (fixed part and samples dropped), by the affine model
+    // (samples dropped) and interpolated between the sampled sizes.
     let mut linear = costs.clone();
-    linear.layers.iter_mut().for_each(|l| l.fixed = None);
+    linear.layers.iter_mut().for_each(|l| {
+        l.fixed = None;
+        l.samples.clear();
+    });
+    let mut affine = costs.clone();
+    affine.layers.iter_mut().for_each(|l| l.samples.clear());
     for (label, file, counts) in [
         ("plan M=8", &costs, vec![MICROBATCHES]),
         ("all M, lin", &linear, vec![]),
-        ("all M, aff", &costs, vec![]),
+        ("all M, aff", &affine, vec![]),
+        ("all M, smp", &costs, vec![]),
     ] {
         let mut req = PlanRequest::new(file.clone(), rows as f64, RANKS, BATCH);
         req.max_microbatches = 32;

@@ -466,10 +466,49 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
     // The fixed part is fitted from a second profile at an eighth of the rows (at least 1).
     assert_eq!(file.meta["fit_microbatch_size"], 1);
     assert!(file.layers.iter().all(|l| l.fixed.is_some()));
+    // `--sizes auto` (default): every power of two up to the batch but the microbatch size itself.
+    assert_eq!(
+        file.meta["sample_microbatch_sizes"],
+        serde_json::json!([1, 2, 8, 16])
+    );
+    for l in &file.layers {
+        let scales: Vec<f64> = l.samples.iter().map(|s| s.scale).collect();
+        assert_eq!(scales, vec![0.25, 0.5, 2.0, 4.0], "{}", l.name);
+        // Sixteen rows cost more than one (generous: the shapes are tiny).
+        assert!(l.samples[3].forward > l.samples[0].forward, "{l:?}");
+    }
     let (code, _, err) = pipefill(&["partition", "--costs", o, "--stages", "2"]);
     assert_eq!(code, 0, "{err}");
     let (code, out_text, err) =
         pipefill(&["plan", "--costs", o, "--ranks", "2", "--global-batch", "16"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out_text.contains("sampled time scaling"), "{out_text}");
+
+    // `--sizes none`: the fixed part alone, affine scaling.
+    let affine = dir.join("affine.json");
+    let a = affine.to_str().unwrap();
+    let (code, _, err) = pipefill(&[
+        "profile",
+        "--layers",
+        "2",
+        "--hidden",
+        "16",
+        "--outputs",
+        "4",
+        "--batch",
+        "16",
+        "--microbatches",
+        "2",
+        "--repeats",
+        "1",
+        "--sizes",
+        "none",
+        "--out",
+        a,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out_text, err) =
+        pipefill(&["plan", "--costs", a, "--ranks", "2", "--global-batch", "16"]);
     assert_eq!(code, 0, "{err}");
     assert!(out_text.contains("affine time scaling"), "{out_text}");
 
@@ -492,6 +531,8 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
         "1",
         "--fit-rows",
         "0",
+        "--sizes",
+        "none",
         "--out",
         one_s,
     ]);
@@ -543,6 +584,8 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
             vec!["profile", "--activation", "tanhh", "--out", o],
             "--activation",
         ),
+        (vec!["profile", "--sizes", "8,0", "--out", o], "--sizes"),
+        (vec!["profile", "--sizes", "all", "--out", o], "--sizes"),
         (
             vec!["profile", "--out", "/nonexistent-dir/costs.json"],
             "cannot write",

@@ -25,7 +25,9 @@
 //! `time(b) = fixed + (time - fixed) * b / b0`, so small microbatches pay their per-call overhead;
 //! without it, linearly by `b / b0`, which is optimistic for small microbatches on devices whose
 //! kernels lose efficiency at small sizes (profile with a fitted fixed part, or at the size you will
-//! run, to avoid it).
+//! run, to avoid it). A line through two sizes is still off far from them; when the file gives a
+//! layer's `samples` (its times measured at other sizes, `pipefill profile --sizes`), times are
+//! interpolated between the measured sizes instead (see [`crate::cost::scaling`]).
 
 use serde::Serialize;
 use thiserror::Error;

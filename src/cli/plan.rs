@@ -6,9 +6,11 @@
 //!     [--top 10] [--format table|json] [--svg best.svg]
 //! ```
 //!
-//! Times are scaled to each microbatch size by the affine model when every layer of the cost file
-//! has a `fixed` part (`pipefill profile` fits it), linearly when none has (see
-//! [`pipefill_host::plan`]); the output says which (`"scaling": "affine" | "linear" | "mixed"`).
+//! Times are scaled to each microbatch size by interpolating between the sizes a layer was measured
+//! at when every layer of the cost file has `samples` (`pipefill profile --sizes`, on by default), by
+//! the affine model when every layer has a `fixed` part (`pipefill profile` fits it), linearly when
+//! none has either (see [`pipefill_host::plan`]); the output says which
+//! (`"scaling": "sampled" | "affine" | "linear" | "mixed"`).
 //!
 //! JSON: `{"ranks", "global_batch", "memory_limit", "scaling", "plans": [{family, chunks, microbatches,
 //! microbatch_size, partition, layers_per_stage, step_time, bubble_fraction, peak_memory,
@@ -166,13 +168,21 @@ pub fn run(args: Args) -> Result<(), CliError> {
     Ok(())
 }
 
-/// How times are scaled to other microbatch sizes: `affine` when every layer has a fixed part,
-/// `linear` when none has, `mixed` otherwise.
+/// How times are scaled to other microbatch sizes: `sampled` when every layer has samples,
+/// `affine` when every layer has a fixed part (and none samples), `linear` when none has either,
+/// `mixed` otherwise.
 pub fn scaling(costs: &CostFile) -> &'static str {
-    let with = costs.layers.iter().filter(|l| l.fixed.is_some()).count();
-    match with {
-        0 => "linear",
-        n if n == costs.layers.len() => "affine",
+    let n = costs.layers.len();
+    let sampled = costs
+        .layers
+        .iter()
+        .filter(|l| !l.samples.is_empty())
+        .count();
+    let fixed = costs.layers.iter().filter(|l| l.fixed.is_some()).count();
+    match (sampled, fixed) {
+        (s, _) if s == n && n > 0 => "sampled",
+        (0, 0) => "linear",
+        (0, f) if f == n => "affine",
         _ => "mixed",
     }
 }

@@ -2,19 +2,21 @@
 //!
 //! ```text
 //! pipefill profile [--backend cpu] [--model FILE | --layers 8 --hidden 256 --outputs 16 ...]
-//!     [--batch 256 --microbatches 8] [--fit-rows R] [--warmup 2 --repeats 7] --out costs.json
+//!     [--batch 256 --microbatches 8] [--fit-rows R] [--sizes auto|none|ROWS,...]
+//!     [--warmup 2 --repeats 7] --out costs.json
 //! ```
 //!
-//! Each layer is wrapped alone in a [`LinearStage`] and measured through the `Stage` trait by
-//! [`pipefill_host::profile`] on one microbatch (`batch / microbatches` rows), then again on `R` rows
+//! Each layer is wrapped in a [`LinearStage`] of its own and measured through the `Stage` trait, in
+//! passes over the whole model, by [`pipefill_host::profile`] on one microbatch (`batch / microbatches` rows), then again on `R` rows
 //! (`--fit-rows`, default an eighth of the microbatch, at least 1; 0 to skip) to fit each layer's
 //! fixed per-call part ([`pipefill_host::profile::fit_fixed`]), which `plan` uses to scale times to
-//! other microbatch sizes. The file records the microbatch sizes, backend and repeats in `meta`, and
-//! is written atomically.
+//! other microbatch sizes, and at each of `--sizes` (default every power of two up to the batch), kept
+//! as each layer's `samples`, between which `plan` interpolates. The file records the microbatch
+//! sizes, backend and repeats in `meta`, and is written atomically.
 
 use std::path::PathBuf;
 
-use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+use pipefill_host::cost::{CostFile, LayerCost, LinkCost, SizeSample};
 use pipefill_host::profile::{
     fit_fixed, profile_layers, ProfileError, ProfileOptions, ProfiledLayer,
 };
@@ -56,6 +58,12 @@ pub struct Args {
     /// one size only (plan then scales times linearly).
     #[arg(long, value_name = "ROWS")]
     pub fit_rows: Option<usize>,
+    /// Further microbatch sizes to measure every layer at: rows, comma-separated (`8,64`), `auto`
+    /// (every power of two up to the batch) or `none`. The cost file keeps each as a sample of every
+    /// layer (`samples`), and `plan` interpolates times between the measured sizes instead of
+    /// extrapolating the fixed part's line.
+    #[arg(long, value_name = "LIST", default_value = "auto")]
+    pub sizes: String,
     /// Untimed rounds before measuring.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
@@ -80,6 +88,29 @@ pub fn model_from_flags(args: &Args) -> Result<ModelSpec, CliError> {
     Ok(spec)
 }
 
+/// `--sizes` for a batch of `batch` rows: the extra sizes to measure (may include the microbatch
+/// size itself, which is then skipped).
+pub fn sizes(flag: &str, batch: usize) -> Result<Vec<usize>, CliError> {
+    match flag.trim() {
+        "none" => Ok(Vec::new()),
+        "auto" => Ok((0..usize::BITS)
+            .map(|k| 1usize << k)
+            .take_while(|&s| s <= batch)
+            .collect()),
+        list => list
+            .split(',')
+            .map(|x| match x.trim().parse::<usize>() {
+                Ok(s) if s > 0 => Ok(s),
+                _ => Err(CliError::Usage(format!(
+                    "--sizes {flag}: `{}` is not a number of rows >= 1; give rows separated by \
+                     commas (e.g. `--sizes 8,64`), `auto` or `none`",
+                    x.trim()
+                ))),
+            })
+            .collect(),
+    }
+}
+
 /// `--fit-rows` for a microbatch of `rows` rows: `None` to measure one size only.
 pub fn fit_rows(flag: Option<usize>, rows: usize) -> Result<Option<usize>, CliError> {
     match flag {
@@ -94,21 +125,44 @@ pub fn fit_rows(flag: Option<usize>, rows: usize) -> Result<Option<usize>, CliEr
 
 /// Profiles every layer of `spec` on `rows` rows and returns the cost file (free transfers: ranks
 /// are threads of one process; `meta` says how it was measured). With `fit_rows`, profiles again on
-/// that many rows and records each layer's fixed part ([`fit_fixed`]).
+/// that many rows and records each layer's fixed part ([`fit_fixed`]). Each of `sizes` (rows, other
+/// than `rows`) is profiled too and kept as a [`SizeSample`] of every layer.
 pub fn profile_model(
     spec: &ModelSpec,
     rows: usize,
     fit_rows: Option<usize>,
+    sizes: &[usize],
     gemm: GemmBackend,
     options: ProfileOptions,
     seed: u64,
 ) -> Result<CostFile, CliError> {
     let failed = |e: ProfileError| CliError::Failed(e.to_string());
     let mut costs = profile_rows(spec, rows, gemm, options, seed)?;
+    let mut sampled: Vec<(usize, Vec<LayerCost>)> = Vec::new();
+    for &size in sizes {
+        if size != rows && size > 0 && !sampled.iter().any(|(s, _)| *s == size) {
+            sampled.push((size, profile_rows(spec, size, gemm, options, seed)?));
+        }
+    }
     if let Some(small) = fit_rows {
-        let at_small = profile_rows(spec, small, gemm, options, seed)?;
+        let at_small = match sampled.iter().find(|(s, _)| *s == small) {
+            Some((_, c)) => c.clone(),
+            None => profile_rows(spec, small, gemm, options, seed)?,
+        };
         fit_fixed(&mut costs, rows, &at_small, small).map_err(failed)?;
     }
+    for (size, at) in &sampled {
+        for (c, s) in costs.iter_mut().zip(at) {
+            c.samples.push(SizeSample {
+                scale: *size as f64 / rows as f64,
+                forward: s.forward,
+                backward_input: s.backward_input,
+                backward_weight: s.backward_weight,
+                backward: s.backward,
+            });
+        }
+    }
+    let sample_rows: Vec<usize> = sampled.iter().map(|(s, _)| *s).collect();
     Ok(CostFile {
         layers: costs,
         transfer: LinkCost::default(),
@@ -117,6 +171,7 @@ pub fn profile_model(
             "backend": "cpu",
             "microbatch_size": rows,
             "fit_microbatch_size": fit_rows,
+            "sample_microbatch_sizes": sample_rows,
             "gemm": gemm.name(),
             "warmup": options.warmup,
             "repeats": options.repeats,
@@ -177,7 +232,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         repeats: args.repeats,
     };
     let fit = fit_rows(args.fit_rows, rows)?;
-    let file = profile_model(&spec, rows, fit, gemm, options, args.seed)?;
+    let extra = sizes(&args.sizes, spec.batch)?;
+    let file = profile_model(&spec, rows, fit, &extra, gemm, options, args.seed)?;
     write_atomic("--out", &args.out, file.to_json())?;
     let total: f64 = file.layers.iter().map(|l| l.total()).sum();
     eprintln!(

@@ -226,6 +226,7 @@ pub fn profile(setup: &Setup) -> Result<Vec<LayerCost>, CliError> {
         &setup.spec,
         rows,
         None,
+        &[],
         setup.gemm,
         options,
         setup.args.seed,

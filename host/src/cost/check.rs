@@ -18,6 +18,8 @@ pub(crate) enum Quantity {
     BytesPerSecond,
     /// A share in `0..=1`.
     Share,
+    /// A multiple of a microbatch size, `> 0`.
+    Scale,
 }
 
 impl Quantity {
@@ -28,6 +30,10 @@ impl Quantity {
             Quantity::Bytes => "a finite number of bytes >= 0, e.g. 1048576",
             Quantity::BytesPerSecond => "a finite number of bytes per second > 0, e.g. 2.5e10",
             Quantity::Share => "a number between 0 and 1, e.g. 0.1",
+            Quantity::Scale => {
+                "a positive multiple of the microbatch size the layer's times were measured at, \
+                 e.g. 0.5 for half as many rows"
+            }
         }
     }
 
@@ -41,7 +47,9 @@ impl Quantity {
         }
         match self {
             Quantity::Seconds | Quantity::Bytes if v < 0.0 => Some(format!("is negative ({v})")),
-            Quantity::BytesPerSecond if v <= 0.0 => Some(format!("must be positive, found {v}")),
+            Quantity::BytesPerSecond | Quantity::Scale if v <= 0.0 => {
+                Some(format!("must be positive, found {v}"))
+            }
             Quantity::Share if !(0.0..=1.0).contains(&v) => {
                 Some(format!("must lie between 0 and 1, found {v}"))
             }

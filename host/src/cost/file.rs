@@ -26,11 +26,13 @@
 //! | `released_at_input` | no (0) | part of `activation_bytes` freed when I ends |
 //! | `output_bytes` | no (0) | the output per microbatch (crosses the boundary after this layer) |
 //! | `fixed` | no, `layers` only | `{"forward": s, "backward_input": s, "backward_weight": s}`: the part of each time that does not grow with the microbatch size (all three required, each at most the op's time) |
+//! | `samples` | no, `layers` only | `[{"scale": b / b0, "forward": s, "backward_input": s, "backward_weight": s, "backward": s}, ...]`: the layer's times measured at other microbatch sizes (`backward` optional, default `I + W`; scales positive, distinct, not 1) |
 //!
 //! `fixed` makes `plan` scale times to other microbatch sizes by the affine model
 //! `time(b) = fixed + (time - fixed) * b / b0` instead of linearly (module
 //! [`scaling`](super::scaling)); `pipefill profile` fits it from two microbatch sizes. Without it, times
-//! scale linearly, as before.
+//! scale linearly, as before. `samples` (written by `pipefill profile --sizes`) take precedence: times
+//! are then interpolated between the measured sizes.
 //!
 //! Backward: `backward_input` and `backward_weight`, or `backward` alone (then `I = W = B/2`), or
 //! `backward` with one of the two (see [`super::resolve_backward`]).
@@ -48,7 +50,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::check::{Fields, Quantity};
-use super::{resolve_backward, CostError, CostModel, FixedCost, LayerCost, LinkCost, StageCost};
+use super::{
+    resolve_backward, CostError, CostModel, FixedCost, LayerCost, LinkCost, SizeSample, StageCost,
+};
 
 /// The keys an entry (layer or stage) may have.
 const ENTRY_KEYS: &[&str] = &[
@@ -62,6 +66,7 @@ const ENTRY_KEYS: &[&str] = &[
     "parameter_bytes",
     "output_bytes",
     "fixed",
+    "samples",
 ];
 
 /// The keys the top level may have.
@@ -153,6 +158,7 @@ impl CostInput {
                         let path = format!("stages[{i}]");
                         let (_, s) = parse_entry(v, &path, false)?;
                         refuse_fixed(v, &path)?;
+                        refuse_samples(v, &path)?;
                         Ok(s)
                     })
                     .collect::<Result<Vec<_>, CostError>>()?;
@@ -172,6 +178,7 @@ impl CostInput {
                         let (name, s) = parse_entry(v, &path, true)?;
                         let mut layer = layer_from(name.unwrap_or_default(), &s);
                         layer.fixed = parse_fixed(v, &path)?;
+                        layer.samples = parse_samples(v, &path)?;
                         layer.check(&path)?;
                         Ok(layer)
                     })
@@ -281,6 +288,65 @@ fn parse_fixed(v: &Value, path: &str) -> Result<Option<FixedCost>, CostError> {
     }))
 }
 
+/// The optional `samples` array of a layer entry (its numbers; [`LayerCost::check`] checks the
+/// scales against each other).
+fn parse_samples(v: &Value, path: &str) -> Result<Vec<SizeSample>, CostError> {
+    let Some(samples) = v.get("samples") else {
+        return Ok(Vec::new());
+    };
+    let Some(entries) = samples.as_array() else {
+        return Err(CostError::field(
+            format!("{path}.samples"),
+            format!("is {}", super::check::kind(samples)),
+            "give an array of {\"scale\": b / b0, \"forward\": s, \"backward_input\": s, \
+             \"backward_weight\": s, \"backward\": s}",
+        ));
+    };
+    entries
+        .iter()
+        .enumerate()
+        .map(|(j, e)| {
+            let at = format!("{path}.samples[{j}]");
+            let f = Fields::object(
+                e,
+                &at,
+                "an object {\"scale\": b / b0, \"forward\": s, \"backward_input\": s, \
+                 \"backward_weight\": s, \"backward\": s}",
+            )?;
+            f.only(&[
+                "scale",
+                "forward",
+                "backward_input",
+                "backward_weight",
+                "backward",
+            ])?;
+            let backward_input = f.required("backward_input", Quantity::Seconds)?;
+            let backward_weight = f.required("backward_weight", Quantity::Seconds)?;
+            Ok(SizeSample {
+                scale: f.required("scale", Quantity::Scale)?,
+                forward: f.required("forward", Quantity::Seconds)?,
+                backward_input,
+                backward_weight,
+                backward: f
+                    .number("backward", Quantity::Seconds)?
+                    .unwrap_or(backward_input + backward_weight),
+            })
+        })
+        .collect()
+}
+
+/// Per-stage entries are simulated as given, never rescaled: `samples` there would be ignored.
+fn refuse_samples(v: &Value, path: &str) -> Result<(), CostError> {
+    if v.get("samples").is_some() {
+        return Err(CostError::field(
+            format!("{path}.samples"),
+            "is only read for per-layer costs",
+            "remove \"samples\" from \"stages\" entries (per-stage costs are simulated as given), or give \"layers\"",
+        ));
+    }
+    Ok(())
+}
+
 /// Per-stage entries are simulated as given, never rescaled: a `fixed` there would be ignored.
 fn refuse_fixed(v: &Value, path: &str) -> Result<(), CostError> {
     if v.get("fixed").is_some() {
@@ -306,6 +372,7 @@ fn layer_from(name: String, s: &StageCost) -> LayerCost {
         parameter_bytes: s.parameter_bytes,
         output_bytes: s.output_bytes,
         fixed: None,
+        samples: Vec::new(),
     }
 }
 
@@ -513,6 +580,76 @@ mod tests {
                 "`{text}` gave `{e}`; wanted {field} / {what}"
             );
             assert!(e.contains("Fix:"), "no fix in `{e}`");
+        }
+    }
+
+    fn with_samples(samples: &str) -> String {
+        format!(r#"{{"layers": [{FIXED_LAYER}, "samples": {samples}}}]}}"#)
+    }
+
+    #[test]
+    fn reads_samples_and_writes_them_back() {
+        let f = CostFile::parse(&with_samples(
+            r#"[{"scale": 4, "forward": 6, "backward_input": 3, "backward_weight": 3.5},
+                {"scale": 0.25, "forward": 1, "backward_input": 0.5, "backward_weight": 0.5,
+                 "backward": 0.9}]"#,
+        ))
+        .unwrap();
+        let s = &f.layers[0].samples;
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].scale, s[0].backward),
+            (4.0, 6.5),
+            "B defaults to I + W"
+        );
+        assert_eq!((s[1].scale, s[1].backward), (0.25, 0.9));
+        assert_eq!(CostFile::parse(&f.to_json()).unwrap(), f);
+        assert_eq!(f.layers[0].scaled(4.0).forward, 6.0);
+        assert!(!CostFile::parse(GOOD).unwrap().to_json().contains("samples"));
+    }
+
+    #[test]
+    fn samples_are_checked_naming_the_field() {
+        let cases = [
+            (with_samples("{}"), "layers[0].samples", "array"),
+            (
+                with_samples(
+                    r#"[{"scale": 0, "forward": 1, "backward_input": 1, "backward_weight": 1}]"#,
+                ),
+                "layers[0].samples[0].scale",
+                "positive",
+            ),
+            (
+                with_samples(r#"[{"scale": 2, "forward": 1, "backward_input": 1}]"#),
+                "layers[0].samples[0].backward_weight",
+                "missing",
+            ),
+            (
+                with_samples(
+                    r#"[{"scale": 2, "froward": 1, "backward_input": 1, "backward_weight": 1}]"#,
+                ),
+                "froward",
+                "forward",
+            ),
+            (
+                with_samples(
+                    r#"[{"scale": 2, "forward": 1, "backward_input": 1, "backward_weight": 1},
+                        {"scale": 2, "forward": 1, "backward_input": 1, "backward_weight": 1}]"#,
+                ),
+                "layers[0].samples[1].scale",
+                "repeats",
+            ),
+            (
+                r#"{"stages": [{"forward": 1, "backward": 2, "activation_bytes": 1,
+                    "parameter_bytes": 0, "samples": []}]}"#
+                    .to_string(),
+                "stages[0].samples",
+                "per-layer",
+            ),
+        ];
+        for (text, field, word) in cases {
+            let e = CostInput::parse(&text).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains(word), "{field}/{word}: {e}");
         }
     }
 }

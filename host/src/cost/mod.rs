@@ -46,7 +46,7 @@ pub use error::CostError;
 pub use file::{CostFile, CostInput};
 pub use flag::parse_cost_flag;
 pub use model::{split_even, CostSpec};
-pub use scaling::FixedCost;
+pub use scaling::{FixedCost, SizeSample};
 
 use crate::schedule::Op;
 
@@ -78,6 +78,11 @@ pub struct LayerCost {
     /// `None`: unknown, times scale linearly (see [`scaling`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fixed: Option<FixedCost>,
+    /// The layer's times measured at other microbatch sizes (cost file `"samples"`); when given,
+    /// times at other sizes are interpolated between them instead of following `fixed` (see
+    /// [`scaling`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<SizeSample>,
 }
 
 impl LayerCost {
@@ -99,6 +104,7 @@ impl LayerCost {
             parameter_bytes: 0.0,
             output_bytes: 0.0,
             fixed: None,
+            samples: Vec::new(),
         }
     }
 
@@ -122,14 +128,14 @@ impl LayerCost {
     }
 
     /// Checks every field (finite, non-negative, `released_at_input <= activation_bytes`, the fixed
-    /// part within the times), naming
+    /// part within the times, samples at distinct positive scales other than 1), naming
     /// fields under `path` (e.g. `layers[3]`).
     pub fn check(&self, path: &str) -> Result<(), CostError> {
         self.numbers().check(path)?;
-        match &self.fixed {
-            Some(f) => f.check(path, self),
-            None => Ok(()),
+        if let Some(f) = &self.fixed {
+            f.check(path, self)?;
         }
+        scaling::check_samples(path, &self.samples)
     }
 }
 

@@ -17,11 +17,102 @@
 //! so `time(b0) = t0` always and `f = 0` is the linear model (what a layer without `"fixed"` gets).
 //! The fused backward `B` scales with fixed part `min(f_I + f_W, B)`. Byte sizes always scale
 //! linearly (activations and outputs are proportional to the rows; parameters do not change).
+//!
+//! Two points fix a line, but a CPU layer's time is not a line in the rows: small microbatches run at
+//! lower GEMM efficiency, large ones fall out of the caches. Extrapolated far beyond the two sizes it
+//! was fitted at, the affine model was measured 1.7-1.9x optimistic (NOTES.md, "Partition and plan").
+//! A layer may therefore also carry [`SizeSample`]s: its times measured at other microbatch sizes
+//! (`pipefill profile --sizes`; the cost file's per-layer `"samples"`, each at `scale = b / b0`).
+//! With samples, times are **interpolated** piecewise linearly in `b` between the measured sizes
+//! (the main measurement is the sample at scale 1). Outside them: below the smallest, the line
+//! through the two smallest, kept between 0 and the smallest's time; above the largest, the line
+//! through the two largest, at least proportional growth from the largest
+//! (`time(largest) * b / b_largest`, which a GEMM that is already compute-bound follows).
 
 use serde::Serialize;
 
 use super::check::Quantity;
 use super::{CostError, LayerCost};
+
+/// A layer's times measured at another microbatch size: `scale` times the size its main times were
+/// measured at (cost file: an entry of a layer's `"samples"`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SizeSample {
+    /// The microbatch size as a multiple of the layer's measured size `b0` (`b / b0`); positive,
+    /// not 1 (scale 1 is the layer's own times).
+    pub scale: f64,
+    /// `F` at this size.
+    pub forward: f64,
+    /// `I` at this size.
+    pub backward_input: f64,
+    /// `W` at this size.
+    pub backward_weight: f64,
+    /// `B` at this size.
+    pub backward: f64,
+}
+
+impl SizeSample {
+    fn times(&self) -> [f64; 4] {
+        [
+            self.forward,
+            self.backward_input,
+            self.backward_weight,
+            self.backward,
+        ]
+    }
+}
+
+/// Checks a layer's samples: every time a valid duration, every scale positive, finite, not 1, and
+/// no scale twice; fields named `{path}.samples[j].scale` and so on.
+pub(super) fn check_samples(path: &str, samples: &[SizeSample]) -> Result<(), CostError> {
+    for (j, s) in samples.iter().enumerate() {
+        let at = format!("{path}.samples[{j}]");
+        for (name, v) in [
+            ("forward", s.forward),
+            ("backward_input", s.backward_input),
+            ("backward_weight", s.backward_weight),
+            ("backward", s.backward),
+        ] {
+            Quantity::Seconds.check(&format!("{at}.{name}"), v)?;
+        }
+        Quantity::Scale.check(&format!("{at}.scale"), s.scale)?;
+        if s.scale == 1.0 {
+            return Err(CostError::field(
+                format!("{at}.scale"),
+                "is 1, the size of the layer's own times",
+                "remove this sample (the layer's forward, backward_input, ... are the times at \
+                 scale 1)",
+            ));
+        }
+        if let Some(k) = samples[..j].iter().position(|o| o.scale == s.scale) {
+            return Err(CostError::field(
+                format!("{at}.scale"),
+                format!("repeats samples[{k}].scale ({})", s.scale),
+                "give each microbatch size once",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Piecewise-linear interpolation of `points` (sorted by scale, at least two) at `x`, with the
+/// extrapolation rules of the module docs, for time index `t`.
+fn interpolate(points: &[(f64, [f64; 4])], x: f64, t: usize) -> f64 {
+    let n = points.len();
+    let line = |a: usize, b: usize| {
+        let ((xa, ya), (xb, yb)) = ((points[a].0, points[a].1[t]), (points[b].0, points[b].1[t]));
+        ya + (yb - ya) * (x - xa) / (xb - xa)
+    };
+    let (first, last) = (points[0], points[n - 1]);
+    if x <= first.0 {
+        line(0, 1).clamp(0.0, first.1[t])
+    } else if x >= last.0 {
+        line(n - 2, n - 1).max(last.1[t] * x / last.0)
+    } else {
+        let i = points.partition_point(|p| p.0 <= x);
+        line(i - 1, i)
+    }
+}
 
 /// The per-call fixed part (seconds at zero rows) of a layer's `F`, `I` and `W`: each at least 0 and at
 /// most the layer's time for that op at the measured microbatch size.
@@ -85,6 +176,9 @@ impl LayerCost {
     /// assert_eq!(q.backward, 2.5);
     /// ```
     pub fn scaled(&self, factor: f64) -> LayerCost {
+        if !self.samples.is_empty() {
+            return self.interpolated(factor);
+        }
         let f = self.fixed.unwrap_or(FixedCost {
             forward: 0.0,
             backward_input: 0.0,
@@ -103,6 +197,39 @@ impl LayerCost {
             output_bytes: self.output_bytes * factor,
             // The fixed part is absolute: scaling the result again stays consistent.
             fixed: self.fixed,
+            samples: Vec::new(),
+        }
+    }
+
+    /// [`LayerCost::scaled`] for a layer with [`SizeSample`]s: times interpolated between the samples
+    /// and the layer's own times (scale 1), bytes scaled linearly. The result carries no samples or
+    /// fixed part (they describe sizes relative to this layer's, not to the result's).
+    fn interpolated(&self, factor: f64) -> LayerCost {
+        let own = SizeSample {
+            scale: 1.0,
+            forward: self.forward,
+            backward_input: self.backward_input,
+            backward_weight: self.backward_weight,
+            backward: self.backward,
+        };
+        let mut points: Vec<(f64, [f64; 4])> = std::iter::once(own)
+            .chain(self.samples.iter().copied())
+            .map(|s| (s.scale, s.times()))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let at = |t: usize| interpolate(&points, factor, t);
+        LayerCost {
+            name: self.name.clone(),
+            forward: at(0),
+            backward_input: at(1),
+            backward_weight: at(2),
+            backward: at(3),
+            activation_bytes: self.activation_bytes * factor,
+            released_at_input: self.released_at_input * factor,
+            parameter_bytes: self.parameter_bytes,
+            output_bytes: self.output_bytes * factor,
+            fixed: None,
+            samples: Vec::new(),
         }
     }
 }
@@ -180,5 +307,97 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("layers[0].fixed.backward_weight"), "{e}");
+    }
+
+    fn sample(scale: f64, t: f64) -> SizeSample {
+        SizeSample {
+            scale,
+            forward: t,
+            backward_input: 2.0 * t,
+            backward_weight: 3.0 * t,
+            backward: 5.0 * t,
+        }
+    }
+
+    /// A layer measured at b0 (time 4 for F) and at 1/4 (time 2) and 4x (time 20) of it.
+    fn sampled() -> LayerCost {
+        let mut l = LayerCost::new("s", 4.0, 8.0, 12.0);
+        l.backward = 20.0;
+        l.activation_bytes = 100.0;
+        l.fixed = Some(FixedCost {
+            forward: 3.9,
+            backward_input: 0.0,
+            backward_weight: 0.0,
+        });
+        // Out of order on purpose: the file need not sort them.
+        l.samples = vec![sample(4.0, 20.0), sample(0.25, 2.0)];
+        l
+    }
+
+    #[test]
+    fn samples_are_hit_exactly_and_interpolated_between() {
+        let l = sampled();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        for (x, f) in [(0.25, 2.0), (1.0, 4.0), (4.0, 20.0)] {
+            let s = l.scaled(x);
+            assert!(close(s.forward, f), "F at {x}: {}", s.forward);
+            assert!(close(s.backward_input, 2.0 * f) || x == 1.0);
+            assert!(close(s.backward, 5.0 * f) || x == 1.0);
+        }
+        // Between 1 (4) and 4 (20): at 2.5 halfway, 12. Between 0.25 (2) and 1 (4): at 0.625, 3.
+        assert!(close(l.scaled(2.5).forward, 12.0));
+        assert!(close(l.scaled(0.625).forward, 3.0));
+        // The samples win over the fixed part (which alone would give 3.9 + 0.1 * 2.5).
+        assert!(l.scaled(2.5).forward > 4.0);
+        // Bytes stay linear; the result carries no samples.
+        assert_eq!(l.scaled(2.0).activation_bytes, 200.0);
+        assert!(l.scaled(2.0).samples.is_empty());
+    }
+
+    #[test]
+    fn outside_the_samples_the_nearest_two_extrapolate_with_floors() {
+        let l = sampled();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        // Above: the line through (1, 4) and (4, 20) has slope 16/3; at 8: 20 + 4 * 16/3.
+        assert!(close(l.scaled(8.0).forward, 20.0 + 4.0 * 16.0 / 3.0));
+        // Below: the line through (0.25, 2) and (1, 4) at 0.125 is 1.666..; at 0 it would be 1.33,
+        // and it never goes below 0 or above the smallest sample's time.
+        assert!(close(l.scaled(0.125).forward, 2.0 - 0.125 * 8.0 / 3.0));
+        let mut flat = l.clone();
+        flat.samples = vec![sample(0.25, 5.0), sample(4.0, 3.0)];
+        // A time that fell with more rows (noise): below the smallest stays at most its time, above
+        // the largest grows at least proportionally.
+        assert!(flat.scaled(0.1).forward <= 5.0);
+        assert!(close(flat.scaled(8.0).forward, 3.0 * 2.0));
+    }
+
+    #[test]
+    fn samples_are_checked() {
+        let mut l = sampled();
+        l.check("layers[1]").unwrap();
+        l.samples.push(sample(1.0, 4.0));
+        let e = l.check("layers[1]").unwrap_err().to_string();
+        assert!(
+            e.contains("layers[1].samples[2].scale") && e.contains("is 1"),
+            "{e}"
+        );
+        l.samples[2] = sample(4.0, 1.0);
+        let e = l.check("layers[1]").unwrap_err().to_string();
+        assert!(
+            e.contains("samples[2].scale") && e.contains("repeats samples[0]"),
+            "{e}"
+        );
+        l.samples[2] = sample(-2.0, 1.0);
+        assert!(l
+            .check("x")
+            .unwrap_err()
+            .to_string()
+            .contains("x.samples[2].scale"));
+        l.samples[2] = SizeSample {
+            backward_weight: f64::NAN,
+            ..sample(2.0, 1.0)
+        };
+        let e = l.check("x").unwrap_err().to_string();
+        assert!(e.contains("x.samples[2].backward_weight"), "{e}");
     }
 }
