@@ -169,3 +169,37 @@ fn fixed_overhead_makes_plan_prefer_larger_microbatches() {
     };
     assert!(slowest_m(&fixed) > 8.0 * slowest_m(&linear));
 }
+
+#[test]
+fn samples_override_the_fixed_part_and_steer_the_plan() {
+    let run = |costs: CostFile| {
+        let mut req = PlanRequest::new(costs, 16.0, 4, 16);
+        req.max_microbatches = 16;
+        plan(&req).unwrap()
+    };
+    // Samples that say every size costs what the measured one does (all time fixed): the plan must
+    // behave as with a fixed part of 100 %, even though the file's `fixed` says 0 % (samples win).
+    let mut costs = with_fixed_share(0.0);
+    for l in &mut costs.layers {
+        let at = |scale: f64| pipefill_host::cost::SizeSample {
+            scale,
+            forward: l.forward,
+            backward_input: l.backward_input,
+            backward_weight: l.backward_weight,
+            backward: l.backward,
+        };
+        l.samples = vec![at(1.0 / 16.0), at(0.25)];
+    }
+    let report = run(costs);
+    let best = report.best().unwrap();
+    assert_eq!(
+        (best.microbatches, best.microbatch_size),
+        (1, 16),
+        "{best:?}"
+    );
+    let fixed = run(with_fixed_share(1.0));
+    assert!(
+        (fixed.best().unwrap().step_time - best.step_time).abs() <= 1e-12,
+        "same costs at every size, same prediction"
+    );
+}
