@@ -204,7 +204,7 @@ fn bad_files_are_refused_with_the_place_and_exit_code_2() {
             "--validate",
             dir.join("absent.json").to_str().unwrap(),
         ]),
-        &["cannot read schedule file"],
+        &["--validate", "cannot read it"],
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

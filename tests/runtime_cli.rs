@@ -145,6 +145,10 @@ fn bad_input_exits_2_naming_the_flag() {
         (vec!["--lr=0"], "--lr"),
         (vec!["--model", "missing.toml"], "missing.toml"),
         (vec!["--steps", "0"], "--steps"),
+        (
+            vec!["--schedule-file", "absent.json"],
+            "--schedule-file `absent.json`",
+        ),
     ] {
         let out = train(&dir, &args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -155,5 +159,93 @@ fn bad_input_exits_2_naming_the_flag() {
         !dir.join("pipefill-timeline.svg").exists(),
         "nothing written on refusal"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_schedule_file_is_trained_as_written() {
+    let dir = scratch("file");
+    // A schedule written by `pipefill schedule`, as a user would save or edit one.
+    let out = Command::new(env!("CARGO_BIN_EXE_pipefill"))
+        .current_dir(&dir)
+        .args([
+            "schedule",
+            "--schedule",
+            "zb-h1",
+            "--ranks",
+            "2",
+            "--microbatches",
+            "4",
+            "--format",
+            "json",
+            "--out",
+            "mine.json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let args = [
+        "--schedule-file",
+        "mine.json",
+        "--steps",
+        "12",
+        "--layers",
+        "4",
+        "--hidden",
+        "16",
+        "--batch",
+        "32",
+        "--format",
+        "json",
+    ];
+    let out = train(&dir, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // P, V, M come from the file; the name is the file's.
+    assert_eq!(v["ranks"], 2);
+    assert_eq!(v["chunks"], 1);
+    assert_eq!(v["microbatches"], 4);
+    assert_eq!(v["candidates"].as_array().unwrap().len(), 1);
+    let losses: Vec<f64> = serde_json::from_value(v["losses"].clone()).unwrap();
+    assert_eq!(losses.len(), 12);
+    assert!(losses[11] < losses[0], "loss must fall: {losses:?}");
+
+    // A file whose schedule cannot run, flags that the file already fixes, a model too small.
+    std::fs::write(dir.join("deadlock.csv"), "0F0,0B0\n1B0,1F0\n").unwrap();
+    for (extra, needle) in [
+        (
+            vec!["--schedule-file", "deadlock.csv"],
+            "--schedule-file `deadlock.csv`",
+        ),
+        (
+            vec!["--schedule-file", "mine.json", "--ranks", "3"],
+            "--ranks",
+        ),
+        (
+            vec!["--schedule-file", "mine.json", "--schedule", "1f1b"],
+            "--schedule",
+        ),
+        (
+            vec!["--schedule-file", "mine.json", "--layers", "1"],
+            "stages",
+        ),
+        (
+            vec!["--schedule-file", "mine.json", "--batch", "30"],
+            "multiple of 4",
+        ),
+    ] {
+        let out = train(&dir, &extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -102,20 +102,30 @@ fn generate(args: &Args) -> Result<Schedule, CliError> {
     })
 }
 
-/// Reads and validates a schedule file; returns the OK report.
-fn validate_file(path: &Path) -> Result<String, CliError> {
+/// Reads a schedule file (JSON, CSV or text grid; named after the file's stem) and validates it,
+/// for the flag `flag`: errors (exit code 2) name the flag, the path and the problem.
+pub fn read_schedule_file(
+    flag: &str,
+    path: &Path,
+) -> Result<(Schedule, ValidationReport), CliError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         CliError::Usage(format!(
-            "cannot read schedule file `{}`: {e}; check the --validate path",
+            "{flag} `{}`: cannot read it: {e}; check the path",
             path.display()
         ))
     })?;
     let stem = path
         .file_stem()
         .map_or("schedule".into(), |s| s.to_string_lossy().into_owned());
-    let in_file = |e: ScheduleError| CliError::Usage(format!("{}: {e}", path.display()));
+    let in_file = |e: ScheduleError| CliError::Usage(format!("{flag} `{}`: {e}", path.display()));
     let s = format::read(&text, &stem).map_err(in_file)?;
     let report = validate(&s).map_err(in_file)?;
+    Ok((s, report))
+}
+
+/// Reads and validates a schedule file; returns the OK report.
+fn validate_file(path: &Path) -> Result<String, CliError> {
+    let (s, report) = read_schedule_file("--validate", path)?;
     Ok(ok_report(&s, &report))
 }
 

@@ -19,8 +19,7 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use pipefill_host::cost::flag::{parse_bandwidth, parse_time};
 use pipefill_host::cost::{parse_cost_flag, CostError, CostInput, CostSpec, LinkCost};
-use pipefill_host::schedule::validate::validate;
-use pipefill_host::schedule::{families, format, Params, Schedule};
+use pipefill_host::schedule::{families, Params, Schedule};
 use pipefill_host::sim::{simulate, SimError};
 use pipefill_host::trace::{chrome_trace, svg_gantt, text_gantt, SvgOptions};
 
@@ -258,7 +257,10 @@ fn schedules(args: &Args) -> Result<Vec<(Schedule, bool)>, CliError> {
         }
     }
     for path in &args.schedule_file {
-        out.push((read_schedule(path)?, true));
+        out.push((
+            super::schedule::read_schedule_file("--schedule-file", path)?.0,
+            true,
+        ));
     }
     Ok(out)
 }
@@ -295,29 +297,6 @@ fn generate(
         group_size: None,
     };
     families::generate(name, &params).map_err(|e| usage(format!("--schedule: {e}")))
-}
-
-/// Reads and validates a schedule file.
-fn read_schedule(path: &Path) -> Result<Schedule, CliError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        usage(format!(
-            "--schedule-file `{}`: cannot read it: {e}",
-            path.display()
-        ))
-    })?;
-    let name = path.file_stem().map_or_else(
-        || "schedule".to_string(),
-        |s| s.to_string_lossy().into_owned(),
-    );
-    let schedule = format::read(&text, &name)
-        .map_err(|e| usage(format!("--schedule-file `{}`: {e}", path.display())))?;
-    validate(&schedule).map_err(|e| {
-        usage(format!(
-            "--schedule-file `{}`: the schedule cannot run: {e}",
-            path.display()
-        ))
-    })?;
-    Ok(schedule)
 }
 
 /// `--steps` with a price: what the bubble costs over the run.

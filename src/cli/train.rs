@@ -58,6 +58,14 @@ pub struct Args {
     /// Schedule family to train with (default: the one with the lowest predicted step time).
     #[arg(long)]
     pub schedule: Option<String>,
+    /// Train with the schedule in this file instead of a generated one (JSON, CSV or text grid,
+    /// as `pipefill schedule --out` writes; it must validate). It gives `P`, `V` and `M`.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["schedule", "ranks", "microbatches", "chunks"]
+    )]
+    pub schedule_file: Option<PathBuf>,
     /// How to split the layers into stages: `auto` (the best partition for each schedule by simulated
     /// step time) or `uniform` (equal layer counts).
     #[arg(long, value_enum, default_value_t = super::plan::TrainPlan::Auto)]
@@ -108,6 +116,9 @@ pub struct Setup {
     pub gemm: GemmBackend,
     /// Cores this process may use.
     pub cores: usize,
+    /// The schedule read from `--schedule-file` (then `args.ranks`, `microbatches` and `chunks`
+    /// are its `P`, `M` and `V`).
+    pub schedule_file: Option<Schedule>,
 }
 
 /// A schedule that fits, with its stages and predicted timeline.
@@ -151,8 +162,18 @@ pub fn run(args: Args) -> Result<(), CliError> {
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
-pub fn setup(args: Args) -> Result<Setup, CliError> {
+pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     let usage = |m: String| CliError::Usage(m);
+    let schedule_file = match &args.schedule_file {
+        Some(path) => {
+            let (s, _) = super::schedule::read_schedule_file("--schedule-file", path)?;
+            args.ranks = s.ranks;
+            args.microbatches = s.microbatches;
+            args.chunks = Some(s.chunks);
+            Some(s)
+        }
+        None => None,
+    };
     for (name, v) in [
         ("--ranks", args.ranks),
         ("--microbatches", args.microbatches),
@@ -186,11 +207,39 @@ pub fn setup(args: Args) -> Result<Setup, CliError> {
     };
     let spec = args.model.spec()?;
     if spec.batch % args.microbatches != 0 {
-        return Err(usage(format!(
-            "--batch {} does not split into --microbatches {}: give a batch that is a multiple of \
-             the microbatch count",
-            spec.batch, args.microbatches
-        )));
+        return Err(usage(match &args.schedule_file {
+            Some(path) => format!(
+                "--batch {} does not split into the {} microbatches of --schedule-file `{}`: give \
+                 a batch that is a multiple of {}",
+                spec.batch,
+                args.microbatches,
+                path.display(),
+                args.microbatches
+            ),
+            None => format!(
+                "--batch {} does not split into --microbatches {}: give a batch that is a \
+                 multiple of the microbatch count",
+                spec.batch, args.microbatches
+            ),
+        }));
+    }
+    if let Some(s) = &schedule_file {
+        if spec.layers.len() < s.stages() {
+            return Err(usage(format!(
+                "the model has {} layers for the {} stages of --schedule-file `{}` (P = {} x V = \
+                 {}): every stage needs at least one layer; give --layers (or model file layers) \
+                 >= {}",
+                spec.layers.len(),
+                s.stages(),
+                args.schedule_file
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                s.ranks,
+                s.chunks,
+                s.stages()
+            )));
+        }
     }
     if let Some(name) = &args.schedule {
         families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
@@ -211,6 +260,7 @@ pub fn setup(args: Args) -> Result<Setup, CliError> {
         optimizer,
         gemm,
         cores,
+        schedule_file,
     })
 }
 
@@ -244,9 +294,31 @@ pub fn split(
     super::plan::train_split(setup.args.plan, schedule, costs, CPU_OVERLAP_SHARE)
 }
 
-/// Generates, validates and simulates every family that fits (only `--schedule` if given).
+/// The candidate for one schedule that validated: its split, costs and predicted timeline.
+fn candidate(setup: &Setup, s: Schedule, costs: &[LayerCost]) -> Result<Candidate, String> {
+    let counts = split(setup, &s, costs)?;
+    let mut cost =
+        CostModel::from_layers(costs, &counts, LinkCost::default()).map_err(|e| e.to_string())?;
+    // The CPU runtime runs an overlapped pair's halves one after the other.
+    cost.overlap_share = CPU_OVERLAP_SHARE;
+    let predicted = predict(&s, &cost)?;
+    Ok(Candidate {
+        schedule: s,
+        layers_per_stage: counts,
+        cost,
+        predicted,
+    })
+}
+
+/// Generates, validates and simulates every family that fits (only `--schedule` if given; only
+/// the file's schedule with `--schedule-file`).
 pub fn candidates(setup: &Setup, costs: &[LayerCost]) -> Result<Vec<Candidate>, CliError> {
     let a = &setup.args;
+    if let Some(s) = &setup.schedule_file {
+        return candidate(setup, s.clone(), costs)
+            .map(|c| vec![c])
+            .map_err(|e| CliError::Usage(format!("--schedule-file: {e}")));
+    }
     let mut out = Vec::new();
     let mut refusals = Vec::new();
     for family in families::FAMILIES {
@@ -262,20 +334,7 @@ pub fn candidates(setup: &Setup, costs: &[LayerCost]) -> Result<Vec<Candidate>, 
         let attempt = families::generate(family.name, &params)
             .and_then(|s| validate(&s).map(|_| s))
             .map_err(|e| e.to_string())
-            .and_then(|s| {
-                let counts = split(setup, &s, costs)?;
-                let mut cost = CostModel::from_layers(costs, &counts, LinkCost::default())
-                    .map_err(|e| e.to_string())?;
-                // The CPU runtime runs an overlapped pair's halves one after the other.
-                cost.overlap_share = CPU_OVERLAP_SHARE;
-                let predicted = predict(&s, &cost)?;
-                Ok(Candidate {
-                    schedule: s,
-                    layers_per_stage: counts,
-                    cost,
-                    predicted,
-                })
-            });
+            .and_then(|s| candidate(setup, s, costs));
         match attempt {
             Ok(c) => out.push(c),
             Err(e) => refusals.push(format!("{}: {e}", family.name)),
