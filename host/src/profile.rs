@@ -184,19 +184,15 @@ pub fn profile_layers<S: Stage>(
     let mut memory = vec![(0usize, 0usize, 0usize); n];
     for round in 0..options.warmup + options.repeats {
         let timed = round >= options.warmup;
-        let name = |layers: &[ProfiledLayer<'_, S>], index: usize| layers[index].name.clone();
-        let fused =
-            fused_pass(&mut layers, &input).map_err(|(index, source)| ProfileError::Layer {
+        let error = |layers: &[ProfiledLayer<'_, S>], (index, source): (usize, StageError)| {
+            ProfileError::Layer {
                 index,
-                name: name(&layers, index),
+                name: layers[index].name.clone(),
                 source,
-            })?;
-        let split =
-            split_pass(&mut layers, &input).map_err(|(index, source)| ProfileError::Layer {
-                index,
-                name: name(&layers, index),
-                source,
-            })?;
+            }
+        };
+        let fused = fused_pass(&mut layers, &input).map_err(|e| error(&layers, e))?;
+        let split = split_pass(&mut layers, &input).map_err(|e| error(&layers, e))?;
         for (l, (b, r)) in fused.into_iter().zip(split).enumerate() {
             if timed {
                 let [f, i, w] = r.times;
