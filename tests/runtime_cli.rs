@@ -82,6 +82,7 @@ fn json_has_the_documented_keys_and_the_loss_falls() {
     );
     let svg = std::fs::read_to_string(dir.join("pipefill-timeline.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("measured") && svg.contains("predicted"));
+    assert!(svg.contains("from the profile") && svg.contains("from this run"));
     let trace: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).unwrap()).unwrap();
     assert!(!trace["traceEvents"].as_array().unwrap().is_empty());

@@ -79,7 +79,8 @@ pub struct Args {
     /// Also write the measured and predicted timelines as Chrome trace JSON (Perfetto) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Where to write the timeline SVG (measured above predicted).
+    /// Where to write the timeline SVG (measured, then predicted from the profile and from the
+    /// run's own action durations).
     #[arg(long, default_value = "pipefill-timeline.svg")]
     pub svg: PathBuf,
     /// Output format.

@@ -58,20 +58,37 @@ impl Progress {
     }
 }
 
-/// Writes the SVG (measured above predicted) and, with `--trace`, the Chrome trace.
+/// Writes the SVG (measured, then predicted from the profile, then from the run's own action
+/// durations unless `--replay`) and, with `--trace`, the Chrome trace of the same timelines.
 pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Result<(), CliError> {
-    let both = [&outcome.measured, &chosen.predicted];
+    let named = |t: &Timeline, how: &str| {
+        let mut t = t.clone();
+        t.name = format!("{}, {how}", t.name);
+        t
+    };
+    let mut all = vec![
+        outcome.measured.clone(),
+        named(&chosen.predicted, "from the profile"),
+    ];
+    // With --replay the measured timeline is already the one from the run's durations.
+    if !setup.args.replay {
+        all.push(named(
+            &outcome.resimulated,
+            "from this run's action durations",
+        ));
+    }
     let options = SvgOptions {
         title: format!(
-            "pipefill train: {} on {} ranks, M = {} (measured above predicted)",
+            "pipefill train: {} on {} ranks, M = {} (measured, then predicted)",
             chosen.schedule.name, chosen.schedule.ranks, chosen.schedule.microbatches
         ),
         ..SvgOptions::default()
     };
-    let svg = svg_gantt(&both, &options);
+    let all: Vec<&Timeline> = all.iter().collect();
+    let svg = svg_gantt(&all, &options);
     write_atomic("--svg", &setup.args.svg, svg)?;
     if let Some(path) = &setup.args.trace {
-        let trace = chrome_trace(&both);
+        let trace = chrome_trace(&all);
         write_atomic("--trace", path, trace)?;
     }
     Ok(())
@@ -191,7 +208,10 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         "  (predicted: the simulator on the profiled costs; from run: the simulator on this run's \
          mean action durations)"
     );
-    println!("wrote {} (measured above predicted)", a.svg.display());
+    println!(
+        "wrote {} (measured, then predicted from the profile and from the run)",
+        a.svg.display()
+    );
     if let Some(t) = &a.trace {
         println!(
             "wrote {} (Chrome trace: open in ui.perfetto.dev)",
