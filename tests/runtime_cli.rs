@@ -1,22 +1,17 @@
 //! `pipefill train` end to end: JSON keys, the loss falling, files written, bad input refused with
 //! exit code 2 naming the flag.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::path::Path;
 
-fn train(dir: &PathBuf, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipefill"))
-        .current_dir(dir)
-        .arg("train")
-        .args(args)
-        .output()
-        .expect("the pipefill binary runs")
-}
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pipefill-train-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+use common::scratch;
+
+/// `pipefill train ARGS` in `dir`: exit code, stdout, stderr.
+fn train(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["train"];
+    all.extend_from_slice(args);
+    common::pipefill_in(Some(dir), &all)
 }
 
 #[test]
@@ -41,12 +36,9 @@ fn json_has_the_documented_keys_and_the_loss_falls() {
             "trace.json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let (code, stdout, err) = out;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
     for key in [
         "schedule",
         "ranks",
@@ -120,12 +112,9 @@ fn a_named_schedule_and_replay_run() {
             "json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, stdout, err) = out;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["schedule"], "dualpipev");
     assert_eq!(v["stages"], 6);
     assert_eq!(v["replay"], true);
@@ -151,9 +140,8 @@ fn bad_input_exits_2_naming_the_flag() {
             "--schedule-file `absent.json`",
         ),
     ] {
-        let out = train(&dir, &args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let (code, _, err) = train(&dir, &args);
+        assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
     assert!(
@@ -167,9 +155,9 @@ fn bad_input_exits_2_naming_the_flag() {
 fn a_schedule_file_is_trained_as_written() {
     let dir = scratch("file");
     // A schedule written by `pipefill schedule`, as a user would save or edit one.
-    let out = Command::new(env!("CARGO_BIN_EXE_pipefill"))
-        .current_dir(&dir)
-        .args([
+    let out = common::pipefill_in(
+        Some(&dir),
+        &[
             "schedule",
             "--schedule",
             "zb-h1",
@@ -181,14 +169,10 @@ fn a_schedule_file_is_trained_as_written() {
             "json",
             "--out",
             "mine.json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
+    let (code, _, err) = out;
+    assert_eq!(code, 0, "{err}");
     let args = [
         "--schedule-file",
         "mine.json",
@@ -204,12 +188,9 @@ fn a_schedule_file_is_trained_as_written() {
         "json",
     ];
     let out = train(&dir, &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, stdout, err) = out;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     // P, V, M come from the file; the name is the file's.
     assert_eq!(v["ranks"], 2);
     assert_eq!(v["chunks"], 1);
@@ -243,9 +224,8 @@ fn a_schedule_file_is_trained_as_written() {
             "multiple of 4",
         ),
     ] {
-        let out = train(&dir, &extra);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        let (code, _, err) = train(&dir, &extra);
+        assert_eq!(code, 2, "{extra:?}: {err}");
         assert!(err.contains(needle), "{extra:?}: {err}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
