@@ -111,21 +111,25 @@ fn table_lists_every_schedule_and_a_text_gantt() {
 fn bubble_cost_matches_the_seed_example() {
     // 1F1B with P = 2, M = 1, F = 5 ms, B = 10 ms: makespan 30 ms, each GPU busy 15 ms: 15 ms of bubble
     // per GPU per step; over 10 million steps 41.67 GPU-hours per GPU.
-    let v = json(&[
-        "simulate",
-        "--schedule",
-        "1f1b",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "1",
-        "--cost",
-        "F=5ms,B=10ms",
-        "--steps",
-        "10000000",
-        "--price-per-gpu-hour",
-        "2",
-    ]);
+    // The seed example's run, priced per GPU-hour or per cluster-day.
+    let priced = |price: [&str; 2]| {
+        let mut args = vec![
+            "simulate",
+            "--schedule",
+            "1f1b",
+            "--ranks",
+            "2",
+            "--microbatches",
+            "1",
+            "--cost",
+            "F=5ms,B=10ms",
+            "--steps",
+            "10000000",
+        ];
+        args.extend(price);
+        json(&args)
+    };
+    let v = priced(["--price-per-gpu-hour", "2"]);
     let b = &v["results"][0]["bubble"];
     assert!(close(b["idle_per_gpu_per_step"].as_f64().unwrap(), 0.015));
     assert!(close(
@@ -140,21 +144,7 @@ fn bubble_cost_matches_the_seed_example() {
         b["cost"].as_f64().unwrap(),
         2.0 * 2.0 * 0.015 * 1e7 / 3600.0
     ));
-    let v = json(&[
-        "simulate",
-        "--schedule",
-        "1f1b",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "1",
-        "--cost",
-        "F=5ms,B=10ms",
-        "--steps",
-        "10000000",
-        "--cluster-cost-per-day",
-        "96",
-    ]);
+    let v = priced(["--cluster-cost-per-day", "96"]);
     assert!(close(
         v["results"][0]["bubble"]["price_per_gpu_hour"]
             .as_f64()
