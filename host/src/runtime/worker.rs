@@ -251,6 +251,9 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
                     self.action(forward)?;
                     self.action(backward)?;
                 }
+                // Transfers are implied by the data routing below; parameter operations have no
+                // work on one process.
+                Item::Comm(_) | Item::Param(_) => continue,
             }
             let end = self.clock.last_end;
             let start = self.clock.first_start.unwrap_or(end);

@@ -4,7 +4,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-use super::Action;
+use super::Item;
 
 /// Everything that can go wrong building, reading or checking a schedule.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -78,7 +78,7 @@ pub enum ScheduleError {
 }
 
 /// One rank stuck in a deadlock: the item it cannot start and the action it waits for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Wait {
     /// The waiting rank.
     pub rank: usize,
@@ -86,8 +86,8 @@ pub struct Wait {
     pub position: usize,
     /// The blocked item (text form).
     pub item: String,
-    /// The action it needs that has not run.
-    pub needs: Action,
+    /// The item it needs that has not run: a compute action, or the send a receive waits for.
+    pub needs: Item,
     /// The rank that must run `needs`.
     pub needs_rank: usize,
     /// Position of `needs` in that rank's list.

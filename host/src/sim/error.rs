@@ -3,8 +3,9 @@
 use thiserror::Error;
 
 use crate::cost::CostError;
+use crate::schedule::ScheduleError;
 
-/// Why a schedule could not be simulated. Every variant names the rank, position and action at fault.
+/// Why a schedule could not be simulated.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum SimError {
     /// The cost model is unusable (a field is NaN, negative, ...).
@@ -35,26 +36,8 @@ pub enum SimError {
         /// What is wrong.
         reason: String,
     },
-    /// One item cannot run where it is (stage or microbatch out of range, wrong rank, twice).
-    #[error("schedule `{schedule}`: rank {rank}, position {index}, `{item}`: {reason}")]
-    BadItem {
-        /// Schedule name.
-        schedule: String,
-        /// The rank.
-        rank: usize,
-        /// Position in the rank's list.
-        index: usize,
-        /// The item's text form.
-        item: String,
-        /// Why it cannot run.
-        reason: String,
-    },
-    /// No rank can make progress: every unfinished rank waits for something that never arrives.
-    #[error("schedule `{schedule}` deadlocks: {}", waiting.join("; "))]
-    Deadlock {
-        /// Schedule name.
-        schedule: String,
-        /// One line per waiting rank: `rank R at position N runs X, waiting for Y (...)`.
-        waiting: Vec<String>,
-    },
+    /// The schedule does not validate: the validator's error (a bad item, a missing action, a
+    /// deadlock naming every waiting rank and what it waits for).
+    #[error("schedule: {0}")]
+    Schedule(#[from] ScheduleError),
 }

@@ -5,7 +5,8 @@
 //! constant: `parameter_bytes` of the rank's stages).
 
 use crate::cost::CostModel;
-use crate::schedule::{Item, Op};
+use crate::schedule::deps::Footprint;
+use crate::schedule::Item;
 use crate::timeline::Timeline;
 
 /// Per rank, the activation bytes held after each change, as `(time, bytes)` points in time order
@@ -64,11 +65,12 @@ fn bytes(item: &Item, costs: &CostModel) -> (f64, f64) {
         let Some(st) = costs.stages.get(a.stage) else {
             continue;
         };
-        if a.op == Op::F {
-            alloc += st.activation_bytes;
-        } else {
-            freed += st.freed_by(a.op);
-        }
+        let footprint = Footprint {
+            bytes: st.activation_bytes,
+            released_at_input: st.released_at_input,
+        };
+        alloc += footprint.allocated_by(a.op);
+        freed += footprint.released_by(a.op);
     }
     (alloc, freed)
 }

@@ -125,6 +125,8 @@ fn category(item: &Item) -> String {
     match item {
         Item::One(a) => a.op.to_string(),
         Item::Overlap { forward, backward } => format!("{}+{}", forward.op, backward.op),
+        Item::Comm(c) => c.op.word().to_string(),
+        Item::Param(p) => p.op.word().to_string(),
     }
 }
 
@@ -137,6 +139,8 @@ fn item_args(item: &Item) -> Value {
         Item::Overlap { forward, backward } => {
             json!({"forward": one(forward), "backward": one(backward)})
         }
+        Item::Comm(c) => json!({"op": c.op.word(), "stage": c.stage, "microbatch": c.microbatch}),
+        Item::Param(p) => json!({"op": p.op.word(), "stage": p.stage}),
     }
 }
 

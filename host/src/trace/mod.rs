@@ -31,8 +31,12 @@ pub fn short_label(item: &Item) -> String {
             "{}{}/{}{}",
             forward.op, forward.microbatch, backward.op, backward.microbatch
         ),
+        other => other.to_string(),
     }
 }
+
+/// The colour of a transfer or parameter operation (`SEND_*`, `REDUCE_GRAD`, ...) in the SVG chart.
+pub const OTHER_COLOUR: &str = "#9d9d9d";
 
 /// The colour of an op in the SVG chart (colour-blind-safe Tableau-like palette).
 pub fn op_colour(op: Op) -> &'static str {

@@ -181,6 +181,14 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                 unit
             );
             match span.item {
+                Item::Comm(_) | Item::Param(_) => {
+                    let _ = write!(
+                        s,
+                        r##"<rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="{}" stroke="white" stroke-width="0.6"><title>{}</title></rect>"##,
+                        tint(super::OTHER_COLOUR, shade),
+                        esc(&tip)
+                    );
+                }
                 Item::One(a) => {
                     let _ = write!(
                         s,
@@ -204,7 +212,7 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
             }
             let label = match span.item {
                 Item::One(a) => a.microbatch.to_string(),
-                Item::Overlap { .. } => short_label(&span.item),
+                _ => short_label(&span.item),
             };
             if w >= 6.5 * label.len() as f64 + 3.0 {
                 let _ = write!(

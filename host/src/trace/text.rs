@@ -78,7 +78,7 @@ pub fn text_gantt(timelines: &[&Timeline], width: usize) -> String {
                     } else {
                         match span.item {
                             Item::One(_) => label[0],
-                            Item::Overlap { .. } => '*',
+                            _ => '*',
                         }
                     };
                 }

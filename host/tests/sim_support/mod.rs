@@ -77,6 +77,9 @@ pub fn reference(s: &Schedule, c: &CostModel) -> Option<Vec<Vec<(f64, f64)>>> {
                         c.stages[forward.stage].forward,
                         c.stages[backward.stage].time(backward.op),
                     ),
+                    Item::Comm(_) | Item::Param(_) => {
+                        panic!("the reference simulator takes compute-only schedules")
+                    }
                 };
                 let start = ready.max(free[r]);
                 let end = start + dur;

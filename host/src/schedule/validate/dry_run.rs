@@ -1,0 +1,231 @@
+//! Step 4 of validation: the dependency-driven dry run, and the one deadlock report.
+
+use std::collections::VecDeque;
+
+use super::super::deps::{self, Edge, Flow, Need};
+use super::super::format::context_grid;
+use super::super::{Comm, Item, Op, Schedule, ScheduleError, Wait};
+
+/// Slot in which something finished; `NOT_RUN` until it ran.
+const NOT_RUN: usize = usize::MAX;
+
+/// Finish slots of forwards, input backwards (`I` or `B`) and sends, per (stage, microbatch).
+struct Done {
+    m: usize,
+    forward: Vec<usize>,
+    grad: Vec<usize>,
+    /// `SEND_F` from the stage.
+    sent_f: Vec<usize>,
+    /// `SEND_B` from the stage.
+    sent_b: Vec<usize>,
+}
+
+/// The dry run's view of one schedule.
+struct Dry<'s> {
+    s: &'s Schedule,
+    lowered: bool,
+    done: Done,
+}
+
+/// Runs every rank's list in order, each item one slot, starting when what it needs finished; returns
+/// each item's start slot and the makespan, or the deadlock.
+pub(super) fn dry_run(s: &Schedule) -> Result<(Vec<Vec<usize>>, usize), ScheduleError> {
+    let n = s.stages() * s.microbatches;
+    let mut dry = Dry {
+        s,
+        lowered: super::has_transfers(s),
+        done: Done {
+            m: s.microbatches,
+            forward: vec![NOT_RUN; n],
+            grad: vec![NOT_RUN; n],
+            sent_f: Vec::new(),
+            sent_b: Vec::new(),
+        },
+    };
+    if dry.lowered {
+        dry.done.sent_f = vec![NOT_RUN; n];
+        dry.done.sent_b = vec![NOT_RUN; n];
+    }
+    let mut next = vec![0usize; s.ranks];
+    let mut free_at = vec![0usize; s.ranks];
+    let mut slots: Vec<Vec<usize>> = s.actions.iter().map(|l| vec![0; l.len()]).collect();
+    let mut queued = vec![true; s.ranks];
+    let mut work: VecDeque<usize> = (0..s.ranks).collect();
+    while let Some(rank) = work.pop_front() {
+        queued[rank] = false;
+        while let Some(item) = s.actions[rank].get(next[rank]) {
+            let Ok(ready_at) = dry.ready(item) else {
+                break;
+            };
+            let start = ready_at.max(free_at[rank]);
+            slots[rank][next[rank]] = start;
+            free_at[rank] = start + 1;
+            next[rank] += 1;
+            for woken in dry.complete(item, start + 1).into_iter().flatten() {
+                if !queued[woken] {
+                    queued[woken] = true;
+                    work.push_back(woken);
+                }
+            }
+        }
+    }
+    if next.iter().zip(&s.actions).any(|(n, l)| *n < l.len()) {
+        let waiting: Vec<(usize, usize, Item)> = next
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, &pos)| {
+                let item = s.actions[rank].get(pos)?;
+                Some((rank, pos, dry.ready(item).err()?))
+            })
+            .collect();
+        return Err(deadlock(s, &waiting));
+    }
+    Ok((slots, free_at.into_iter().max().unwrap_or(0)))
+}
+
+impl Dry<'_> {
+    fn key(&self, stage: usize, microbatch: usize) -> usize {
+        stage * self.done.m + microbatch
+    }
+
+    fn crosses(&self, e: &Edge) -> bool {
+        self.s.rank_of(e.from) != self.s.rank_of(e.to())
+    }
+
+    /// When the producer of `e`'s data finished, or what to wait for.
+    fn produced(&self, e: &Edge) -> Result<usize, Item> {
+        let key = self.key(e.from, e.microbatch);
+        let t = match e.flow {
+            Flow::Activation => self.done.forward[key],
+            Flow::Gradient => self.done.grad[key],
+        };
+        if t == NOT_RUN {
+            Err(Item::One(e.producer()))
+        } else {
+            Ok(t)
+        }
+    }
+
+    /// The slot at which everything `item` needs has finished, or the first thing it waits for.
+    fn ready(&self, item: &Item) -> Result<usize, Item> {
+        let stages = self.s.stages();
+        let mut at = 0;
+        for a in item.actions() {
+            for need in deps::needs(a, stages) {
+                let t = match need {
+                    Need::Stash(x) => {
+                        let table = if x.op == Op::F {
+                            &self.done.forward
+                        } else {
+                            &self.done.grad
+                        };
+                        match table[self.key(x.stage, x.microbatch)] {
+                            NOT_RUN => return Err(Item::One(x)),
+                            t => t,
+                        }
+                    }
+                    // The receive, earlier on this rank, waited for the data.
+                    Need::Data(e) if self.lowered && self.crosses(&e) => 0,
+                    Need::Data(e) => self.produced(&e)?,
+                };
+                at = at.max(t);
+            }
+        }
+        match item {
+            Item::Comm(c) => self.comm_ready(c),
+            _ => Ok(at),
+        }
+    }
+
+    fn comm_ready(&self, c: &Comm) -> Result<usize, Item> {
+        let Some(e) = Edge::of(*c, self.s.stages()) else {
+            return Ok(0);
+        };
+        if c.op.is_send() {
+            return self.produced(&e);
+        }
+        let key = self.key(e.from, e.microbatch);
+        let sent = match e.flow {
+            Flow::Activation => self.done.sent_f[key],
+            Flow::Gradient => self.done.sent_b[key],
+        };
+        if sent == NOT_RUN {
+            Err(Item::Comm(e.send()))
+        } else {
+            Ok(sent)
+        }
+    }
+
+    /// Records that `item` finished at slot `end`; returns the ranks that may have waited for it.
+    fn complete(&mut self, item: &Item, end: usize) -> [Option<usize>; 2] {
+        let stages = self.s.stages();
+        let mut woken = [None, None];
+        for (i, a) in item.actions().enumerate() {
+            let key = self.key(a.stage, a.microbatch);
+            match a.op {
+                Op::F => self.done.forward[key] = end,
+                Op::B | Op::I => self.done.grad[key] = end,
+                Op::W => {}
+            }
+            if let Some(e) = deps::output(a, stages) {
+                if !(self.lowered && self.crosses(&e)) {
+                    woken[i] = Some(self.s.rank_of(e.to()));
+                }
+            }
+        }
+        if let Item::Comm(c) = item {
+            if let Some(e) = Edge::of(*c, stages).filter(|_| c.op.is_send()) {
+                let key = self.key(e.from, e.microbatch);
+                match e.flow {
+                    Flow::Activation => self.done.sent_f[key] = end,
+                    Flow::Gradient => self.done.sent_b[key] = end,
+                }
+                woken[0] = Some(self.s.rank_of(e.to()));
+            }
+        }
+        woken
+    }
+}
+
+/// The deadlock report: for each waiting `(rank, position, needs)`, where the needed item sits, and
+/// the rank lists around the waiting items. The simulator reports its deadlocks with it too.
+pub(crate) fn deadlock(s: &Schedule, waiting: &[(usize, usize, Item)]) -> ScheduleError {
+    let mut waits = Vec::new();
+    let mut marks = Vec::new();
+    for &(rank, position, needs) in waiting {
+        let Some(item) = s.actions.get(rank).and_then(|l| l.get(position)) else {
+            continue;
+        };
+        let needs_rank = s.rank_of(needs.stage());
+        let (needs, needs_position) = locate(s, needs, needs_rank);
+        waits.push(Wait {
+            rank,
+            position,
+            item: item.to_string(),
+            needs,
+            needs_rank,
+            needs_position,
+        });
+        marks.push((rank, position));
+    }
+    ScheduleError::Deadlock {
+        waits,
+        grid: context_grid(s, &marks),
+    }
+}
+
+/// Finds the item a waiting rank needs in its rank's list, as written there (a needed input gradient
+/// is asked for as `I`; the schedule may hold it as `B`); the list's length if it is not there.
+fn locate(s: &Schedule, needs: Item, rank: usize) -> (Item, usize) {
+    let Some(list) = s.actions.get(rank) else {
+        return (needs, 0);
+    };
+    let found = list.iter().enumerate().find_map(|(pos, it)| match needs {
+        Item::One(wanted) => it
+            .actions()
+            .find(|a| deps::satisfies(*a, wanted))
+            .map(|a| (Item::One(a), pos)),
+        other => (*it == other).then_some((other, pos)),
+    });
+    found.unwrap_or((needs, list.len()))
+}

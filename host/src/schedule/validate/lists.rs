@@ -1,0 +1,377 @@
+//! Steps 2 and 3 of validation: every item where it sits, in list order, then completeness.
+
+use super::super::deps::{self, Edge, Flow, Footprint, InFlight, Need};
+use super::super::format::context_grid;
+use super::super::{Action, Comm, Item, Op, ParamAction, ParamOp, Schedule, ScheduleError};
+
+/// What one (stage, microbatch) has seen so far, as bits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Seen(u16);
+
+impl Seen {
+    const F: u16 = 1;
+    const B: u16 = 2;
+    const I: u16 = 4;
+    const W: u16 = 8;
+    /// `SEND_F` from this stage, `RECV_F` into it, `SEND_B` from it, `RECV_B` into it.
+    const SEND_F: u16 = 16;
+    const RECV_F: u16 = 32;
+    const SEND_B: u16 = 64;
+    const RECV_B: u16 = 128;
+
+    fn op(op: Op) -> u16 {
+        match op {
+            Op::F => Self::F,
+            Op::B => Self::B,
+            Op::I => Self::I,
+            Op::W => Self::W,
+        }
+    }
+
+    fn comm(c: &Comm) -> u16 {
+        use super::super::CommOp::*;
+        match c.op {
+            SendF => Self::SEND_F,
+            RecvF => Self::RECV_F,
+            SendB => Self::SEND_B,
+            RecvB => Self::RECV_B,
+        }
+    }
+
+    fn has(self, bit: u16) -> bool {
+        self.0 & bit != 0
+    }
+}
+
+/// Where a stage stands with FSDP's `UNSHARD` / `RESHARD`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shard {
+    /// The stage has no `UNSHARD` / `RESHARD` anywhere: its parameters are always there.
+    Unused,
+    /// Sharded: it must be unsharded before it computes.
+    Sharded,
+    /// Unsharded: it may compute.
+    Unsharded,
+}
+
+/// The state of the list checks.
+struct Lists<'s> {
+    s: &'s Schedule,
+    lowered: bool,
+    seen: Vec<Seen>,
+    /// Per stage, the `W`/`B` seen so far (for `REDUCE_GRAD`).
+    weight_grads: Vec<usize>,
+    reduced: Vec<bool>,
+    shard: Vec<Shard>,
+}
+
+/// Per-item checks in list order, then completeness; returns the peak in-flight per rank.
+pub(super) fn check_lists(s: &Schedule) -> Result<Vec<usize>, ScheduleError> {
+    let stages = s.stages();
+    let mut shard = vec![Shard::Unused; stages];
+    for p in s.actions.iter().flatten().filter_map(param) {
+        if p.op != ParamOp::ReduceGrad && p.stage < stages {
+            shard[p.stage] = Shard::Sharded;
+        }
+    }
+    let mut st = Lists {
+        s,
+        lowered: super::has_transfers(s),
+        seen: vec![Seen::default(); stages * s.microbatches],
+        weight_grads: vec![0; stages],
+        reduced: vec![false; stages],
+        shard,
+    };
+    let mut memory = InFlight::new(s.ranks);
+    for (rank, list) in s.actions.iter().enumerate() {
+        for (pos, item) in list.iter().enumerate() {
+            st.check_item(rank, item)
+                .map_err(|problem| bad_action(s, rank, pos, problem))?;
+            for a in item.actions() {
+                memory.start(rank, a, &Footprint::UNIT);
+            }
+            for a in item.actions() {
+                memory.end(rank, a, &Footprint::UNIT);
+            }
+        }
+    }
+    st.check_complete()?;
+    Ok(memory.peak().iter().map(|&p| p as usize).collect())
+}
+
+fn param(it: &Item) -> Option<ParamAction> {
+    match it {
+        Item::Param(p) => Some(*p),
+        _ => None,
+    }
+}
+
+impl Lists<'_> {
+    fn key(&self, stage: usize, microbatch: usize) -> usize {
+        stage * self.s.microbatches + microbatch
+    }
+
+    fn check_item(&mut self, rank: usize, item: &Item) -> Result<(), String> {
+        match item {
+            Item::One(a) => self.check_action(rank, *a),
+            Item::Overlap { forward, backward } => {
+                if (forward.stage, forward.microbatch) == (backward.stage, backward.microbatch) {
+                    return Err(
+                        "an overlapped pair cannot hold the forward and the backward of the same \
+                         (stage, microbatch); put the forward in an earlier position"
+                            .into(),
+                    );
+                }
+                self.check_action(rank, *forward)?;
+                self.check_action(rank, *backward)
+            }
+            Item::Comm(c) => self.check_comm(rank, c),
+            Item::Param(p) => self.check_param(rank, p),
+        }
+    }
+
+    /// `stage` and `microbatch` in range and the stage on `rank`.
+    fn check_place(
+        &self,
+        rank: usize,
+        stage: usize,
+        microbatch: Option<usize>,
+    ) -> Result<(), String> {
+        let s = self.s;
+        let stages = s.stages();
+        if stage >= stages {
+            return Err(format!(
+                "stage {stage} is out of range: P*V = {stages} stages, so stages are 0..={}",
+                stages - 1
+            ));
+        }
+        if let Some(k) = microbatch.filter(|&k| k >= s.microbatches) {
+            return Err(format!(
+                "microbatch {k} is out of range: M = {}, so microbatches are 0..={}",
+                s.microbatches,
+                s.microbatches - 1
+            ));
+        }
+        let home = s.rank_of(stage);
+        if home != rank {
+            return Err(format!(
+                "stage {stage} belongs on rank {home} under {} placement (P = {}); move it to rank \
+                 {home}'s list",
+                s.placement, s.ranks
+            ));
+        }
+        Ok(())
+    }
+
+    /// One compute action against the header, its placement, and what its rank has already run.
+    fn check_action(&mut self, rank: usize, a: Action) -> Result<(), String> {
+        self.check_place(rank, a.stage, Some(a.microbatch))?;
+        let key = self.key(a.stage, a.microbatch);
+        let st = self.seen[key];
+        let (f, g) = (a.stage, a.microbatch);
+        if st.has(Seen::op(a.op)) {
+            return Err(format!(
+                "duplicate: `{a}` already appears earlier in rank {rank}'s list; keep only one"
+            ));
+        }
+        let split = st.has(Seen::I) || st.has(Seen::W);
+        match a.op {
+            Op::B if split => {
+                return Err(format!(
+                "stage {f} microbatch {g} already has a split backward (I/W); use either B or I and W"
+            ))
+            }
+            Op::I | Op::W if st.has(Seen::B) => {
+                return Err(format!(
+                "stage {f} microbatch {g} already has a full backward (B); use either B or I and W"
+            ))
+            }
+            _ => {}
+        }
+        for need in deps::needs(a, self.s.stages()) {
+            self.check_need(a, need, st)?;
+        }
+        if self.shard[a.stage] == Shard::Sharded {
+            return Err(format!(
+                "stage {f} computes while sharded; add `{f}UNSHARD` before it (or remove its \
+                 RESHARD)"
+            ));
+        }
+        self.seen[key].0 |= Seen::op(a.op);
+        if matches!(a.op, Op::W | Op::B) {
+            self.weight_grads[a.stage] += 1;
+        }
+        Ok(())
+    }
+
+    /// A need of `a` that must sit earlier in the same rank's list.
+    fn check_need(&self, a: Action, need: Need, st: Seen) -> Result<(), String> {
+        let (f, g) = (a.stage, a.microbatch);
+        match need {
+            Need::Stash(x) if x.op == Op::F && !st.has(Seen::F) => Err(format!(
+                "the backward runs before its forward `{f}F{g}`; move `{f}F{g}` to an earlier position"
+            )),
+            Need::Stash(x) if x.op == Op::I && !st.has(Seen::I) => Err(format!(
+                "the weight backward runs before its input backward `{f}I{g}`; move `{f}I{g}` earlier"
+            )),
+            Need::Data(e) if self.lowered && self.crosses(&e) && !st.has(recv_bit(&e)) => {
+                Err(format!(
+                    "`{a}` uses data from stage {} on rank {}, but `{}` is not before it; this \
+                     schedule has transfers, so add `{}` before `{a}`",
+                    e.from,
+                    self.s.rank_of(e.from),
+                    e.recv(),
+                    e.recv()
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn crosses(&self, e: &Edge) -> bool {
+        self.s.rank_of(e.from) != self.s.rank_of(e.to())
+    }
+
+    fn check_comm(&mut self, rank: usize, c: &Comm) -> Result<(), String> {
+        let stages = self.s.stages();
+        self.check_place(rank, c.stage, Some(c.microbatch))?;
+        let e = Edge::of(*c, stages).ok_or_else(|| {
+            format!("`{c}` names no boundary between stages (there are {stages}); remove it")
+        })?;
+        if !self.crosses(&e) {
+            return Err(format!(
+                "stages {} and {} both sit on rank {}: data between them needs no transfer; remove \
+                 `{c}`",
+                e.from,
+                e.to(),
+                self.s.rank_of(e.from)
+            ));
+        }
+        let key = self.key(c.stage, c.microbatch);
+        let st = self.seen[key];
+        if st.has(Seen::comm(c)) {
+            return Err(format!(
+                "duplicate: `{c}` already appears earlier; keep only one"
+            ));
+        }
+        if c.op.is_send() {
+            let produced = match e.flow {
+                Flow::Activation => st.has(Seen::F),
+                Flow::Gradient => st.has(Seen::I) || st.has(Seen::B),
+            };
+            if !produced {
+                let p = e.producer();
+                return Err(format!(
+                    "`{c}` sends before `{p}` computed the data; move it after `{p}`"
+                ));
+            }
+        }
+        self.seen[key].0 |= Seen::comm(c);
+        Ok(())
+    }
+
+    fn check_param(&mut self, rank: usize, p: &ParamAction) -> Result<(), String> {
+        self.check_place(rank, p.stage, None)?;
+        let s = p.stage;
+        match p.op {
+            ParamOp::ReduceGrad if self.reduced[s] => Err(format!(
+                "duplicate: `{p}` already appears earlier; keep only one"
+            )),
+            ParamOp::ReduceGrad if self.weight_grads[s] < self.s.microbatches => Err(format!(
+                "`{p}` reduces the gradients of stage {s} after {} of its {} weight backwards \
+                 (W or B); move it after the last one",
+                self.weight_grads[s], self.s.microbatches
+            )),
+            ParamOp::ReduceGrad => {
+                self.reduced[s] = true;
+                Ok(())
+            }
+            ParamOp::Unshard if self.shard[s] == Shard::Unsharded => Err(format!(
+                "stage {s} is already unsharded; remove this `{p}` or add `{s}RESHARD` before it"
+            )),
+            ParamOp::Unshard => {
+                self.shard[s] = Shard::Unsharded;
+                Ok(())
+            }
+            ParamOp::Reshard if self.shard[s] != Shard::Unsharded => Err(format!(
+                "stage {s} is not unsharded here; add `{s}UNSHARD` before this `{p}` or remove it"
+            )),
+            ParamOp::Reshard => {
+                self.shard[s] = Shard::Sharded;
+                Ok(())
+            }
+        }
+    }
+
+    /// Every (stage, microbatch) has `F` and `B`, or `F`, `I` and `W`; with transfers, every crossing
+    /// has both ends.
+    fn check_complete(&self) -> Result<(), ScheduleError> {
+        let m = self.s.microbatches;
+        for (key, st) in self.seen.iter().enumerate() {
+            let (stage, microbatch) = (key / m, key % m);
+            if let Some(problem) = self.missing(stage, microbatch, *st) {
+                return Err(ScheduleError::Incomplete {
+                    stage,
+                    microbatch,
+                    problem,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn missing(&self, stage: usize, microbatch: usize, st: Seen) -> Option<String> {
+        let rank = self.s.rank_of(stage);
+        let (s, k) = (stage, microbatch);
+        if !st.has(Seen::F) {
+            return Some(format!("no forward; add `{s}F{k}` to rank {rank}"));
+        }
+        if st.has(Seen::I) && !st.has(Seen::W) {
+            return Some(format!(
+                "`{s}I{k}` has no weight backward; add `{s}W{k}` after it on rank {rank}"
+            ));
+        }
+        if !st.has(Seen::B) && !st.has(Seen::I) {
+            return Some(format!(
+                "no backward; add `{s}B{k}` (or `{s}I{k}` and `{s}W{k}`) to rank {rank}"
+            ));
+        }
+        if !self.lowered {
+            return None;
+        }
+        let outputs = [Op::F, Op::I].map(|op| deps::output(Action::new(op, s, k), self.s.stages()));
+        for e in outputs.into_iter().flatten().filter(|e| self.crosses(e)) {
+            let (send, recv) = (e.send(), e.recv());
+            if !st.has(Seen::comm(&send)) {
+                return Some(format!(
+                    "no `{send}`; add it to rank {rank} after `{}`",
+                    e.producer()
+                ));
+            }
+            let to = self.seen[self.key(e.to(), k)];
+            if !to.has(Seen::comm(&recv)) {
+                return Some(format!(
+                    "`{send}` has no receive; add `{recv}` to rank {}",
+                    self.s.rank_of(e.to())
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// The bit of the receive of `e` on its consuming stage.
+fn recv_bit(e: &Edge) -> u16 {
+    Seen::comm(&e.recv())
+}
+
+/// Builds a [`ScheduleError::BadAction`] with the grid around the action.
+fn bad_action(s: &Schedule, rank: usize, position: usize, problem: String) -> ScheduleError {
+    ScheduleError::BadAction {
+        rank,
+        position,
+        item: s.actions[rank][position].to_string(),
+        problem,
+        grid: context_grid(s, &[(rank, position)]),
+    }
+}
