@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! pipefill schedule --schedule NAME --ranks P --microbatches M [--chunks V] [--group-size G]
-//!                   [--format text|json|csv] [--out FILE]
-//! pipefill schedule --validate FILE
+//!                   [--format text|json|csv] [--with-transfers] [--out FILE]
+//! pipefill schedule --validate FILE [--with-transfers]
 //! pipefill schedule --list
 //! ```
 //!
@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::format::{self, Format};
+use pipefill_host::schedule::lower::lower;
 use pipefill_host::schedule::validate::{validate, ValidationReport};
 use pipefill_host::schedule::{Params, Schedule, ScheduleError};
 
@@ -41,9 +42,16 @@ pub struct Args {
     /// Interleaved families: microbatches per group (Megatron's microbatch_group_size_per_vp_stage); default P.
     #[arg(long, value_name = "G")]
     pub group_size: Option<usize>,
-    /// Output format: text (terminal grid), json (canonical) or csv (PyTorch pipelining compute-only).
+    /// Output format: text (terminal grid), json (canonical) or csv (PyTorch pipelining's CSV:
+    /// compute-only, or compute+comms with --with-transfers).
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json", "csv"])]
     pub format: String,
+    /// Print the lowered schedule: every activation or gradient that crosses ranks gets a send after
+    /// the action that computes it and a receive before the action that uses it (PyTorch's
+    /// SEND_F/RECV_F/SEND_B/RECV_B); this is what the runtime executes. With --validate, prints the
+    /// file lowered (in --format) after the check.
+    #[arg(long)]
+    pub with_transfers: bool,
     /// Write the schedule to FILE (atomically) instead of standard output.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -62,15 +70,22 @@ pub fn run(args: Args) -> Result<(), CliError> {
         print!("{}", list());
         return Ok(());
     }
-    if let Some(path) = &args.validate {
-        println!("{}", validate_file(path)?);
-        return Ok(());
-    }
-    let s = generate(&args)?;
     let fmt: Format = args
         .format
         .parse()
         .map_err(|e: ScheduleError| CliError::Usage(e.to_string()))?;
+    if let Some(path) = &args.validate {
+        println!("{}", validate_file(path)?);
+        if args.with_transfers {
+            let (s, _) = read_schedule_file("--validate", path)?;
+            print!("{}", format::write(&lowered(&s)?, fmt));
+        }
+        return Ok(());
+    }
+    let mut s = generate(&args)?;
+    if args.with_transfers {
+        s = lowered(&s)?;
+    }
     let text = format::write(&s, fmt);
     match &args.out {
         Some(path) => write_atomic("--out", path, &text),
@@ -79,6 +94,11 @@ pub fn run(args: Args) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+/// `s` with its transfers (see `pipefill_host::schedule::lower`).
+fn lowered(s: &Schedule) -> Result<Schedule, CliError> {
+    lower(s).map_err(|e| CliError::Usage(e.to_string()))
 }
 
 /// Generates the schedule the flags ask for.

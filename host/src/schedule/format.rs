@@ -4,9 +4,11 @@
 //!   `{"name", "ranks", "chunks", "microbatches", "placement", "actions": [["0F0", ...], ...]}`, one
 //!   list of action strings per rank (`{stage}{op}{microbatch}`, `({f};{b})OVERLAP_F_B` for a pair).
 //!   Unknown fields are refused (they are usually typos).
-//! - **CSV** ([`to_csv`], [`from_csv`]), as PyTorch pipelining's `_dump_csv` / `_load_csv` with
-//!   `format="compute_only"`: one row per rank, one action per cell, no header. Empty cells (PyTorch's
-//!   idle steps) are skipped when reading. `P` is the number of rows; `M`, `V` and the placement are
+//! - **CSV** ([`to_csv`], [`from_csv`]), as PyTorch pipelining's `_dump_csv` / `_load_csv`, in both of
+//!   its forms: `format="compute_only"` (compute actions, and the `REDUCE_GRAD` PyTorch writes after a
+//!   stage's last backward) and `format="compute_comms"` (also `SEND_F` / `RECV_F` / `SEND_B` /
+//!   `RECV_B` and FSDP's `UNSHARD` / `RESHARD`, as its lowering writes them). One row per rank, one
+//!   action per cell, no header. Empty cells (PyTorch's idle steps) are skipped when reading. `P` is the number of rows; `M`, `V` and the placement are
 //!   inferred (`M` = largest microbatch + 1, `V` = number of stages / `P`, `looped` if every action
 //!   sits on `stage % P`, else `vshape`; with `P = 1` both placements are the same map and reading
 //!   gives `looped`). CSV -> schedule -> CSV is lossless; schedule -> CSV -> schedule keeps everything
@@ -48,7 +50,7 @@ pub enum Format {
     Text,
     /// Canonical JSON.
     Json,
-    /// PyTorch pipelining's compute-only CSV.
+    /// PyTorch pipelining's CSV (compute-only, or compute+comms with transfers).
     Csv,
 }
 
@@ -178,7 +180,8 @@ pub fn from_json(text: &str) -> Result<Schedule, ScheduleError> {
     })
 }
 
-/// PyTorch pipelining's compute-only CSV: one row per rank, one action per cell.
+/// PyTorch pipelining's CSV: one row per rank, one item per cell (compute-only, or compute+comms
+/// for a schedule with transfers).
 pub fn to_csv(s: &Schedule) -> String {
     s.actions
         .iter()
@@ -189,7 +192,7 @@ pub fn to_csv(s: &Schedule) -> String {
         .collect()
 }
 
-/// Reads PyTorch pipelining's compute-only CSV; `P`, `V`, `M` and the placement are inferred (see the
+/// Reads PyTorch pipelining's CSV in either form (compute-only or compute+comms); `P`, `V`, `M` and the placement are inferred (see the
 /// module docs). Trailing blank lines are ignored; a blank line before the last row is a rank with no
 /// actions. Cells may be quoted.
 pub fn from_csv(text: &str, name: &str) -> Result<Schedule, ScheduleError> {
@@ -226,10 +229,10 @@ pub fn from_csv(text: &str, name: &str) -> Result<Schedule, ScheduleError> {
 /// microbatch and stage, the placement from where the stages sit. `what` names the input in errors.
 fn infer(name: &str, actions: Vec<Vec<Item>>, what: &str) -> Result<Schedule, ScheduleError> {
     let ranks = actions.len();
-    let all = || actions.iter().flatten().flat_map(Item::actions);
+    let items = || actions.iter().flatten();
     let (Some(max_stage), Some(max_mb)) = (
-        all().map(|a| a.stage).max(),
-        all().map(|a| a.microbatch).max(),
+        items().flat_map(Item::stages).max(),
+        items().flat_map(Item::microbatches).max(),
     ) else {
         return Err(ScheduleError::Format(format!(
             "{what} holds no actions: write one row per rank, e.g. `0F0,0B0`"
@@ -246,8 +249,8 @@ fn infer(name: &str, actions: Vec<Vec<Item>>, what: &str) -> Result<Schedule, Sc
     let fits = |pl: Placement| {
         actions.iter().enumerate().all(|(r, l)| {
             l.iter()
-                .flat_map(Item::actions)
-                .all(|a| pl.rank_of(a.stage, ranks) == r)
+                .flat_map(Item::stages)
+                .all(|stage| pl.rank_of(stage, ranks) == r)
         })
     };
     let placement = if fits(Placement::Looped) || chunks != 2 || !fits(Placement::Vshape) {

@@ -10,7 +10,7 @@ use super::super::{Comm, Item, Op, Schedule, ScheduleError, Wait};
 const NOT_RUN: usize = usize::MAX;
 
 /// Finish slots of forwards, input backwards (`I` or `B`) and sends, per (stage, microbatch).
-struct Done {
+struct Finish {
     m: usize,
     forward: Vec<usize>,
     grad: Vec<usize>,
@@ -24,7 +24,7 @@ struct Done {
 struct Dry<'s> {
     s: &'s Schedule,
     lowered: bool,
-    done: Done,
+    done: Finish,
 }
 
 /// Runs every rank's list in order, each item one slot, starting when what it needs finished; returns
@@ -34,7 +34,7 @@ pub(super) fn dry_run(s: &Schedule) -> Result<(Vec<Vec<usize>>, usize), Schedule
     let mut dry = Dry {
         s,
         lowered: super::has_transfers(s),
-        done: Done {
+        done: Finish {
             m: s.microbatches,
             forward: vec![NOT_RUN; n],
             grad: vec![NOT_RUN; n],
