@@ -1,7 +1,9 @@
+#![warn(missing_docs)]
 //! # pipefill
 //!
-//! The root crate: built-in layers (Linear + bias + fused activation) for CPU and CUDA using the PTX
-//! compiled from `kernels/` by `build.rs`, the model description, and the `pipefill` command line.
+//! The root crate: built-in layers (Linear + bias + fused activation) on the CPU, the PTX compiled
+//! from `kernels/` by `build.rs` (embedded, checked with `ptxas`; no CUDA backend runs it yet), the
+//! model description, and the `pipefill` command line.
 //! The engine itself (schedules, simulator, partitioner, runtime, traces) is [`pipefill_host`].
 
 pub mod alloc;

@@ -13,7 +13,7 @@
 //! that already carries transfers (PyTorch's compute+comms CSV) is left as it is.
 //!
 //! ```
-//! use pipefill_host::schedule::{families, format, lower::lower, Params};
+//! use pipefill_host::schedule::{families, format, lower::{lower, strip}, Params};
 //! # fn main() -> Result<(), pipefill_host::schedule::ScheduleError> {
 //! let s = families::generate("1f1b", &Params::new(2, 1))?;
 //! let lowered = lower(&s)?;
@@ -21,7 +21,7 @@
 //!     format::to_csv(&lowered),
 //!     "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n"
 //! );
-//! assert_eq!(lower::strip(&lowered), s);
+//! assert_eq!(strip(&lowered), s);
 //! # Ok(())
 //! # }
 //! ```
