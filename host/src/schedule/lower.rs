@@ -9,7 +9,7 @@
 //! backends execute: a send is "record that the data is ready" (a CUDA event, a channel send, an MPI /
 //! NCCL send), a receive is "wait for it" (an event wait, a channel receive).
 //!
-//! Which inputs and outputs exist is read from [`deps`](super::deps), the one definition. A schedule
+//! Which inputs and outputs exist is read from [`super::deps`], the one definition. A schedule
 //! that already carries transfers (PyTorch's compute+comms CSV) is left as it is.
 //!
 //! ```

@@ -92,7 +92,7 @@ pub struct PathStep {
 /// Everything the simulator predicts for one schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Simulation {
-    /// Start and end of every item and transfer (`source` is [`Source::Predicted`]).
+    /// Start and end of every item and transfer (`source` is [`Source::Predicted`](crate::timeline::Source::Predicted)).
     pub timeline: Timeline,
     /// Peak activation bytes held on each rank (parameters not included).
     pub peak_activations: Vec<f64>,
