@@ -28,7 +28,7 @@
 
 use super::deps::{self, Edge, Need};
 use super::validate::{has_transfers, validate};
-use super::{Item, Schedule, ScheduleError};
+use super::{Comm, Item, Schedule, ScheduleError};
 
 /// `schedule` with its transfers: checked by [`validate`] first (errors are its errors), then each
 /// rank's list with a receive before every item that uses data from another rank and a send after every
@@ -48,33 +48,51 @@ pub fn lower(schedule: &Schedule) -> Result<Schedule, ScheduleError> {
 /// itself when the schedule already has transfers. The schedule should validate (see [`lower`]).
 pub fn lowered_items(schedule: &Schedule, rank: usize) -> impl Iterator<Item = Item> + '_ {
     let explicit = has_transfers(schedule);
-    let stages = schedule.stages();
-    let crosses = move |e: &Edge| schedule.rank_of(e.from) != schedule.rank_of(e.to());
     schedule
         .actions
         .get(rank)
         .into_iter()
         .flatten()
         .flat_map(move |item| {
-            let (mut before, mut after) = (Vec::new(), Vec::new());
-            if !explicit {
-                for a in item.actions() {
-                    for need in deps::needs(a, stages) {
-                        if let Need::Data(e) = need {
-                            if crosses(&e) {
-                                before.push(Item::Comm(e.recv()));
-                            }
-                        }
-                    }
-                    if let Some(e) = deps::output(a, stages).filter(|e| crosses(e)) {
-                        after.push(Item::Comm(e.send()));
-                    }
-                }
-            }
-            before.push(*item);
-            before.extend(after);
+            let (before, after) = if explicit {
+                (Vec::new(), Vec::new())
+            } else {
+                (receives_before(schedule, item), sends_after(schedule, item))
+            };
             before
+                .into_iter()
+                .map(Item::Comm)
+                .chain(std::iter::once(*item))
+                .chain(after.into_iter().map(Item::Comm))
         })
+}
+
+/// The receives lowering puts right before `item` in a compute-only schedule: one per input of its
+/// actions that comes from another rank.
+pub fn receives_before(schedule: &Schedule, item: &Item) -> Vec<Comm> {
+    let stages = schedule.stages();
+    item.actions()
+        .flat_map(|a| deps::needs(a, stages))
+        .filter_map(|need| match need {
+            Need::Data(e) if crosses(schedule, &e) => Some(e.recv()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The sends lowering puts right after `item` in a compute-only schedule: one per output of its
+/// actions that another rank uses.
+pub fn sends_after(schedule: &Schedule, item: &Item) -> Vec<Comm> {
+    let stages = schedule.stages();
+    item.actions()
+        .filter_map(|a| deps::output(a, stages))
+        .filter(|e| crosses(schedule, e))
+        .map(|e| e.send())
+        .collect()
+}
+
+fn crosses(schedule: &Schedule, e: &Edge) -> bool {
+    schedule.rank_of(e.from) != schedule.rank_of(e.to())
 }
 
 /// The compute-only schedule under a lowered one: every send and receive removed.
@@ -99,7 +117,7 @@ pub fn strip(schedule: &Schedule) -> Schedule {
 mod tests {
     use super::*;
     use crate::schedule::families::{self, FAMILIES};
-    use crate::schedule::{Comm, Params};
+    use crate::schedule::Params;
 
     #[test]
     fn every_family_lowers_to_a_valid_schedule_with_one_send_and_receive_per_crossing() {
