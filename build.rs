@@ -13,6 +13,9 @@
 //! "PTX not built: run `rustup component add rust-src` and rebuild". `tests/ptx.rs` fails in CI when the
 //! PTX is missing, so a broken kernel does not go unnoticed.
 //!
+//! Cargo reruns this script when `rust-src` is installed (see `watch_rust_src`), so "add it and
+//! rebuild" builds the PTX without touching any file here.
+//!
 //! Outputs in `OUT_DIR`: `kernels.ptx` (empty when not built) and `kernels-ptx-note.txt` (empty when built,
 //! else the reason).
 
@@ -56,20 +59,63 @@ fn build_ptx(manifest_dir: &Path, out_dir: &Path) -> Result<String, String> {
     if env::var_os("PIPEFILL_SKIP_PTX").is_some_and(|v| v == "1") {
         return Err("PIPEFILL_SKIP_PTX=1 is set".into());
     }
-    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
-    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let sysroot = Command::new(&rustc)
-        .args(["--print", "sysroot"])
-        .output()
-        .map_err(|e| format!("cannot run rustc: {e}"))?;
-    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let sysroot = sysroot()?;
+    watch_rust_src(&sysroot);
     if !sysroot
         .join("lib/rustlib/src/rust/library/core/Cargo.toml")
         .is_file()
     {
         return Err("the rust-src component is not installed".into());
     }
+    let crate_dir = write_kernel_crate(manifest_dir, out_dir)?;
+    let target_dir = out_dir.join("ptx-target");
+    let output = nested_build(&crate_dir, &target_dir)
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let first_error = stderr
+            .lines()
+            .find(|l| l.starts_with("error"))
+            .unwrap_or("no error line")
+            .to_string();
+        return Err(format!("nested nvptx build failed: {first_error}"));
+    }
+    read_ptx(&target_dir)
+}
 
+/// The sysroot of the `rustc` cargo builds with (`RUSTC`, as cargo hands it to build scripts).
+fn sysroot() -> Result<PathBuf, String> {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|e| format!("cannot run rustc: {e}"))?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// Makes cargo rerun this script when `rust-src` is installed or removed, so the README's fix
+/// (`rustup component add rust-src`, then rebuild) works without touching anything here.
+///
+/// rustup rewrites `lib/rustlib/components` (the list of installed components) on every
+/// `rustup component add` or `remove`: watching that one file is cheap. A toolchain without it
+/// (not installed by rustup) gets the whole `lib/rustlib` folder watched instead, which is where
+/// `rust-src` lands. Only paths that exist are named: cargo reruns a script on every build while a
+/// watched path is missing.
+fn watch_rust_src(sysroot: &Path) {
+    let rustlib = sysroot.join("lib/rustlib");
+    let components = rustlib.join("components");
+    for path in [components, rustlib] {
+        if path.exists() {
+            println!("cargo:rerun-if-changed={}", path.display());
+            return;
+        }
+    }
+}
+
+/// Writes the kernels' detached manifest under `out_dir` (library `kernels/src/lib.rs`, a
+/// `[workspace]` of its own) and returns its folder.
+fn write_kernel_crate(manifest_dir: &Path, out_dir: &Path) -> Result<PathBuf, String> {
     let crate_dir = out_dir.join("ptx-crate");
     fs::create_dir_all(&crate_dir)
         .map_err(|e| format!("cannot create {}: {e}", crate_dir.display()))?;
@@ -80,10 +126,15 @@ fn build_ptx(manifest_dir: &Path, out_dir: &Path) -> Result<String, String> {
         lib = lib.display().to_string(),
     );
     write_if_changed(&crate_dir.join("Cargo.toml"), &manifest);
+    Ok(crate_dir)
+}
 
-    let target_dir = out_dir.join("ptx-target");
+/// The nested `cargo rustc` that emits the kernels as PTX into `target_dir`, with the outer
+/// build's host settings kept away from it.
+fn nested_build(crate_dir: &Path, target_dir: &Path) -> Command {
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(&cargo);
-    cmd.current_dir(&crate_dir)
+    cmd.current_dir(crate_dir)
         .args([
             "rustc",
             "--release",
@@ -95,7 +146,7 @@ fn build_ptx(manifest_dir: &Path, out_dir: &Path) -> Result<String, String> {
         .arg("--manifest-path")
         .arg(crate_dir.join("Cargo.toml"))
         .arg("--target-dir")
-        .arg(&target_dir)
+        .arg(target_dir)
         .args(["--", "--emit=asm", "-C"])
         .arg(format!("target-cpu={ARCH}"))
         .env("RUSTC_BOOTSTRAP", "1");
@@ -115,17 +166,11 @@ fn build_ptx(manifest_dir: &Path, out_dir: &Path) -> Result<String, String> {
     ] {
         cmd.env_remove(var);
     }
-    let output = cmd.output().map_err(|e| format!("cannot run cargo: {e}"))?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let first_error = stderr
-            .lines()
-            .find(|l| l.starts_with("error"))
-            .unwrap_or("no error line")
-            .to_string();
-        return Err(format!("nested nvptx build failed: {first_error}"));
-    }
+    cmd
+}
 
+/// The newest kernels `.s` file of the nested build, checked to hold kernel entry points.
+fn read_ptx(target_dir: &Path) -> Result<String, String> {
     let deps = target_dir.join(TARGET).join("release/deps");
     let newest = fs::read_dir(&deps)
         .map_err(|e| format!("cannot read {}: {e}", deps.display()))?

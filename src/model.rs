@@ -33,6 +33,15 @@ use serde::Deserialize;
 use crate::layers::gemm::GemmBackend;
 use crate::layers::{Linear, LinearStage, LossKind, Optimizer};
 
+mod memory;
+pub use memory::{
+    available_memory, check_layer_count, check_memory, parse_meminfo, Bytes, Footprint,
+    MemoryError, RunShape, ABSURD_BYTES, LAYER_BYTES, THREAD_STACK_BYTES,
+};
+
+/// Hidden width of the synthetic [`Teacher`].
+pub const TEACHER_HIDDEN: usize = 32;
+
 /// A model description that does not hold together; the message names the field and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -96,6 +105,8 @@ impl ModelSpec {
                 "--layers must be at least 1 (the output layer counts)".into(),
             ));
         }
+        check_layer_count(layers, available_memory())
+            .map_err(|e| ModelError(format!("--layers {layers}: {e}; fix: give fewer --layers")))?;
         let mut specs = vec![
             LayerSpec {
                 width: hidden,
@@ -310,7 +321,7 @@ pub struct Teacher {
 impl Teacher {
     /// The teacher for `spec`, from `seed`.
     pub fn new(spec: &ModelSpec, seed: u64) -> Self {
-        let hidden = 32;
+        let hidden = TEACHER_HIDDEN;
         let (input, outputs) = (spec.input, spec.outputs());
         let mut r = rng(seed, Tag::Teacher, 0);
         let mut draw = |n: usize, fan_in: usize| -> Vec<f32> {

@@ -8,6 +8,8 @@ use pipefill_host::partition::{
 use pipefill_host::schedule::Placement;
 use proptest::prelude::*;
 
+mod prop_coverage;
+
 /// Every split of `n` layers into `s` non-empty stages, in lexicographic order of boundaries.
 fn all_splits(n: usize, s: usize) -> Vec<Vec<usize>> {
     fn rec(n: usize, s: usize, cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
@@ -96,25 +98,53 @@ fn case() -> impl Strategy<Value = (Problem, Layout, Option<MemoryLimit>)> {
     })
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
-
-    #[test]
-    fn optimal_equals_brute_force((p, layout, limit) in case()) {
+#[test]
+fn optimal_equals_brute_force() {
+    let tally = prop_coverage::run(file!(), 300, case(), |(p, layout, limit), tally| {
         let expected = brute_force(&p, &layout, limit.as_ref());
         let got = optimal(&p, &layout, limit.as_ref());
         match (expected, got) {
             (Some((v, b)), Ok(part)) => {
                 prop_assert!(part.exact);
                 prop_assert_eq!(part.bottleneck, v);
-                prop_assert_eq!(part.boundaries, b, "ties must go to the lexicographically smallest split");
+                prop_assert_eq!(
+                    part.boundaries,
+                    b,
+                    "ties must go to the lexicographically smallest split"
+                );
+                tally.hit(if limit.is_some() {
+                    "fits the limit"
+                } else {
+                    "no limit"
+                });
             }
-            (None, Err(PartitionError::MemoryInfeasible { needed, limit: l, .. })) => {
-                prop_assert!(needed > l, "the reported need {} must exceed the limit {}", needed, l);
+            (
+                None,
+                Err(PartitionError::MemoryInfeasible {
+                    needed, limit: l, ..
+                }),
+            ) => {
+                prop_assert!(
+                    needed > l,
+                    "the reported need {} must exceed the limit {}",
+                    needed,
+                    l
+                );
+                tally.hit("over the limit");
             }
             (e, g) => prop_assert!(false, "brute force {:?}, partitioner {:?}", e, g),
         }
-    }
+        Ok(())
+    });
+    // Measured over 300 cases: no limit 48%, a limit that fits 34%, over the limit 19%. Each floor
+    // is more than 5 standard deviations below its share.
+    tally.assert_floor("no limit", 4);
+    tally.assert_floor("fits the limit", 8);
+    tally.assert_floor("over the limit", 16);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
 
     #[test]
     fn per_stage_optimal_minimises_the_slowest_stage((p, layout, _limit) in case()) {

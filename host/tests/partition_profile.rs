@@ -1,4 +1,5 @@
-//! The profiler measures through the `Stage` trait: memory fields exactly, times in the right order.
+//! The profiler measures through the `Stage` trait: memory fields exactly, every time positive, the
+//! calls in the right order. (How fast anything runs is for the benches, not these tests.)
 
 use pipefill_host::profile::{profile_layers, ProfileError, ProfileOptions, ProfiledLayer};
 use pipefill_host::runtime::{Stage, StageError, Tensor};
@@ -55,7 +56,7 @@ impl Stage for Busy {
 }
 
 #[test]
-fn memory_fields_are_exact_and_heavier_layers_measure_slower() {
+fn memory_fields_are_exact_and_times_are_measured() {
     let mut light = Busy { work: 2, sink: 0.0 };
     let mut heavy = Busy {
         work: 200,
@@ -93,8 +94,6 @@ fn memory_fields_are_exact_and_heavier_layers_measure_slower() {
         (costs[0].parameter_bytes, costs[1].parameter_bytes),
         (10.0, 20.0)
     );
-    // 100x the work: the median must show at least 5x (generous for a shared machine).
-    assert!(costs[1].forward > 5.0 * costs[0].forward, "{costs:?}");
 }
 
 #[test]

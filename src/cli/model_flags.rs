@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use pipefill_kernels::Activation;
 
 use super::CliError;
-use crate::layers::LossKind;
-use crate::model::ModelSpec;
+use crate::layers::{LossKind, Optimizer};
+use crate::model::{available_memory, check_memory, Footprint, MemoryError, ModelSpec, RunShape};
 
 /// Flags that describe the built-in model: a model file, or a uniform stack from widths.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,5 +61,122 @@ impl ModelArgs {
             }
         }
         .map_err(|e| usage(e.0))
+    }
+}
+
+/// Refuses a `pipefill train` whose model, batch, microbatches, ranks and optimizer cannot fit the
+/// machine's memory (estimated before anything is allocated): a [`CliError::Usage`] with the
+/// flags, the estimate, the memory available and the fix.
+pub fn check_train(
+    spec: &ModelSpec,
+    args: &super::train::Args,
+    optimizer: Optimizer,
+) -> Result<(), CliError> {
+    let run = RunShape::training(spec.batch, args.microbatches, args.ranks, optimizer);
+    let context = format!(
+        "{} with --microbatches {} --ranks {} --optimizer {optimizer}",
+        args.model.describe(spec),
+        args.microbatches,
+        args.ranks
+    );
+    refuse_if_too_large(spec, &run, &context, ("--batch", args.model.size_flags()))
+}
+
+/// Refuses a `pipefill profile` whose model cannot fit the machine's memory at the largest
+/// microbatch it measures (`batch / microbatches` rows, or the largest of `--sizes`).
+pub fn check_profile(spec: &ModelSpec, args: &super::profile::Args) -> Result<(), CliError> {
+    let rows = spec.batch / args.microbatches.max(1);
+    let largest = super::profile::sizes(&args.sizes, spec.batch)?
+        .into_iter()
+        .fold(rows, usize::max);
+    let context = format!(
+        "{} with --microbatches {} --sizes {}",
+        args.model.describe(spec),
+        args.microbatches,
+        args.sizes
+    );
+    let run = RunShape::profiling(largest);
+    let names = ("--batch or --sizes", args.model.size_flags());
+    refuse_if_too_large(spec, &run, &context, names)
+}
+
+/// The memory check shared by the commands: `context` names the flags and their values, `names`
+/// the flags that set the rows in flight and those that set the widths and layers.
+fn refuse_if_too_large(
+    spec: &ModelSpec,
+    run: &RunShape,
+    context: &str,
+    names: (&str, &str),
+) -> Result<(), CliError> {
+    let e = match check_memory(spec, run, available_memory()) {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    let fix = match &e {
+        MemoryError::Overflow { .. } => {
+            "give widths, layers and batch of a size a machine can hold".to_string()
+        }
+        MemoryError::Absurd { footprint, .. } | MemoryError::TooLarge { footprint, .. } => {
+            fix_for(footprint, names)
+        }
+    };
+    let whose = match e {
+        MemoryError::TooLarge { .. } => " (MemAvailable in /proc/meminfo)",
+        _ => "",
+    };
+    Err(CliError::Usage(format!(
+        "{context}: {e}{whose}; fix: {fix}"
+    )))
+}
+
+/// What to shrink, after the largest part of `f`; `(rows, widths)` name the flags that set the
+/// rows in flight and the widths and layers.
+fn fix_for(f: &Footprint, (rows, widths): (&str, &str)) -> String {
+    // The parts add up to the checked total: no overflow.
+    let model = f.weights + f.gradients + f.optimizer;
+    let largest = [model, f.activations, f.data, f.threads, f.layers]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    if largest == f.threads {
+        "give fewer --ranks (each rank is a thread with its own stack)".into()
+    } else if largest == model {
+        let sgd = if f.optimizer > f.weights {
+            "; --optimizer sgd keeps one copy of the weights less than adamw"
+        } else {
+            ""
+        };
+        format!("shrink {widths}{sgd}")
+    } else if largest == f.layers {
+        format!("shrink {widths}")
+    } else {
+        format!("shrink {rows}, or {widths}")
+    }
+}
+
+impl ModelArgs {
+    /// The flags (or file) that set the model's widths and layer count, for messages.
+    fn size_flags(&self) -> &'static str {
+        match self.model {
+            Some(_) => "the layer widths or count in the --model file",
+            None => "--hidden or --layers",
+        }
+    }
+
+    /// The model flags and their values, for messages.
+    fn describe(&self, spec: &ModelSpec) -> String {
+        match &self.model {
+            Some(path) => format!(
+                "the model in --model {} ({} layers, input width {}) with batch {}",
+                path.display(),
+                spec.layers.len(),
+                spec.input,
+                spec.batch
+            ),
+            None => format!(
+                "--layers {} --hidden {} --outputs {} --batch {}",
+                self.layers, self.hidden, self.outputs, spec.batch
+            ),
+        }
     }
 }

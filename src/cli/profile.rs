@@ -85,6 +85,7 @@ pub fn model_from_flags(args: &Args) -> Result<ModelSpec, CliError> {
             args.microbatches, spec.batch
         )));
     }
+    super::model_flags::check_profile(&spec, args)?;
     Ok(spec)
 }
 

@@ -207,6 +207,7 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         }
     };
     let spec = args.model.spec()?;
+    super::model_flags::check_train(&spec, &args, optimizer)?;
     if spec.batch % args.microbatches != 0 {
         return Err(usage(match &args.schedule_file {
             Some(path) => format!(

@@ -22,16 +22,27 @@
 //! refused, as DeepSeek and PyTorch do. Memory: every rank holds `2P + 1` stage-microbatches
 //! between `F` and the end of its backward at its peak (one more than ZB-V's `2P`).
 
+use super::families::Family;
 use super::zbv::{vshape, VRank};
-use super::{Action, Item, Op, Params, Schedule, ScheduleError};
+use super::{Action, Item, Op, Params, Placement, Schedule, ScheduleError};
 use std::collections::VecDeque;
 
-/// Family name.
-const NAME: &str = "dualpipev";
+/// The `dualpipev` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and
+/// default `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "dualpipev",
+    placement: Placement::Vshape,
+    splits_iw: true,
+    overlaps: true,
+    default_chunks: 2,
+    constraints: "V = 2; P >= 1, M >= 2P",
+    summary: "DualPipeV on V-shape placement with overlapped F/B pairs",
+    generate,
+};
 
 /// Generates a `dualpipev` schedule; refuses `P = 0`, `M = 0`, `V != 2` and `M < 2P`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(NAME, 2, 2..=2)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=2)?;
     let (ranks, m) = (p.ranks, p.microbatches);
     if m < 2 * ranks {
         let fewer = match m / 2 {
@@ -39,7 +50,7 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
             most => format!(", fewer ranks (P <= {most})"),
         };
         return Err(ScheduleError::refused(
-            NAME,
+            FAMILY.name,
             format!(
                 "needs at least as many microbatches as stages: M >= 2P = {}, got M = {m}; \
                  use M >= {}{fewer}, or the `zbv` family, which takes any M",
@@ -49,7 +60,7 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
         ));
     }
     let actions = (0..ranks).map(|r| rank_list(r, ranks, m)).collect();
-    Ok(vshape(NAME, ranks, v, m, actions))
+    Ok(vshape(FAMILY.name, ranks, v, m, actions))
 }
 
 /// Rank `r`'s list (see the module documentation for the phases).

@@ -21,19 +21,31 @@
 //! dependency dry run of [`validate`](super::validate::validate), returns the order if it completes,
 //! and refuses it if it deadlocks, naming the group sizes that work.
 
+use super::families::Family;
 use super::validate::validate;
-use super::{Action, Item, Op, Params, Schedule, ScheduleError};
+use super::{Action, Item, Op, Params, Placement, Schedule, ScheduleError};
 
-const NAME: &str = "interleaved-1f1b";
+/// The `interleaved-1f1b` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
+/// `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "interleaved-1f1b",
+    placement: Placement::Looped,
+    splits_iw: false,
+    overlaps: false,
+    default_chunks: 2,
+    constraints: "V >= 2; P >= 1, M >= 1; group size G >= 1 (default P)",
+    summary: "Megatron's interleaved 1F1B over virtual stages",
+    generate,
+};
 
 /// Generates an `interleaved-1f1b` schedule; refuses `P = 0`, `M = 0`, `V < 2`, `G = 0`, and
 /// orders that deadlock (naming the group sizes that work).
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(NAME, 2, 2..=usize::MAX)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=usize::MAX)?;
     let g = p.group_size.unwrap_or(p.ranks);
     if g == 0 {
         return Err(ScheduleError::refused(
-            NAME,
+            FAMILY.name,
             format!(
                 "group size G must be at least 1; the default is P = {}",
                 p.ranks
@@ -48,7 +60,7 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
     match validate(&s) {
         Ok(_) => Ok(s),
         Err(ScheduleError::Deadlock { .. }) => Err(ScheduleError::refused(
-            NAME,
+            FAMILY.name,
             format!(
                 "group size G = {g} deadlocks with P = {ranks}, M = {m} (groups of {} and a last \
                  group of {} microbatches, fewer than P); {}",
@@ -108,7 +120,7 @@ fn build(ranks: usize, v: usize, m: usize, g: usize) -> Schedule {
     let actions = (0..ranks)
         .map(|r| rank_list(r, ranks, v, g, &table))
         .collect();
-    Schedule::looped(NAME, ranks, v, m, actions)
+    Schedule::looped(FAMILY.name, ranks, v, m, actions)
 }
 
 /// Rank `r`'s list: warm-up forwards, steady one-forward-one-backward, cool-down backwards.

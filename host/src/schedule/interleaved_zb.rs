@@ -19,10 +19,22 @@
 //! `F` and `W` at its peak (its warm-up, one more forward, and its `r` deferred `W`s): `V*P` when
 //! `M` is a multiple of `P`, below interleaved 1F1B's first rank (`V*P + P - 1`).
 
-use super::{Action, Item, Op, Params, Schedule, ScheduleError};
+use super::families::Family;
+use super::{Action, Item, Op, Params, Placement, Schedule, ScheduleError};
 
-/// Family name.
-const NAME: &str = "interleaved-zb";
+/// The `interleaved-zb` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
+/// `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "interleaved-zb",
+    placement: Placement::Looped,
+    splits_iw: true,
+    overlaps: false,
+    default_chunks: 2,
+    constraints:
+        "V >= 2; P >= 1, M >= 1, M a multiple of max(1, M / G); group size G >= P (default P)",
+    summary: "zero-bubble on looped placement (PyTorch InterleavedZeroBubble / ZB1P)",
+    generate,
+};
 
 /// Generates an `interleaved-zb` schedule.
 ///
@@ -31,16 +43,16 @@ const NAME: &str = "interleaved-zb";
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
     if p.chunks == Some(1) {
         return Err(ScheduleError::refused(
-            NAME,
+            FAMILY.name,
             "chunks V = 1 is not supported; use V >= 2, or the `zb-h1` family for V = 1",
         ));
     }
-    let v = p.checked(NAME, 2, 2..=usize::MAX)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=usize::MAX)?;
     let (ranks, m) = (p.ranks, p.microbatches);
     let group = p.group_size.unwrap_or(ranks);
     if group < ranks {
         return Err(ScheduleError::refused(
-            NAME,
+            FAMILY.name,
             format!(
                 "group size {group} is below P = {ranks}: the warm-up would be too short and the \
                  order can deadlock; use a group size >= {ranks} (or leave it unset for {ranks})"
@@ -52,7 +64,7 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
         let rounds = (m / group).max(1);
         let below = below.map_or(String::new(), |b| format!("M = {b} or "));
         ScheduleError::refused(
-            NAME,
+            FAMILY.name,
             format!(
                 "M = {m} microbatches in groups of {group} makes {rounds} rounds, and M must be a \
                  multiple of the number of rounds; use {below}M = {above}"
@@ -62,7 +74,7 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
     let actions = (0..ranks)
         .map(|r| rank_list(r, ranks, v, m, per_round))
         .collect();
-    Ok(Schedule::looped(NAME, ranks, v, m, actions))
+    Ok(Schedule::looped(FAMILY.name, ranks, v, m, actions))
 }
 
 /// Microbatches per round, if `m` splits evenly into `max(1, m / group)` rounds.

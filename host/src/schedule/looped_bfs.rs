@@ -7,11 +7,26 @@
 //! gradient, the first to arrive, is used first). Every rank holds all `V * M` activations at its
 //! peak. `V >= 1`.
 
-use super::{Action, Item, Op, Params, Schedule, ScheduleError};
+use super::families::Family;
+use super::{Action, Item, Op, Params, Placement, Schedule, ScheduleError};
+
+/// The `looped-bfs` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
+/// `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "looped-bfs",
+    placement: Placement::Looped,
+    splits_iw: false,
+    overlaps: false,
+    default_chunks: 2,
+    constraints: "V >= 1; P >= 1, M >= 1",
+    summary:
+        "breadth-first looped schedule: every microbatch through a local stage before the next",
+    generate,
+};
 
 /// Generates a `looped-bfs` schedule; refuses `P = 0`, `M = 0` and `V = 0`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked("looped-bfs", 2, 1..=usize::MAX)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 1..=usize::MAX)?;
     let (ranks, m) = (p.ranks, p.microbatches);
     let actions = (0..ranks)
         .map(|r| {
@@ -27,5 +42,5 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
             fwd.chain(bwd).collect()
         })
         .collect();
-    Ok(Schedule::looped("looped-bfs", ranks, v, m, actions))
+    Ok(Schedule::looped(FAMILY.name, ranks, v, m, actions))
 }

@@ -5,14 +5,28 @@
 //! So rank `r` holds at most `min(M, P - r)` activations. Works for every `M >= 1`, including `M < P`
 //! (the warm-up is then all of `M`). `V = 1`.
 
-use super::{Action, Item, Op, Params, Schedule, ScheduleError};
+use super::families::Family;
+use super::{Action, Item, Op, Params, Placement, Schedule, ScheduleError};
+
+/// The `1f1b` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
+/// `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "1f1b",
+    placement: Placement::Looped,
+    splits_iw: false,
+    overlaps: false,
+    default_chunks: 1,
+    constraints: "V = 1; P >= 1, M >= 1",
+    summary: "one forward one backward, PipeDream-flush / Megatron non-interleaved",
+    generate,
+};
 
 /// Generates a `1f1b` schedule; refuses `P = 0`, `M = 0` and `V != 1`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked("1f1b", 1, 1..=1)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 1..=1)?;
     let m = p.microbatches;
     let actions = (0..p.ranks).map(|r| rank_list(r, p.ranks, m)).collect();
-    Ok(Schedule::looped("1f1b", p.ranks, v, m, actions))
+    Ok(Schedule::looped(FAMILY.name, p.ranks, v, m, actions))
 }
 
 /// Rank `r`'s list: warm-up forwards, steady one-forward-one-backward, cool-down backwards.

@@ -22,19 +22,36 @@
 //! Valid for every `M >= 1`: a rank's triple for slot `x` only waits on slots before `x` on other
 //! ranks, or on forwards of the same slot upstream, so the dry run never stalls. `V = 1`.
 
-use super::{Action, Item, Op, Params, Schedule, ScheduleError};
+use super::families::Family;
+use super::{Action, Item, Op, Params, Placement, Schedule, ScheduleError};
 
-/// Family name.
-const NAME: &str = "zb-h1";
+/// The `zb-h1` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
+/// `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "zb-h1",
+    placement: Placement::Looped,
+    splits_iw: true,
+    overlaps: false,
+    default_chunks: 1,
+    constraints: "V = 1; P >= 1, M >= 1",
+    summary: "handcrafted zero-bubble, 1F1B's peak memory",
+    generate,
+};
 
 /// Generates a `zb-h1` schedule; refuses `P = 0`, `M = 0` and `V != 1`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(NAME, 1, 1..=1)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 1..=1)?;
     let last = p.ranks - 1;
     let actions = (0..p.ranks)
         .map(|r| lagged_rank_list(r, p.microbatches, last - r, last))
         .collect();
-    Ok(Schedule::looped(NAME, p.ranks, v, p.microbatches, actions))
+    Ok(Schedule::looped(
+        FAMILY.name,
+        p.ranks,
+        v,
+        p.microbatches,
+        actions,
+    ))
 }
 
 /// The list of rank `r` (stage `r`, `V = 1`) of a handcrafted zero-bubble schedule: for each slot

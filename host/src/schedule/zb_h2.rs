@@ -19,18 +19,35 @@
 //! correct, only slower), but it has gaps and can take longer than `zb-h1` (unit times, `P = 4`,
 //! `M = 4`: 16 slots against 15), so prefer `zb-h1` there. `V = 1`.
 
+use super::families::Family;
 use super::zb_h1::lagged_rank_list;
-use super::{Params, Schedule, ScheduleError};
+use super::{Params, Placement, Schedule, ScheduleError};
 
-/// Family name.
-const NAME: &str = "zb-h2";
+/// The `zb-h2` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
+/// `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "zb-h2",
+    placement: Placement::Looped,
+    splits_iw: true,
+    overlaps: false,
+    default_chunks: 1,
+    constraints: "V = 1; P >= 1, M >= 1 (no bubble with F = I = W needs M >= 2P-1)",
+    summary: "handcrafted zero-bubble, up to 2P-1 in flight, no bubble when F = I = W",
+    generate,
+};
 
 /// Generates a `zb-h2` schedule; refuses `P = 0`, `M = 0` and `V != 1`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(NAME, 1, 1..=1)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 1..=1)?;
     let last = p.ranks - 1;
     let actions = (0..p.ranks)
         .map(|r| lagged_rank_list(r, p.microbatches, 2 * (last - r), 2 * last))
         .collect();
-    Ok(Schedule::looped(NAME, p.ranks, v, p.microbatches, actions))
+    Ok(Schedule::looped(
+        FAMILY.name,
+        p.ranks,
+        v,
+        p.microbatches,
+        actions,
+    ))
 }

@@ -22,18 +22,29 @@
 //! of its first rank). Bubble: with `F = I = W` and free communication every rank works without a
 //! gap from its first action to its last once `M >= 2P-1`.
 
+use super::families::Family;
 use super::{Action, Item, Op, Params, Placement, Schedule, ScheduleError};
 
-/// Family name.
-const NAME: &str = "zbv";
+/// The `zbv` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
+/// `V` are written here only.
+pub const FAMILY: Family = Family {
+    name: "zbv",
+    placement: Placement::Vshape,
+    splits_iw: true,
+    overlaps: false,
+    default_chunks: 2,
+    constraints: "V = 2; P >= 1, M >= 1",
+    summary: "ZB-V on V-shape placement",
+    generate,
+};
 
 /// Generates a `zbv` schedule; refuses `P = 0`, `M = 0` and `V != 2`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(NAME, 2, 2..=2)?;
+    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=2)?;
     let actions = (0..p.ranks)
         .map(|r| rank_list(r, p.ranks, p.microbatches))
         .collect();
-    Ok(vshape(NAME, p.ranks, v, p.microbatches, actions))
+    Ok(vshape(FAMILY.name, p.ranks, v, p.microbatches, actions))
 }
 
 /// Rank `r`'s list (see the module documentation for the phases).
