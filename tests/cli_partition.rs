@@ -357,7 +357,7 @@ fn plan_json_best_first_and_refusals() {
                 "--cost-batch",
                 "1",
             ],
-            "9 ranks",
+            "--ranks 9",
         ),
         (
             vec![

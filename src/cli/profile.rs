@@ -11,14 +11,16 @@
 //! (`--fit-rows`, default an eighth of the microbatch, at least 1; 0 to skip) to fit each layer's
 //! fixed per-call part ([`pipefill_host::profile::fit_fixed`]), which `plan` uses to scale times to
 //! other microbatch sizes, and at each of `--sizes` (default every power of two up to the batch), kept
-//! as each layer's `samples`, between which `plan` interpolates. The file records the microbatch
-//! sizes, backend and repeats in `meta`, and is written atomically.
+//! as each layer's `samples`, between which `plan` interpolates. The backend states how it runs an
+//! overlapped F/B pair ([`Backend::pair_execution`]): the file's `overlap_share` (1 on CPU, whose
+//! ranks run a pair's halves one after the other). The file records the microbatch sizes, backend,
+//! pair execution and repeats in `meta`, and is written atomically.
 
 use std::path::PathBuf;
 
 use pipefill_host::cost::{CostFile, LayerCost, LinkCost, SizeSample};
 use pipefill_host::profile::{
-    fit_fixed, profile_layers, ProfileError, ProfileOptions, ProfiledLayer,
+    fit_fixed, profile_layers, PairExecution, ProfileError, ProfileOptions, ProfiledLayer,
 };
 use pipefill_host::runtime::Tensor;
 
@@ -33,6 +35,23 @@ use crate::model::ModelSpec;
 pub enum Backend {
     /// CPU threads (the built-in layers' host build), monotonic clock.
     Cpu,
+}
+
+impl Backend {
+    /// The name in the cost file's `meta.backend`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+        }
+    }
+
+    /// How this backend's runtime runs an overlapped F/B pair: on CPU each rank is one thread,
+    /// which runs the forward half and then the backward half.
+    pub fn pair_execution(self) -> PairExecution {
+        match self {
+            Backend::Cpu => PairExecution::Sequential,
+        }
+    }
 }
 
 /// Flags of `pipefill profile`.
@@ -123,11 +142,14 @@ pub fn fit_rows(flag: Option<usize>, rows: usize) -> Result<Option<usize>, CliEr
     }
 }
 
-/// Profiles every layer of `spec` on `rows` rows and returns the cost file (free transfers: ranks
-/// are threads of one process; `meta` says how it was measured). With `fit_rows`, profiles again on
+/// Profiles every layer of `spec` on `rows` rows on `backend` and returns the cost file (free
+/// transfers: ranks are threads of one process; the overlap share the backend states; `meta` says
+/// how it was measured). With `fit_rows`, profiles again on
 /// that many rows and records each layer's fixed part ([`fit_fixed`]). Each of `sizes` (rows, other
 /// than `rows`) is profiled too and kept as a [`SizeSample`] of every layer.
+#[allow(clippy::too_many_arguments)]
 pub fn profile_model(
+    backend: Backend,
     spec: &ModelSpec,
     rows: usize,
     fit_rows: Option<usize>,
@@ -166,9 +188,10 @@ pub fn profile_model(
     Ok(CostFile {
         layers: costs,
         transfer: LinkCost::default(),
-        overlap_share: 0.0,
+        overlap_share: backend.pair_execution().overlap_share(),
         meta: serde_json::json!({
-            "backend": "cpu",
+            "backend": backend.name(),
+            "pair_execution": backend.pair_execution().name(),
             "microbatch_size": rows,
             "fit_microbatch_size": fit_rows,
             "sample_microbatch_sizes": sample_rows,
@@ -225,7 +248,6 @@ pub fn run(args: Args) -> Result<(), CliError> {
             "--repeats must be at least 1 (the median of the timed runs is kept)".into(),
         ));
     }
-    let Backend::Cpu = args.backend;
     let rows = spec.batch / args.microbatches;
     let options = ProfileOptions {
         warmup: args.warmup,
@@ -233,7 +255,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
     };
     let fit = fit_rows(args.fit_rows, rows)?;
     let extra = sizes(&args.sizes, spec.batch)?;
-    let file = profile_model(&spec, rows, fit, &extra, gemm, options, args.seed)?;
+    let file = profile_model(
+        args.backend,
+        &spec,
+        rows,
+        fit,
+        &extra,
+        gemm,
+        options,
+        args.seed,
+    )?;
     write_atomic("--out", &args.out, file.to_json())?;
     let total: f64 = file.layers.iter().map(|l| l.total()).sum();
     eprintln!(
