@@ -111,6 +111,13 @@ fn bubbles(outcome: &Outcome, predicted: &Timeline) -> Vec<[f64; 3]> {
 
 /// The human-readable summary on stdout.
 pub fn print_text(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: &Outcome) {
+    print_setup(setup);
+    print_candidates(setup, candidates, chosen);
+    print_outcome(setup, chosen, outcome);
+}
+
+/// The model, and a warning when ranks share cores.
+fn print_setup(setup: &Setup) {
     let a = &setup.args;
     let s = &setup.spec;
     println!(
@@ -137,6 +144,10 @@ pub fn print_text(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
             }
         );
     }
+}
+
+/// The host planner's candidates, best first, and the one chosen.
+fn print_candidates(setup: &Setup, candidates: &[Plan], chosen: &Chosen) {
     println!(
         "candidates (predicted from the profile, {} split):",
         match setup.args.plan {
@@ -159,6 +170,11 @@ pub fn print_text(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
             if c == &chosen.plan { "  <- chosen" } else { "" }
         );
     }
+}
+
+/// Losses, step time, bubbles per rank, and the files written.
+fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
+    let a = &setup.args;
     let first = outcome.losses.first().copied().unwrap_or(0.0);
     let last = outcome.losses.last().copied().unwrap_or(0.0);
     println!(
