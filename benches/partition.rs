@@ -23,7 +23,7 @@
 
 use std::ops::Range;
 
-use pipefill::cli::profile::{profile_model, Backend};
+use pipefill::cli::profile::{profile_model, Backend, Measure};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LossKind, Optimizer};
 use pipefill::model::{LayerSpec, ModelSpec, Teacher};
@@ -133,20 +133,19 @@ fn main() {
     // Profiled at the microbatch size, at an eighth of it for the fixed part, and at every power of
     // two up to the batch for the samples (as `pipefill profile` does by default).
     let sizes: Vec<usize> = (0..8).map(|k| 1 << k).filter(|&s| s <= BATCH).collect();
-    let costs: CostFile = profile_model(
-        Backend::Cpu,
-        &spec,
+    let how = Measure {
+        backend: Backend::Cpu,
         rows,
-        Some(rows / 8),
-        &sizes,
-        GemmBackend::Matrixmultiply,
-        ProfileOptions {
+        fit_rows: Some(rows / 8),
+        sizes,
+        gemm: GemmBackend::Matrixmultiply,
+        options: ProfileOptions {
             warmup: 2,
             repeats: 9,
         },
-        0,
-    )
-    .expect("profile");
+        seed: 0,
+    };
+    let costs: CostFile = profile_model(&spec, &how).expect("profile");
     let problem = Problem::from_layers(&costs.layers, &costs.transfer).expect("problem");
     let layout = Layout::one_stage_per_rank(RANKS);
     let schedule = families::generate("1f1b", &Params::new(RANKS, MICROBATCHES)).expect("1f1b");

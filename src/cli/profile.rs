@@ -142,26 +142,44 @@ pub fn fit_rows(flag: Option<usize>, rows: usize) -> Result<Option<usize>, CliEr
     }
 }
 
-/// Profiles every layer of `spec` on `rows` rows on `backend` and returns the cost file (free
+/// What [`profile_model`] measures, where and how.
+#[derive(Debug, Clone)]
+pub struct Measure {
+    /// The device (it states the overlap share of F/B pairs).
+    pub backend: Backend,
+    /// Rows of the microbatch the main times are measured at.
+    pub rows: usize,
+    /// A smaller microbatch to fit each layer's fixed part at; `None` to skip.
+    pub fit_rows: Option<usize>,
+    /// Further microbatch sizes (rows) kept as samples.
+    pub sizes: Vec<usize>,
+    /// The GEMM crate.
+    pub gemm: GemmBackend,
+    /// Warm-up and timed rounds.
+    pub options: ProfileOptions,
+    /// Seed of the weights.
+    pub seed: u64,
+}
+
+/// Profiles every layer of `spec` on `m.rows` rows on `m.backend` and returns the cost file (free
 /// transfers: ranks are threads of one process; the overlap share the backend states; `meta` says
-/// how it was measured). With `fit_rows`, profiles again on
-/// that many rows and records each layer's fixed part ([`fit_fixed`]). Each of `sizes` (rows, other
-/// than `rows`) is profiled too and kept as a [`SizeSample`] of every layer.
-#[allow(clippy::too_many_arguments)]
-pub fn profile_model(
-    backend: Backend,
-    spec: &ModelSpec,
-    rows: usize,
-    fit_rows: Option<usize>,
-    sizes: &[usize],
-    gemm: GemmBackend,
-    options: ProfileOptions,
-    seed: u64,
-) -> Result<CostFile, CliError> {
+/// how it was measured). With `fit_rows`, profiles again on that many rows and records each layer's
+/// fixed part ([`fit_fixed`]). Each of `sizes` (rows, other than `rows`) is profiled too and kept as
+/// a [`SizeSample`] of every layer.
+pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError> {
+    let Measure {
+        backend,
+        rows,
+        fit_rows,
+        ref sizes,
+        gemm,
+        options,
+        seed,
+    } = *m;
     let failed = |e: ProfileError| CliError::Failed(e.to_string());
     let mut costs = profile_rows(spec, rows, gemm, options, seed)?;
     let mut sampled: Vec<(usize, Vec<LayerCost>)> = Vec::new();
-    for &size in sizes {
+    for &size in sizes.iter() {
         if size != rows && size > 0 && !sampled.iter().any(|(s, _)| *s == size) {
             sampled.push((size, profile_rows(spec, size, gemm, options, seed)?));
         }
@@ -253,18 +271,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
         warmup: args.warmup,
         repeats: args.repeats,
     };
-    let fit = fit_rows(args.fit_rows, rows)?;
-    let extra = sizes(&args.sizes, spec.batch)?;
-    let file = profile_model(
-        args.backend,
-        &spec,
+    let measure = Measure {
+        backend: args.backend,
         rows,
-        fit,
-        &extra,
+        fit_rows: fit_rows(args.fit_rows, rows)?,
+        sizes: sizes(&args.sizes, spec.batch)?,
         gemm,
         options,
-        args.seed,
-    )?;
+        seed: args.seed,
+    };
+    let file = profile_model(&spec, &measure)?;
     write_atomic("--out", &args.out, file.to_json())?;
     let total: f64 = file.layers.iter().map(|l| l.total()).sum();
     eprintln!(

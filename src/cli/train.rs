@@ -29,7 +29,7 @@ use pipefill_host::timeline::Timeline;
 
 pub use setup::{setup, Args, Format, Setup, TrainPlan};
 
-use super::profile::{profile_model, Backend};
+use super::profile::{profile_model, Backend, Measure};
 use super::CliError;
 use crate::model::{stage_ranges, Teacher};
 
@@ -85,16 +85,16 @@ pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
         repeats: 5,
     };
     // Train runs at this microbatch size and never rescales: one size is enough.
-    profile_model(
-        Backend::Cpu,
-        &setup.spec,
+    let measure = Measure {
+        backend: Backend::Cpu,
         rows,
-        None,
-        &[],
-        setup.gemm,
+        fit_rows: None,
+        sizes: Vec::new(),
+        gemm: setup.gemm,
         options,
-        setup.args.seed,
-    )
+        seed: setup.args.seed,
+    };
+    profile_model(&setup.spec, &measure)
 }
 
 /// The host planner's plans, best first: the `--schedule-file` schedule, or one schedule per family
