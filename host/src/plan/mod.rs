@@ -20,7 +20,7 @@
 //!
 //! The cost file was measured at some microbatch size `b0` ([`PlanRequest::cost_batch`]). For a
 //! microbatch of `b` samples, activation and output bytes are scaled by `b / b0` and parameter bytes
-//! kept. Times are scaled by [`LayerCost::scaled`]: when the file gives a layer's `fixed` part (what
+//! kept. Times are scaled by [`LayerCost::scaled`](crate::cost::LayerCost::scaled): when the file gives a layer's `fixed` part (what
 //! `pipefill profile` fits from two microbatch sizes), by the affine model
 //! `time(b) = fixed + (time - fixed) * b / b0`, so small microbatches pay their per-call overhead;
 //! without it, linearly by `b / b0`, which is optimistic for small microbatches on devices whose
