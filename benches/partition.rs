@@ -23,14 +23,13 @@
 
 use std::ops::Range;
 
-use pipefill::cli::profile::profile_model;
-use pipefill::cli::train::measured_cost;
+use pipefill::cli::profile::{profile_model, Backend, Measure};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LossKind, Optimizer};
 use pipefill::model::{LayerSpec, ModelSpec, Teacher};
 use pipefill_host::cost::{CostFile, CostModel};
 use pipefill_host::partition::{Layout, Method, Problem};
-use pipefill_host::plan::{plan, scale_layers, PlanRequest};
+use pipefill_host::plan::{plan, PlanRequest};
 use pipefill_host::profile::ProfileOptions;
 use pipefill_host::runtime::Executor;
 use pipefill_host::schedule::{families, Params, Schedule};
@@ -96,7 +95,7 @@ fn measure(
             continue;
         }
         let secs = if replay {
-            let cost = measured_cost(predicted_cost, &r);
+            let cost = predicted_cost.with_durations(&r.action_seconds);
             simulate(schedule, &cost)
                 .expect("replay")
                 .timeline
@@ -134,19 +133,19 @@ fn main() {
     // Profiled at the microbatch size, at an eighth of it for the fixed part, and at every power of
     // two up to the batch for the samples (as `pipefill profile` does by default).
     let sizes: Vec<usize> = (0..8).map(|k| 1 << k).filter(|&s| s <= BATCH).collect();
-    let costs: CostFile = profile_model(
-        &spec,
+    let how = Measure {
+        backend: Backend::Cpu,
         rows,
-        Some(rows / 8),
-        &sizes,
-        GemmBackend::Matrixmultiply,
-        ProfileOptions {
+        fit_rows: Some(rows / 8),
+        sizes,
+        gemm: GemmBackend::Matrixmultiply,
+        options: ProfileOptions {
             warmup: 2,
             repeats: 9,
         },
-        0,
-    )
-    .expect("profile");
+        seed: 0,
+    };
+    let costs: CostFile = profile_model(&spec, &how).expect("profile");
     let problem = Problem::from_layers(&costs.layers, &costs.transfer).expect("problem");
     let layout = Layout::one_stage_per_rank(RANKS);
     let schedule = families::generate("1f1b", &Params::new(RANKS, MICROBATCHES)).expect("1f1b");
@@ -192,15 +191,11 @@ fn main() {
         req.microbatch_counts = counts;
         let report = plan(&req).expect("plan");
         let best = report.best().expect("a plan");
-        let factor = best.microbatch_size as f64 / rows as f64;
-        let layers = scale_layers(&file.layers, factor);
-        let cost = CostModel::from_layers(&layers, &best.layers_per_stage, file.transfer)
-            .expect("plan cost");
         let measured = measure(
             &spec,
             &best.schedule,
             &best.layers_per_stage,
-            &cost,
+            &best.cost,
             steps,
             replay,
         );

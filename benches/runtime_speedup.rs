@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-use pipefill::cli::train::measured_cost;
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LossKind, Optimizer};
 use pipefill::model::{stage_ranges, ModelSpec, Teacher};
@@ -88,7 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         schedule.stages(),
         LinkCost::default(),
     );
-    let cost = measured_cost(&base, mid);
+    let cost = base.with_durations(&mid.action_seconds);
     let sim = pipefill_host::sim::simulate(&schedule, &cost)?
         .timeline
         .makespan();

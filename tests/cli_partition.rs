@@ -357,7 +357,7 @@ fn plan_json_best_first_and_refusals() {
                 "--cost-batch",
                 "1",
             ],
-            "9 ranks",
+            "--ranks 9",
         ),
         (
             vec![
@@ -455,6 +455,9 @@ fn profile_writes_a_cost_file_that_partition_and_plan_read() {
     let file = pipefill_host::cost::CostFile::parse(&text).unwrap();
     assert_eq!(file.layers.len(), 4);
     assert_eq!(file.meta["microbatch_size"], 4);
+    // The CPU backend runs an overlapped pair's halves one after the other, and says so.
+    assert_eq!(file.overlap_share, 1.0);
+    assert_eq!(file.meta["pair_execution"], "sequential");
     // Layer 0: 32 -> 32 weights + bias in f32; output 4 rows x 32.
     assert_eq!(file.layers[0].parameter_bytes, ((32 * 32 + 32) * 4) as f64);
     assert_eq!(file.layers[0].output_bytes, (4 * 32 * 4) as f64);

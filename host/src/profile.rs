@@ -21,12 +21,15 @@
 //! optimizer step). `B` is measured on its own ([`Stage::backward`]; a fused backward may be faster
 //! than `I + W`, and `W` right after `I` finds its inputs in cache). The last layer's upstream gradient is a tensor of
 //! ones of its output's shape: time does not depend on the values for dense layers.
-//! [`profile_stage`] profiles a single layer in a loop of its own.
 //!
 //! To scale times to other microbatch sizes, profile the layers twice, at the microbatch size `rows`
 //! and at a smaller `small_rows`, and let [`fit_fixed`] fit per layer and op the affine model
 //! `time(r) = fixed + per_row * r` through the two medians (the cost file's `"fixed"`, see
 //! [`crate::cost::scaling`]).
+//!
+//! Each op is timed alone, so the profile cannot tell how the backend runs an overlapped F/B pair
+//! (DualPipeV's `(F;B)`): the backend states it ([`PairExecution`]), and the cost file records it once
+//! as its `overlap_share`, which the simulator, `plan` and `train` read.
 //!
 //! On a GPU, a backend with asynchronous kernels must make each op finish before it returns (or time
 //! with device events) for these host-clock timings to mean anything; the built-in CPU layers are
@@ -78,6 +81,45 @@ impl Default for ProfileOptions {
     }
 }
 
+/// How a backend runs the two halves of an overlapped F/B pair, which the profile's timings cannot
+/// show (each op is timed alone). It decides the cost file's `overlap_share`: the simulator prices a
+/// pair whose halves take `f` and `b` alone at `max(f, b) + overlap_share * min(f, b)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PairExecution {
+    /// One half after the other (the CPU runtime, one thread per rank): nothing is hidden, a pair
+    /// costs `f + b`, `overlap_share` 1.
+    Sequential,
+    /// Both halves at once (separate streams on a GPU): `overlap_share` of the shorter half is not
+    /// hidden (0: perfect overlap).
+    Concurrent {
+        /// The share of the shorter half that is not hidden, in `0..=1`.
+        overlap_share: f64,
+    },
+}
+
+impl PairExecution {
+    /// The cost file's `overlap_share` for this backend.
+    ///
+    /// ```
+    /// use pipefill_host::profile::PairExecution;
+    /// assert_eq!(PairExecution::Sequential.overlap_share(), 1.0);
+    /// ```
+    pub fn overlap_share(self) -> f64 {
+        match self {
+            PairExecution::Sequential => 1.0,
+            PairExecution::Concurrent { overlap_share } => overlap_share,
+        }
+    }
+
+    /// `sequential` or `concurrent` (the cost file's `meta.pair_execution`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PairExecution::Sequential => "sequential",
+            PairExecution::Concurrent { .. } => "concurrent",
+        }
+    }
+}
+
 /// The median of `v` (mean of the middle two for even lengths); 0 for an empty slice.
 pub fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
@@ -98,58 +140,6 @@ struct Round {
     held_after_f: usize,
     held_after_i: usize,
     output: Tensor,
-}
-
-fn round<S: Stage>(stage: &mut S, input: &Tensor) -> Result<Round, StageError> {
-    let t0 = Instant::now();
-    let (output, mut stash) = stage.forward(input.clone())?;
-    let f = t0.elapsed().as_secs_f64();
-    let held_after_f = stage.held_bytes(&stash);
-    let grad = Tensor::new(output.shape().to_vec(), vec![1.0; output.len()])?;
-    let t1 = Instant::now();
-    let _grad_input = stage.backward_input(&mut stash, grad)?;
-    let i = t1.elapsed().as_secs_f64();
-    let held_after_i = stage.held_bytes(&stash);
-    let t2 = Instant::now();
-    stage.backward_weight(stash)?;
-    let w = t2.elapsed().as_secs_f64();
-    Ok(Round {
-        times: [f, i, w],
-        held_after_f,
-        held_after_i,
-        output,
-    })
-}
-
-/// Profiles one layer on `input`; returns its cost and its output (the next layer's input).
-pub fn profile_stage<S: Stage>(
-    name: &str,
-    stage: &mut S,
-    input: &Tensor,
-    parameter_bytes: f64,
-    options: ProfileOptions,
-) -> Result<(LayerCost, Tensor), StageError> {
-    for _ in 0..options.warmup {
-        round(stage, input)?;
-    }
-    let mut samples: [Vec<f64>; 3] = Default::default();
-    let mut last = None;
-    for _ in 0..options.repeats.max(1) {
-        let r = round(stage, input)?;
-        for (k, t) in r.times.iter().enumerate() {
-            samples[k].push(*t);
-        }
-        last = Some(r);
-    }
-    stage.zero_grad();
-    let r = last.ok_or_else(|| StageError::new("no profiling round ran"))?;
-    let [mut f, mut i, mut w] = samples;
-    let mut cost = LayerCost::new(name, median(&mut f), median(&mut i), median(&mut w));
-    cost.activation_bytes = r.held_after_f as f64;
-    cost.released_at_input = r.held_after_f.saturating_sub(r.held_after_i) as f64;
-    cost.parameter_bytes = parameter_bytes;
-    cost.output_bytes = r.output.bytes() as f64;
-    Ok((cost, r.output))
 }
 
 /// A layer to profile: its name, the layer, and its parameter bytes.

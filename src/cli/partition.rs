@@ -166,6 +166,7 @@ impl Report {
 pub fn partition_error(e: PartitionError) -> CliError {
     match e {
         PartitionError::SearchBudget { .. } => CliError::Failed(e.to_string()),
+        PartitionError::OverMemory { .. } => CliError::Usage(format!("{e} (--method optimal)")),
         other => CliError::Usage(other.to_string()),
     }
 }

@@ -12,17 +12,21 @@
 //! none has either (see [`pipefill_host::plan`]); the output says which
 //! (`"scaling": "sampled" | "affine" | "linear" | "mixed"`).
 //!
-//! JSON: `{"ranks", "global_batch", "memory_limit", "scaling", "plans": [{family, chunks, microbatches,
-//! microbatch_size, partition, layers_per_stage, step_time, bubble_fraction, peak_memory,
-//! lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>}`, best plan first.
+//! JSON: `{"ranks", "global_batch", "memory_limit", "scaling", "overlap_share", "plans": [{family,
+//! chunks, microbatches, microbatch_size, partition, layers_per_stage, step_time, bubble_fraction,
+//! peak_memory, lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>}`, best plan
+//! first (each plan as [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
+//!
+//! The overlap share of F/B pairs is the cost file's (`pipefill profile` writes the one of the
+//! backend it measured on).
 
 use std::path::PathBuf;
 
-use pipefill_host::cost::{CostFile, CostModel};
-use pipefill_host::plan::{plan, scale_layers, Plan, PlanError, PlanReport, PlanRequest};
-use pipefill_host::sim::simulate;
+use pipefill_host::cost::CostFile;
+use pipefill_host::plan::{plan, Plan, PlanError, PlanReport, PlanRequest};
 use pipefill_host::trace::{svg_gantt, SvgOptions};
 use serde::Serialize;
+use serde_json::Value;
 
 use super::partition::Format;
 use super::CliError;
@@ -69,9 +73,23 @@ pub struct Args {
     pub svg: Option<PathBuf>,
 }
 
-/// Maps planning errors to the CLI: everything but "no plan fits" is a usage error.
+/// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is
+/// at fault.
 fn plan_error(e: PlanError) -> CliError {
-    CliError::Usage(e.to_string())
+    let flag = match &e {
+        PlanError::NoRanks => Some("--ranks".to_string()),
+        PlanError::TooFewLayers { stages, .. } => Some(format!("--ranks {stages}")),
+        PlanError::NoSamples => Some("--global-batch".to_string()),
+        PlanError::CostBatch { .. } => Some("--cost-batch".to_string()),
+        PlanError::MemoryLimit { .. } => Some("--memory-limit".to_string()),
+        PlanError::NoChunks => Some("--chunks".to_string()),
+        PlanError::UnknownFamily { .. } => Some("--families".to_string()),
+        _ => None,
+    };
+    CliError::Usage(match flag {
+        Some(f) => format!("{f}: {e}"),
+        None => e.to_string(),
+    })
 }
 
 /// The microbatch size the costs were measured at: the flag, else the file's meta.
@@ -128,13 +146,26 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
 }
 
 #[derive(Serialize)]
-struct JsonOut<'a> {
+struct JsonOut {
     ranks: usize,
     global_batch: usize,
     memory_limit: Option<f64>,
     scaling: &'static str,
-    plans: &'a [Plan],
+    overlap_share: f64,
+    plans: Vec<Value>,
     skipped: usize,
+}
+
+/// A plan as JSON without its schedule and costs (a plan's full form, with them, is what
+/// [`Plan`] serialises to).
+fn summary(p: &Plan) -> Result<Value, CliError> {
+    let mut v =
+        serde_json::to_value(p).map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
+    if let Some(o) = v.as_object_mut() {
+        o.remove("schedule");
+        o.remove("cost");
+    }
+    Ok(v)
 }
 
 /// Runs `pipefill plan`.
@@ -149,7 +180,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 global_batch: req.global_batch,
                 memory_limit: req.memory_limit,
                 scaling: scaling(&req.costs),
-                plans: shown,
+                overlap_share: req.costs.overlap_share,
+                plans: shown.iter().map(summary).collect::<Result<_, _>>()?,
                 skipped: report.skipped.len(),
             };
             let text = serde_json::to_string_pretty(&out)
@@ -162,7 +194,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         let best = report
             .best()
             .ok_or_else(|| CliError::Failed("no plan to draw".into()))?;
-        let svg = best_timeline_svg(&req, best)?;
+        let svg = best_timeline_svg(best)?;
         super::output::write_atomic("--svg", path, svg)?;
     }
     Ok(())
@@ -189,7 +221,8 @@ pub fn scaling(costs: &CostFile) -> &'static str {
 
 fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
     println!(
-        "{} plans for P={} N={}{}, {} time scaling ({} candidates ruled out); best first:",
+        "{} plans for P={} N={}{}, {} time scaling, overlap share {} ({} candidates ruled out); \
+         best first:",
         report.plans.len(),
         req.ranks,
         req.global_batch,
@@ -197,6 +230,7 @@ fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
             .map(|l| format!(" memory limit {l:.0} B/rank"))
             .unwrap_or_default(),
         scaling(&req.costs),
+        req.costs.overlap_share,
         report.skipped.len()
     );
     println!(
@@ -222,17 +256,12 @@ fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
     }
 }
 
-/// The best plan's predicted timeline as SVG (re-simulated from its schedule and scaled costs).
-fn best_timeline_svg(req: &PlanRequest, best: &Plan) -> Result<String, CliError> {
-    let failed = |e: String| CliError::Failed(e);
-    let layers = scale_layers(
-        &req.costs.layers,
-        best.microbatch_size as f64 / req.cost_batch,
-    );
-    let mut model = CostModel::from_layers(&layers, &best.layers_per_stage, req.costs.transfer)
-        .map_err(|e| failed(e.to_string()))?;
-    model.overlap_share = req.costs.overlap_share;
-    let sim = simulate(&best.schedule, &model).map_err(|e| failed(e.to_string()))?;
+/// The best plan's predicted timeline as SVG (its schedule simulated under the costs it was scored
+/// with).
+fn best_timeline_svg(best: &Plan) -> Result<String, CliError> {
+    let timeline = best
+        .timeline()
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     let options = SvgOptions {
         title: format!(
             "best plan: {} V={} M={} {} {:?}: predicted {:.6} s",
@@ -245,51 +274,5 @@ fn best_timeline_svg(req: &PlanRequest, best: &Plan) -> Result<String, CliError>
         ),
         ..SvgOptions::default()
     };
-    Ok(svg_gantt(&[&sim.timeline], &options))
-}
-
-/// How `pipefill train` splits the model's layers into stages (`--plan`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum TrainPlan {
-    /// For each schedule considered, the partition with the lowest simulated step time (exact
-    /// bottleneck optimum, baselines, boundary refinement; `pipefill_host::plan::best_partition`).
-    #[default]
-    Auto,
-    /// Equal layer counts per stage.
-    Uniform,
-}
-
-/// Layer counts per stage of `schedule` for `pipefill train`: `--plan uniform` gives equal counts,
-/// `--plan auto` the best partition for this schedule from the profiled `costs` (free transfers:
-/// ranks are threads of one process).
-pub fn train_split(
-    plan: TrainPlan,
-    schedule: &pipefill_host::schedule::Schedule,
-    costs: &[pipefill_host::cost::LayerCost],
-    overlap_share: f64,
-) -> Result<Vec<usize>, String> {
-    let stages = schedule.stages();
-    let uniform = || {
-        pipefill_host::cost::split_even(costs.len(), stages).map_err(|_| {
-            format!(
-                "{} layers cannot fill {stages} stages (at least one layer per stage)",
-                costs.len()
-            )
-        })
-    };
-    match plan {
-        TrainPlan::Uniform => uniform(),
-        TrainPlan::Auto => {
-            uniform()?;
-            let file = CostFile {
-                layers: costs.to_vec(),
-                transfer: pipefill_host::cost::LinkCost::default(),
-                overlap_share,
-                meta: serde_json::Value::Null,
-            };
-            pipefill_host::plan::best_partition(&file, schedule, None)
-                .map(|p| p.layers_per_stage)
-                .map_err(|e| e.to_string())
-        }
-    }
+    Ok(svg_gantt(&[&timeline], &options))
 }

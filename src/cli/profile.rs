@@ -11,14 +11,16 @@
 //! (`--fit-rows`, default an eighth of the microbatch, at least 1; 0 to skip) to fit each layer's
 //! fixed per-call part ([`pipefill_host::profile::fit_fixed`]), which `plan` uses to scale times to
 //! other microbatch sizes, and at each of `--sizes` (default every power of two up to the batch), kept
-//! as each layer's `samples`, between which `plan` interpolates. The file records the microbatch
-//! sizes, backend and repeats in `meta`, and is written atomically.
+//! as each layer's `samples`, between which `plan` interpolates. The backend states how it runs an
+//! overlapped F/B pair ([`Backend::pair_execution`]): the file's `overlap_share` (1 on CPU, whose
+//! ranks run a pair's halves one after the other). The file records the microbatch sizes, backend,
+//! pair execution and repeats in `meta`, and is written atomically.
 
 use std::path::PathBuf;
 
 use pipefill_host::cost::{CostFile, LayerCost, LinkCost, SizeSample};
 use pipefill_host::profile::{
-    fit_fixed, profile_layers, ProfileError, ProfileOptions, ProfiledLayer,
+    fit_fixed, profile_layers, PairExecution, ProfileError, ProfileOptions, ProfiledLayer,
 };
 use pipefill_host::runtime::Tensor;
 
@@ -33,6 +35,23 @@ use crate::model::ModelSpec;
 pub enum Backend {
     /// CPU threads (the built-in layers' host build), monotonic clock.
     Cpu,
+}
+
+impl Backend {
+    /// The name in the cost file's `meta.backend`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+        }
+    }
+
+    /// How this backend's runtime runs an overlapped F/B pair: on CPU each rank is one thread,
+    /// which runs the forward half and then the backward half.
+    pub fn pair_execution(self) -> PairExecution {
+        match self {
+            Backend::Cpu => PairExecution::Sequential,
+        }
+    }
 }
 
 /// Flags of `pipefill profile`.
@@ -124,23 +143,44 @@ pub fn fit_rows(flag: Option<usize>, rows: usize) -> Result<Option<usize>, CliEr
     }
 }
 
-/// Profiles every layer of `spec` on `rows` rows and returns the cost file (free transfers: ranks
-/// are threads of one process; `meta` says how it was measured). With `fit_rows`, profiles again on
-/// that many rows and records each layer's fixed part ([`fit_fixed`]). Each of `sizes` (rows, other
-/// than `rows`) is profiled too and kept as a [`SizeSample`] of every layer.
-pub fn profile_model(
-    spec: &ModelSpec,
-    rows: usize,
-    fit_rows: Option<usize>,
-    sizes: &[usize],
-    gemm: GemmBackend,
-    options: ProfileOptions,
-    seed: u64,
-) -> Result<CostFile, CliError> {
+/// What [`profile_model`] measures, where and how.
+#[derive(Debug, Clone)]
+pub struct Measure {
+    /// The device (it states the overlap share of F/B pairs).
+    pub backend: Backend,
+    /// Rows of the microbatch the main times are measured at.
+    pub rows: usize,
+    /// A smaller microbatch to fit each layer's fixed part at; `None` to skip.
+    pub fit_rows: Option<usize>,
+    /// Further microbatch sizes (rows) kept as samples.
+    pub sizes: Vec<usize>,
+    /// The GEMM crate.
+    pub gemm: GemmBackend,
+    /// Warm-up and timed rounds.
+    pub options: ProfileOptions,
+    /// Seed of the weights.
+    pub seed: u64,
+}
+
+/// Profiles every layer of `spec` on `m.rows` rows on `m.backend` and returns the cost file (free
+/// transfers: ranks are threads of one process; the overlap share the backend states; `meta` says
+/// how it was measured). With `fit_rows`, profiles again on that many rows and records each layer's
+/// fixed part ([`fit_fixed`]). Each of `sizes` (rows, other than `rows`) is profiled too and kept as
+/// a [`SizeSample`] of every layer.
+pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError> {
+    let Measure {
+        backend,
+        rows,
+        fit_rows,
+        ref sizes,
+        gemm,
+        options,
+        seed,
+    } = *m;
     let failed = |e: ProfileError| CliError::Failed(e.to_string());
     let mut costs = profile_rows(spec, rows, gemm, options, seed)?;
     let mut sampled: Vec<(usize, Vec<LayerCost>)> = Vec::new();
-    for &size in sizes {
+    for &size in sizes.iter() {
         if size != rows && size > 0 && !sampled.iter().any(|(s, _)| *s == size) {
             sampled.push((size, profile_rows(spec, size, gemm, options, seed)?));
         }
@@ -167,9 +207,10 @@ pub fn profile_model(
     Ok(CostFile {
         layers: costs,
         transfer: LinkCost::default(),
-        overlap_share: 0.0,
+        overlap_share: backend.pair_execution().overlap_share(),
         meta: serde_json::json!({
-            "backend": "cpu",
+            "backend": backend.name(),
+            "pair_execution": backend.pair_execution().name(),
             "microbatch_size": rows,
             "fit_microbatch_size": fit_rows,
             "sample_microbatch_sizes": sample_rows,
@@ -226,15 +267,21 @@ pub fn run(args: Args) -> Result<(), CliError> {
             "--repeats must be at least 1 (the median of the timed runs is kept)".into(),
         ));
     }
-    let Backend::Cpu = args.backend;
     let rows = spec.batch / args.microbatches;
     let options = ProfileOptions {
         warmup: args.warmup,
         repeats: args.repeats,
     };
-    let fit = fit_rows(args.fit_rows, rows)?;
-    let extra = sizes(&args.sizes, spec.batch)?;
-    let file = profile_model(&spec, rows, fit, &extra, gemm, options, args.seed)?;
+    let measure = Measure {
+        backend: args.backend,
+        rows,
+        fit_rows: fit_rows(args.fit_rows, rows)?,
+        sizes: sizes(&args.sizes, spec.batch)?,
+        gemm,
+        options,
+        seed: args.seed,
+    };
+    let file = profile_model(&spec, &measure)?;
     write_atomic("--out", &args.out, file.to_json())?;
     let total: f64 = file.layers.iter().map(|l| l.total()).sum();
     eprintln!(

@@ -196,7 +196,7 @@ fn cost_spec(args: &Args) -> Result<CostSpec, CliError> {
         },
         (text, None) => CostSpec::Uniform {
             rank: parse_cost_flag(text.as_deref().unwrap_or("F=1,I=1,W=1"))
-                .map_err(|e| usage(e.to_string()))?,
+                .map_err(|e| usage(format!("--cost: {e}")))?,
             link: LinkCost::default(),
             overlap_share: 0.0,
         },

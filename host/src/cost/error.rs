@@ -38,8 +38,9 @@ pub enum CostError {
         /// What would be accepted.
         fix: String,
     },
-    /// The `--cost` flag is malformed.
-    #[error("--cost `{text}`: {problem}. Fix: {fix}")]
+    /// A compact cost text (`F=1,I=1,W=1`, what the `--cost` flag takes) is malformed. The message
+    /// names the text, not the flag: a command line adds its flag.
+    #[error("cost text `{text}`: {problem}. Fix: {fix}")]
     Flag {
         /// The flag's text (or the offending part of it).
         text: String,

@@ -33,12 +33,13 @@
 //! frees them: a `B` frees all of them; with split backward, `I` frees `released_at_input` of them
 //! and `W` the rest (as in the zero-bubble papers, where W keeps only the inputs of the weight GEMMs).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 mod check;
 mod error;
 pub mod file;
 pub mod flag;
+mod measured;
 mod model;
 pub mod scaling;
 
@@ -140,11 +141,13 @@ impl LayerCost {
 }
 
 /// A link between ranks: `time = latency + bytes / bandwidth`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LinkCost {
     /// Seconds per transfer.
     pub latency: f64,
-    /// Bytes per second (`f64::INFINITY` for free transfers; written as `null` in the cost file).
+    /// Bytes per second (`f64::INFINITY` for free transfers; written as `null` in the cost file and
+    /// in serialised cost models, and read back as infinity).
+    #[serde(deserialize_with = "bandwidth_or_null")]
     pub bandwidth: f64,
 }
 
@@ -179,8 +182,13 @@ impl LinkCost {
     }
 }
 
+/// Reads a bandwidth written by [`LinkCost`]'s `Serialize`: a number, or `null` for unlimited.
+fn bandwidth_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
+}
+
 /// Cost of one stage: the sum of its layers' times and memory, and the size of what it sends on.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StageCost {
     /// Forward time.
     pub forward: f64,
@@ -312,7 +320,10 @@ impl StageCost {
 /// assert_eq!(m.pair_time(1.0, 2.0), 2.0); // overlap_share 0: a pair takes the longer half
 /// m.check().unwrap();
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize)]
+///
+/// It serialises with serde (unlimited bandwidth as `null`); a deserialised model is not checked:
+/// call [`CostModel::check`] on one read from outside.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostModel {
     /// One entry per stage, `S` in all.
     pub stages: Vec<StageCost>,

@@ -8,7 +8,9 @@ use serde_json::json;
 
 use pipefill_host::profile::median;
 
-use super::{Candidate, CliError, Outcome, Setup};
+use pipefill_host::plan::Plan;
+
+use super::{Chosen, CliError, Outcome, Setup};
 use crate::cli::output::write_atomic;
 
 /// Progress: a bar on a terminal, plain lines otherwise (on stderr, so stdout stays the result).
@@ -60,7 +62,7 @@ impl Progress {
 
 /// Writes the SVG (measured, then predicted from the profile, then from the run's own action
 /// durations unless `--replay`) and, with `--trace`, the Chrome trace of the same timelines.
-pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Result<(), CliError> {
+pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<(), CliError> {
     let named = |t: &Timeline, how: &str| {
         let mut t = t.clone();
         t.name = format!("{}, {how}", t.name);
@@ -80,7 +82,7 @@ pub fn write_files(setup: &Setup, chosen: &Candidate, outcome: &Outcome) -> Resu
     let options = SvgOptions {
         title: format!(
             "pipefill train: {} on {} ranks, M = {} (measured, then predicted)",
-            chosen.schedule.name, chosen.schedule.ranks, chosen.schedule.microbatches
+            chosen.plan.family, chosen.plan.schedule.ranks, chosen.plan.microbatches
         ),
         ..SvgOptions::default()
     };
@@ -108,7 +110,14 @@ fn bubbles(outcome: &Outcome, predicted: &Timeline) -> Vec<[f64; 3]> {
 }
 
 /// The human-readable summary on stdout.
-pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, outcome: &Outcome) {
+pub fn print_text(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: &Outcome) {
+    print_setup(setup);
+    print_candidates(setup, candidates, chosen);
+    print_outcome(setup, chosen, outcome);
+}
+
+/// The model, and a warning when ranks share cores.
+fn print_setup(setup: &Setup) {
     let a = &setup.args;
     let s = &setup.spec;
     println!(
@@ -135,11 +144,15 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
             }
         );
     }
+}
+
+/// The host planner's candidates, best first, and the one chosen.
+fn print_candidates(setup: &Setup, candidates: &[Plan], chosen: &Chosen) {
     println!(
         "candidates (predicted from the profile, {} split):",
         match setup.args.plan {
-            crate::cli::plan::TrainPlan::Auto => "--plan auto",
-            crate::cli::plan::TrainPlan::Uniform => "uniform",
+            super::TrainPlan::Auto => "--plan auto",
+            super::TrainPlan::Uniform => "uniform",
         }
     );
     println!(
@@ -149,27 +162,28 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
     for c in candidates {
         println!(
             "  {:<18} {:>2} {:>3} {:>9.2} ms {:>7.1}%{}",
-            c.schedule.name,
-            c.schedule.chunks,
+            c.family,
+            c.chunks,
             c.schedule.stages(),
-            c.predicted.makespan() * 1e3,
-            c.predicted.bubble_fraction() * 100.0,
-            if std::ptr::eq(c, chosen) {
-                "  <- chosen"
-            } else {
-                ""
-            }
+            c.step_time * 1e3,
+            c.bubble_fraction * 100.0,
+            if c == &chosen.plan { "  <- chosen" } else { "" }
         );
     }
+}
+
+/// Losses, step time, bubbles per rank, and the files written.
+fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
+    let a = &setup.args;
     let first = outcome.losses.first().copied().unwrap_or(0.0);
     let last = outcome.losses.last().copied().unwrap_or(0.0);
     println!(
         "trained {} steps with {} (P = {}, V = {}, M = {}): loss {first:.6} -> {last:.6} ({})",
         a.steps,
-        chosen.schedule.name,
-        chosen.schedule.ranks,
-        chosen.schedule.chunks,
-        chosen.schedule.microbatches,
+        chosen.plan.family,
+        chosen.plan.schedule.ranks,
+        chosen.plan.chunks,
+        chosen.plan.microbatches,
         if last < first {
             "falling"
         } else {
@@ -221,22 +235,21 @@ pub fn print_text(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
 }
 
 /// The JSON object on stdout (keys documented in the README).
-pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, outcome: &Outcome) {
+pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: &Outcome) {
     let a = &setup.args;
     let m = &outcome.measured;
     let b = bubbles(outcome, &chosen.predicted);
     let x = &outcome.resimulated;
     let value = json!({
-        "schedule": chosen.schedule.name,
-        "ranks": chosen.schedule.ranks,
-        "chunks": chosen.schedule.chunks,
-        "microbatches": chosen.schedule.microbatches,
-        "stages": chosen.schedule.stages(),
-        "layers_per_stage": chosen.layers_per_stage,
-        "plan": match a.plan {
-            crate::cli::plan::TrainPlan::Auto => "auto",
-            crate::cli::plan::TrainPlan::Uniform => "uniform",
-        },
+        "schedule": chosen.plan.family,
+        "ranks": chosen.plan.schedule.ranks,
+        "chunks": chosen.plan.chunks,
+        "microbatches": chosen.plan.microbatches,
+        "stages": chosen.plan.schedule.stages(),
+        "layers_per_stage": chosen.plan.layers_per_stage,
+        "partition": chosen.plan.partition,
+        "overlap_share": chosen.plan.cost.overlap_share,
+        "plan": a.plan.name(),
         "steps": a.steps,
         "seed": a.seed,
         "losses": outcome.losses,
@@ -258,10 +271,10 @@ pub fn print_json(setup: &Setup, candidates: &[Candidate], chosen: &Candidate, o
         "cores": setup.cores,
         "time_shared": a.ranks > setup.cores,
         "candidates": candidates.iter().map(|c| json!({
-            "schedule": c.schedule.name,
-            "chunks": c.schedule.chunks,
-            "step_time_predicted_s": c.predicted.makespan(),
-            "bubble_predicted": c.predicted.bubble_fraction(),
+            "schedule": c.family,
+            "chunks": c.chunks,
+            "step_time_predicted_s": c.step_time,
+            "bubble_predicted": c.bubble_fraction,
         })).collect::<Vec<_>>(),
         "model": {
             "layers": setup.spec.layers.len(),

@@ -1,0 +1,193 @@
+//! Plans for schedules that are given rather than searched: a schedule file, or one schedule per
+//! family for fixed `P`, `V` and `M` (what `pipefill train` scores).
+//!
+//! Any schedule that validates can be planned: its name is a label, never a key that decides what is
+//! allowed. The costs are taken as measured at the schedule's own microbatch size (they are not
+//! rescaled; the plans' `microbatch_size` is 1, that size).
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::CostFile;
+use crate::partition::Method;
+use crate::schedule::families;
+use crate::schedule::validate::validate;
+use crate::schedule::{Params, Schedule};
+
+use super::search::{sort, Shape};
+use super::{check, Plan, PlanError, PlanReport, PlanRequest, Skipped};
+
+/// How a given schedule's stages get their layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// The partition with the lowest simulated step time ([`best_partition`]).
+    #[default]
+    Best,
+    /// Equal layer counts (the `uniform` partition method).
+    Uniform,
+}
+
+/// The request that scores `schedule` under `costs` as measured at its own microbatch size.
+fn request_for(
+    costs: &CostFile,
+    schedule: &Schedule,
+    memory_limit: Option<f64>,
+) -> Result<PlanRequest, PlanError> {
+    let mut request = PlanRequest::new(costs.clone(), 1.0, schedule.ranks, schedule.microbatches);
+    request.memory_limit = memory_limit;
+    check(&request)?;
+    Ok(request)
+}
+
+/// The best partition for `schedule` (any schedule: its name is only a label), with costs measured
+/// at the schedule's microbatch size: every partition method simulated, the best refined by boundary
+/// moves. The schedule is simulated as it is; [`plan_schedule`] validates it first.
+///
+/// ```
+/// use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+/// use pipefill_host::plan::best_partition;
+/// use pipefill_host::schedule::{families, Params};
+/// let layers = (0..6).map(|i| LayerCost::new(format!("l{i}"), 1.0 + i as f64, 1.0, 1.0)).collect();
+/// let costs = CostFile { layers, transfer: LinkCost::default(), overlap_share: 0.0,
+///                        meta: serde_json::Value::Null };
+/// let mut s = families::generate("1f1b", &Params::new(2, 4))?;
+/// s.name = "mine".into(); // a renamed schedule plans as well
+/// let plan = best_partition(&costs, &s, None)?;
+/// assert_eq!(plan.family, "mine");
+/// assert_eq!(plan.layers_per_stage.iter().sum::<usize>(), 6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn best_partition(
+    costs: &CostFile,
+    schedule: &Schedule,
+    memory_limit: Option<f64>,
+) -> Result<Plan, PlanError> {
+    let request = request_for(costs, schedule, memory_limit)?;
+    Shape::new(&request, schedule.clone())?.best()
+}
+
+/// Scores one given schedule: validates it, splits its layers (`split`) and simulates it under
+/// `costs` (measured at the schedule's microbatch size).
+pub fn plan_schedule(
+    costs: &CostFile,
+    schedule: &Schedule,
+    split: Split,
+    memory_limit: Option<f64>,
+) -> Result<Plan, PlanError> {
+    validate(schedule).map_err(|source| PlanError::Schedule {
+        name: schedule.name.clone(),
+        source,
+    })?;
+    match split {
+        Split::Best => best_partition(costs, schedule, memory_limit),
+        Split::Uniform => {
+            let request = request_for(costs, schedule, memory_limit)?;
+            Shape::new(&request, schedule.clone())?
+                .evaluate_method(Method::Uniform)
+                .map_err(|reason| PlanError::NoPlan {
+                    skipped: vec![Skipped::of(schedule, reason)],
+                })
+        }
+    }
+}
+
+/// Scores one schedule per family (`families`, or all of [`FAMILIES`](families::FAMILIES) when empty) generated with
+/// `params` (`P`, `M`, and `V` or each family's own), best first. A family that cannot generate,
+/// validate or fit these parameters is listed in `skipped`; [`PlanError::NoPlan`] when none can.
+pub fn plan_families(
+    costs: &CostFile,
+    params: &Params,
+    families: &[String],
+    split: Split,
+    memory_limit: Option<f64>,
+) -> Result<PlanReport, PlanError> {
+    let mut plans = Vec::new();
+    let mut skipped = Vec::new();
+    for family in super::families(families)? {
+        let chunks = params.chunks.unwrap_or(family.default_chunks);
+        let attempt = families::generate(family.name, params)
+            .map_err(|source| PlanError::Schedule {
+                name: family.name.to_string(),
+                source,
+            })
+            .and_then(|s| plan_schedule(costs, &s, split, memory_limit));
+        match attempt {
+            Ok(p) => plans.push(p),
+            Err(e) => skipped.push(Skipped {
+                family: family.name.to_string(),
+                chunks,
+                microbatches: params.microbatches,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    if plans.is_empty() {
+        return Err(PlanError::NoPlan { skipped });
+    }
+    sort(&mut plans);
+    Ok(PlanReport { plans, skipped })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{LayerCost, LinkCost};
+
+    fn costs() -> CostFile {
+        let layers = (0..8)
+            .map(|i| LayerCost::new(format!("l{i}"), if i == 0 { 7.0 } else { 1.0 }, 1.0, 1.0))
+            .collect();
+        CostFile {
+            layers,
+            transfer: LinkCost::default(),
+            overlap_share: 1.0,
+            meta: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn a_renamed_schedule_plans_like_its_family() {
+        let s = families::generate("zb-h1", &Params::new(2, 4)).unwrap();
+        let mut renamed = s.clone();
+        renamed.name = "mine".into();
+        let a = plan_schedule(&costs(), &s, Split::Best, None).unwrap();
+        let b = plan_schedule(&costs(), &renamed, Split::Best, None).unwrap();
+        assert_eq!(b.family, "mine");
+        assert_eq!(a.layers_per_stage, b.layers_per_stage);
+        assert_eq!(a.step_time, b.step_time);
+        // The heavy first layer gets a stage with fewer layers than the uniform split's.
+        let u = plan_schedule(&costs(), &renamed, Split::Uniform, None).unwrap();
+        assert_eq!(u.layers_per_stage, vec![4, 4]);
+        assert!(
+            b.step_time < u.step_time,
+            "{} vs {}",
+            b.step_time,
+            u.step_time
+        );
+        // The plan carries the costs it was scored with (the file's overlap share included).
+        assert_eq!(b.cost.overlap_share, 1.0);
+        assert_eq!(b.timeline().unwrap().makespan(), b.step_time);
+    }
+
+    #[test]
+    fn a_schedule_that_cannot_run_is_refused() {
+        let mut s = families::generate("1f1b", &Params::new(2, 2)).unwrap();
+        s.actions[1].reverse();
+        let e = plan_schedule(&costs(), &s, Split::Best, None).unwrap_err();
+        assert!(
+            matches!(&e, PlanError::Schedule { name, .. } if name == "1f1b"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn families_that_do_not_fit_are_skipped_not_fatal() {
+        // V = 3 suits the looped interleaved families only (vshape needs V = 2, others V = 1).
+        let params = Params::new(2, 4).with_chunks(3);
+        let r = plan_families(&costs(), &params, &[], Split::Best, None).unwrap();
+        assert!(!r.plans.is_empty() && !r.skipped.is_empty());
+        assert!(r.plans.iter().all(|p| p.chunks == 3));
+        let e = plan_families(&costs(), &params, &["nope".into()], Split::Best, None);
+        assert!(matches!(e, Err(PlanError::UnknownFamily { name, .. }) if name == "nope"));
+    }
+}

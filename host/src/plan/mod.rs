@@ -1,0 +1,379 @@
+//! Planning: choose the partition, the schedule family, `V` and `M` together, by simulated step time.
+//!
+//! The slowest stage is not what a training step costs: the schedule decides how much of the other
+//! stages' time is hidden, warm-up and cool-down expose the first and last stages, more microbatches
+//! shrink the bubble but make each one smaller, and memory rules some choices out. So [`plan`]
+//! searches, for `P` ranks and a global batch of `N` samples:
+//!
+//! - every schedule family (or the ones asked for) and every `V` it accepts among the candidates;
+//! - every `M` dividing `N` (up to a maximum), each microbatch then holding `N / M` samples;
+//! - for each, the partitions of [`crate::partition`]: the exact bottleneck optimum (under the memory
+//!   limit, with the schedule's in-flight activations per stage), the baselines, and with `V > 1` the
+//!   per-stage optimum (which often simulates faster than the rank-load optimum);
+//!
+//! simulates each candidate with [`crate::sim::simulate`], drops those whose peak memory (parameters
+//! plus the simulator's activation peak) exceeds the limit, then **refines** the best few: moving one
+//! stage boundary by one layer at a time while the simulated step time improves. Plans come back best
+//! first.
+//!
+//! ## Scaling costs with the microbatch size
+//!
+//! The cost file was measured at some microbatch size `b0` ([`PlanRequest::cost_batch`]). For a
+//! microbatch of `b` samples, activation and output bytes are scaled by `b / b0` and parameter bytes
+//! kept. Times are scaled by [`LayerCost::scaled`](crate::cost::LayerCost::scaled): when the file gives a layer's `fixed` part (what
+//! `pipefill profile` fits from two microbatch sizes), by the affine model
+//! `time(b) = fixed + (time - fixed) * b / b0`, so small microbatches pay their per-call overhead;
+//! without it, linearly by `b / b0`, which is optimistic for small microbatches on devices whose
+//! kernels lose efficiency at small sizes (profile with a fitted fixed part, or at the size you will
+//! run, to avoid it). A line through two sizes is still off far from them; when the file gives a
+//! layer's `samples` (its times measured at other sizes, `pipefill profile --sizes`), times are
+//! interpolated between the measured sizes instead (see [`crate::cost::scaling`]).
+//!
+//! ## Given schedules
+//!
+//! [`best_partition`], [`plan_schedule`] and [`plan_families`] plan schedules that are given rather
+//! than searched (a schedule file, or one schedule per family at fixed `P`, `V`, `M`): any schedule
+//! that validates, whatever its name. Every [`Plan`] carries its schedule and the [`CostModel`] it was
+//! scored with, so [`Plan::timeline`] redraws its prediction without rebuilding costs, and it
+//! serialises with serde.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{CostFile, CostModel};
+use crate::schedule::families::{Family, FAMILIES};
+use crate::schedule::{Params, Schedule};
+use crate::sim::{simulate, SimError};
+use crate::timeline::Timeline;
+
+mod error;
+mod given;
+mod search;
+mod serde_plan;
+
+pub use error::PlanError;
+pub use given::{best_partition, plan_families, plan_schedule, Split};
+
+use search::{sort, Shape};
+
+/// Node budget of the exact `V > 1` partition search for each candidate: the plan simulates and
+/// refines afterwards, so a near-optimal bottleneck split found quickly is worth more than a proof.
+pub const PLAN_NODE_BUDGET: u64 = 1_000_000;
+
+/// What to plan for.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    /// Per-layer costs, link and overlap share.
+    pub costs: CostFile,
+    /// Samples per microbatch at which the costs were measured (`b0`).
+    pub cost_batch: f64,
+    /// `P`.
+    pub ranks: usize,
+    /// `N`: samples per training step.
+    pub global_batch: usize,
+    /// Bytes each rank may hold (parameters + activations); `None` for no limit.
+    pub memory_limit: Option<f64>,
+    /// Families to try; empty means all of [`FAMILIES`].
+    pub families: Vec<String>,
+    /// `V` values to try for families that accept several (each family refuses what it cannot do).
+    pub chunks: Vec<usize>,
+    /// Largest `M` to try.
+    pub max_microbatches: usize,
+    /// Exactly these `M` values (each must divide the global batch); empty means every divisor of the
+    /// global batch up to `max_microbatches`.
+    pub microbatch_counts: Vec<usize>,
+    /// How many of the best candidates to refine by moving boundaries (0: none).
+    pub refine: usize,
+}
+
+impl PlanRequest {
+    /// A request with all families, `V` in `{1, 2, 4}`, `M` up to 64 and the best 4 refined.
+    pub fn new(costs: CostFile, cost_batch: f64, ranks: usize, global_batch: usize) -> Self {
+        PlanRequest {
+            costs,
+            cost_batch,
+            ranks,
+            global_batch,
+            memory_limit: None,
+            families: Vec::new(),
+            chunks: vec![1, 2, 4],
+            max_microbatches: 64,
+            microbatch_counts: Vec::new(),
+            refine: 4,
+        }
+    }
+}
+
+/// One simulated candidate: a schedule, its split, the costs it was scored with and the prediction.
+///
+/// Serialises with serde, schedule and costs included (the schedule in its JSON file form); reading
+/// one back validates the schedule and checks the costs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The schedule's name: a family name for a generated schedule, any label for a given one.
+    pub family: String,
+    /// `V`.
+    pub chunks: usize,
+    /// `M`.
+    pub microbatches: usize,
+    /// Samples per microbatch, `N / M` (1 for a given schedule: the costs' own size).
+    pub microbatch_size: usize,
+    /// How the partition was found: a partition method's name, with `+refined` when boundary moves
+    /// helped.
+    pub partition: String,
+    /// Layers in each stage.
+    pub layers_per_stage: Vec<usize>,
+    /// Predicted step time (makespan), seconds.
+    pub step_time: f64,
+    /// Predicted bubble fraction.
+    pub bubble_fraction: f64,
+    /// Predicted peak memory per rank (parameters + activations), bytes.
+    pub peak_memory: Vec<f64>,
+    /// The simulator's lower bound for this schedule shape and these costs, seconds.
+    pub lower_bound: f64,
+    /// `step_time / lower_bound`.
+    pub ratio_to_bound: f64,
+    /// Largest rank load per microbatch (`F + I + W` + transfers), seconds.
+    pub bottleneck: f64,
+    /// The schedule.
+    #[serde(with = "serde_plan::schedule")]
+    pub schedule: Schedule,
+    /// The per-stage costs the plan was scored with (scaled to its microbatch size, its split, the
+    /// cost file's link and overlap share).
+    #[serde(deserialize_with = "serde_plan::checked_cost")]
+    pub cost: CostModel,
+}
+
+impl Plan {
+    /// The predicted timeline: the schedule simulated under the plan's own costs (its makespan is
+    /// `step_time`).
+    pub fn timeline(&self) -> Result<Timeline, SimError> {
+        simulate(&self.schedule, &self.cost).map(|s| s.timeline)
+    }
+}
+
+/// A candidate that was ruled out, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    /// The schedule's name (family or label).
+    pub family: String,
+    /// `V`.
+    pub chunks: usize,
+    /// `M`.
+    pub microbatches: usize,
+    /// Why.
+    pub reason: String,
+}
+
+impl Skipped {
+    /// `schedule` ruled out for `reason`.
+    fn of(schedule: &Schedule, reason: String) -> Self {
+        Skipped {
+            family: schedule.name.clone(),
+            chunks: schedule.chunks,
+            microbatches: schedule.microbatches,
+            reason,
+        }
+    }
+}
+
+/// The result of [`plan`] and [`plan_families`]: plans best first, and what was ruled out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanReport {
+    /// Every feasible candidate, best (shortest predicted step) first.
+    pub plans: Vec<Plan>,
+    /// Candidates ruled out (refused by the family, memory, ...).
+    pub skipped: Vec<Skipped>,
+}
+
+impl PlanReport {
+    /// The best plan.
+    pub fn best(&self) -> Option<&Plan> {
+        self.plans.first()
+    }
+}
+
+/// The families named (all when none is), or the first unknown name.
+fn families(names: &[String]) -> Result<Vec<&'static Family>, PlanError> {
+    if names.is_empty() {
+        return Ok(FAMILIES.iter().collect());
+    }
+    names
+        .iter()
+        .map(|n| {
+            FAMILIES
+                .iter()
+                .find(|f| f.name == n)
+                .ok_or_else(|| PlanError::UnknownFamily {
+                    name: n.clone(),
+                    known: FAMILIES.iter().map(|f| f.name).collect(),
+                })
+        })
+        .collect()
+}
+
+/// Checks a request's numbers.
+fn check(request: &PlanRequest) -> Result<(), PlanError> {
+    if request.ranks == 0 {
+        return Err(PlanError::NoRanks);
+    }
+    if request.global_batch == 0 {
+        return Err(PlanError::NoSamples);
+    }
+    if !(request.cost_batch.is_finite() && request.cost_batch > 0.0) {
+        return Err(PlanError::CostBatch {
+            value: request.cost_batch,
+        });
+    }
+    if let Some(value) = request.memory_limit {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(PlanError::MemoryLimit { value });
+        }
+    }
+    if let Some(&m) = request
+        .microbatch_counts
+        .iter()
+        .find(|&&m| m == 0 || request.global_batch % m != 0)
+    {
+        return Err(PlanError::Microbatches {
+            microbatches: m,
+            global_batch: request.global_batch,
+        });
+    }
+    if request.chunks.contains(&0) {
+        return Err(PlanError::NoChunks);
+    }
+    if request.costs.layers.len() < request.ranks {
+        return Err(PlanError::TooFewLayers {
+            layers: request.costs.layers.len(),
+            stages: request.ranks,
+        });
+    }
+    Ok(())
+}
+
+/// The `M` values to try.
+fn microbatch_counts(request: &PlanRequest) -> Vec<usize> {
+    if request.microbatch_counts.is_empty() {
+        (1..=request.global_batch.min(request.max_microbatches.max(1)))
+            .filter(|m| request.global_batch % m == 0)
+            .collect()
+    } else {
+        request.microbatch_counts.clone()
+    }
+}
+
+/// The `V` values to try for `family`: the request's and the family's own.
+fn chunk_counts(request: &PlanRequest, family: &Family) -> Vec<usize> {
+    let mut vs: Vec<usize> = request.chunks.clone();
+    vs.push(family.default_chunks);
+    vs.sort_unstable();
+    vs.dedup();
+    vs
+}
+
+/// Searches partition x family x V x M (see the [module docs](self)); plans best first.
+pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
+    check(request)?;
+    let fams = families(&request.families)?;
+    let ms = microbatch_counts(request);
+    let mut plans = Vec::new();
+    let mut skipped = Vec::new();
+    let mut shapes = Vec::new();
+    for family in fams {
+        for v in chunk_counts(request, family) {
+            for &m in &ms {
+                let skip = |reason: String| Skipped {
+                    family: family.name.to_string(),
+                    chunks: v,
+                    microbatches: m,
+                    reason,
+                };
+                match shape(request, family, v, m) {
+                    Ok(None) => {}
+                    Ok(Some(sh)) => {
+                        let (found, why) = sh.candidates();
+                        skipped.extend(why.into_iter().map(skip));
+                        if !found.is_empty() {
+                            plans.extend(found);
+                            shapes.push(sh);
+                        }
+                    }
+                    Err(reason) => skipped.push(skip(reason)),
+                }
+            }
+        }
+    }
+    sort(&mut plans);
+    let refined = refine_best(request.refine, &plans, &shapes);
+    plans.extend(refined);
+    sort(&mut plans);
+    if plans.is_empty() {
+        return Err(PlanError::NoPlan { skipped });
+    }
+    Ok(PlanReport { plans, skipped })
+}
+
+/// Refines the best plan of each of the best `count` distinct shapes; the refinements that helped.
+fn refine_best(count: usize, plans: &[Plan], shapes: &[Shape]) -> Vec<Plan> {
+    let mut refined = Vec::new();
+    let mut seen: Vec<(&str, usize, usize)> = Vec::new();
+    for p in plans {
+        if seen.len() >= count {
+            break;
+        }
+        let key = (p.family.as_str(), p.chunks, p.microbatches);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        if let Some(sh) = shapes
+            .iter()
+            .find(|s| (s.label(), s.layout.chunks, s.microbatches()) == key)
+        {
+            let r = sh.refine(p);
+            if r.step_time < p.step_time {
+                refined.push(r);
+            }
+        }
+    }
+    refined
+}
+
+/// The first few reasons candidates were ruled out, and how many there were.
+fn summarize(skipped: &[Skipped]) -> String {
+    const SHOWN: usize = 8;
+    let mut lines: Vec<String> = skipped
+        .iter()
+        .take(SHOWN)
+        .map(|s| {
+            format!(
+                "{} V={} M={}: {}",
+                s.family, s.chunks, s.microbatches, s.reason
+            )
+        })
+        .collect();
+    if skipped.len() > SHOWN {
+        lines.push(format!("... and {} more", skipped.len() - SHOWN));
+    }
+    format!(
+        "{} candidates ruled out, for example:\n  {}",
+        skipped.len(),
+        lines.join("\n  ")
+    )
+}
+
+/// The shape of one (family, V, M); `Ok(None)` when the family does not do this V (not worth
+/// reporting), `Err` for other refusals.
+fn shape<'a>(
+    request: &'a PlanRequest,
+    family: &'static Family,
+    v: usize,
+    m: usize,
+) -> Result<Option<Shape<'a>>, String> {
+    let params = Params::new(request.ranks, m).with_chunks(v);
+    match (family.generate)(&params) {
+        Ok(s) => Shape::new(request, s).map(Some).map_err(|e| e.to_string()),
+        Err(_) if v != family.default_chunks => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}

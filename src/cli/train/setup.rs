@@ -1,0 +1,253 @@
+//! The flags of `pipefill train` and their checks: everything a user passes is checked here, before
+//! any work, and refused with the flag and the fix (exit code 2).
+
+use std::path::{Path, PathBuf};
+
+use pipefill_host::plan::Split;
+use pipefill_host::schedule::{families, Schedule};
+
+use crate::cli::CliError;
+use crate::layers::gemm::GemmBackend;
+use crate::layers::Optimizer;
+use crate::model::ModelSpec;
+
+/// How `pipefill train` splits the model's layers into stages (`--plan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TrainPlan {
+    /// For each schedule considered, the partition with the lowest simulated step time (exact
+    /// bottleneck optimum, baselines, boundary refinement; `pipefill_host::plan::best_partition`).
+    #[default]
+    Auto,
+    /// Equal layer counts per stage.
+    Uniform,
+}
+
+impl TrainPlan {
+    /// The host planner's split.
+    pub fn split(self) -> Split {
+        match self {
+            TrainPlan::Auto => Split::Best,
+            TrainPlan::Uniform => Split::Uniform,
+        }
+    }
+
+    /// `auto` or `uniform`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainPlan::Auto => "auto",
+            TrainPlan::Uniform => "uniform",
+        }
+    }
+}
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A human-readable summary.
+    Text,
+    /// One JSON object on stdout (keys in the README).
+    Json,
+}
+
+/// Flags of `pipefill train`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Ranks (worker threads), `P`.
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// Microbatches per step, `M` (must divide --batch).
+    #[arg(long, default_value_t = 8)]
+    pub microbatches: usize,
+    /// Stages per rank, `V` (default: each family's own).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Schedule family to train with (default: the one with the lowest predicted step time).
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Train with the schedule in this file instead of a generated one (JSON, CSV or text grid,
+    /// as `pipefill schedule --out` writes; it must validate). It gives `P`, `V` and `M`.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["schedule", "ranks", "microbatches", "chunks"]
+    )]
+    pub schedule_file: Option<PathBuf>,
+    /// How to split the layers into stages: `auto` (the best partition for each schedule by simulated
+    /// step time) or `uniform` (equal layer counts).
+    #[arg(long, value_enum, default_value_t = TrainPlan::Auto)]
+    pub plan: TrainPlan,
+    /// Training steps.
+    #[arg(long, default_value_t = 30)]
+    pub steps: usize,
+    /// Seed of the weights, the teacher and the data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also write the measured and predicted timelines as Chrome trace JSON (Perfetto) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Where to write the timeline SVG (measured, then predicted from the profile and from the
+    /// run's own action durations).
+    #[arg(long, default_value = "pipefill-timeline.svg")]
+    pub svg: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Run one layer call at a time, then rebuild the timeline with the simulator from the measured
+    /// per-action durations (use when ranks exceed cores).
+    #[arg(long)]
+    pub replay: bool,
+    /// The built-in model.
+    #[command(flatten)]
+    pub model: crate::cli::model_flags::ModelArgs,
+    /// Optimizer: adamw or sgd (momentum 0.9).
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: String,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f32,
+    /// GEMM crate for the matrix products: matrixmultiply or gemm.
+    #[arg(long, default_value = "matrixmultiply")]
+    pub gemm: String,
+}
+
+/// Everything checked and ready to run.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The flags.
+    pub args: Args,
+    /// The model.
+    pub spec: ModelSpec,
+    /// Its optimizer.
+    pub optimizer: Optimizer,
+    /// The GEMM crate.
+    pub gemm: GemmBackend,
+    /// Cores this process may use.
+    pub cores: usize,
+    /// The schedule read from `--schedule-file` (then `args.ranks`, `microbatches` and `chunks`
+    /// are its `P`, `M` and `V`).
+    pub schedule_file: Option<Schedule>,
+}
+
+/// Checks the flags (exit code 2 with the field and the fix on any problem).
+pub fn setup(mut args: Args) -> Result<Setup, CliError> {
+    let schedule_file = match &args.schedule_file {
+        Some(path) => {
+            let (s, _) = crate::cli::schedule::read_schedule_file("--schedule-file", path)?;
+            args.ranks = s.ranks;
+            args.microbatches = s.microbatches;
+            args.chunks = Some(s.chunks);
+            Some(s)
+        }
+        None => None,
+    };
+    check_counts(&args)?;
+    let (optimizer, gemm) = training(&args)?;
+    let spec = args.model.spec()?;
+    super::super::model_flags::check_train(&spec, &args, optimizer)?;
+    check_model(&args, &spec, schedule_file.as_ref())?;
+    if let Some(name) = &args.schedule {
+        families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(Setup {
+        args,
+        spec,
+        optimizer,
+        gemm,
+        cores,
+        schedule_file,
+    })
+}
+
+fn usage(m: String) -> CliError {
+    CliError::Usage(m)
+}
+
+/// `--ranks`, `--microbatches`, `--steps`, `--chunks` at least 1.
+fn check_counts(args: &Args) -> Result<(), CliError> {
+    for (name, v) in [
+        ("--ranks", args.ranks),
+        ("--microbatches", args.microbatches),
+        ("--steps", args.steps),
+    ] {
+        if v == 0 {
+            return Err(usage(format!("{name} must be at least 1")));
+        }
+    }
+    if args.chunks == Some(0) {
+        return Err(usage("--chunks must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// `--optimizer` with `--lr`, and `--gemm`.
+fn training(args: &Args) -> Result<(Optimizer, GemmBackend), CliError> {
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        return Err(usage(format!(
+            "--lr must be a positive number, got {}",
+            args.lr
+        )));
+    }
+    let gemm: GemmBackend = args
+        .gemm
+        .parse()
+        .map_err(|e| usage(format!("--gemm: {e}")))?;
+    let optimizer = match args.optimizer.as_str() {
+        "adamw" => Optimizer::adamw(args.lr),
+        "sgd" => Optimizer::sgd(args.lr),
+        other => {
+            return Err(usage(format!(
+                "--optimizer: unknown optimizer `{other}`: use `adamw` or `sgd`"
+            )))
+        }
+    };
+    Ok((optimizer, gemm))
+}
+
+/// The batch splits into the microbatches, and every stage (every rank) gets a layer.
+fn check_model(args: &Args, spec: &ModelSpec, file: Option<&Schedule>) -> Result<(), CliError> {
+    let path = args
+        .schedule_file
+        .as_deref()
+        .map(Path::display)
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    if spec.batch % args.microbatches != 0 {
+        return Err(usage(match file {
+            Some(_) => format!(
+                "--batch {} does not split into the {} microbatches of --schedule-file `{path}`: \
+                 give a batch that is a multiple of {}",
+                spec.batch, args.microbatches, args.microbatches
+            ),
+            None => format!(
+                "--batch {} does not split into --microbatches {}: give a batch that is a \
+                 multiple of the microbatch count",
+                spec.batch, args.microbatches
+            ),
+        }));
+    }
+    if let Some(s) = file {
+        if spec.layers.len() < s.stages() {
+            return Err(usage(format!(
+                "the model has {} layers for the {} stages of --schedule-file `{path}` (P = {} x \
+                 V = {}): every stage needs at least one layer; give --layers (or model file \
+                 layers) >= {}",
+                spec.layers.len(),
+                s.stages(),
+                s.ranks,
+                s.chunks,
+                s.stages()
+            )));
+        }
+    }
+    if spec.layers.len() < args.ranks {
+        return Err(usage(format!(
+            "the model has {} layers for --ranks {}: every rank needs at least one layer; give \
+             --layers (or model file layers) >= {}, or fewer --ranks",
+            spec.layers.len(),
+            args.ranks,
+            args.ranks
+        )));
+    }
+    Ok(())
+}
