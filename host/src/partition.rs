@@ -38,11 +38,10 @@
 //! # Ok::<(), pipefill_host::partition::PartitionError>(())
 //! ```
 
-use std::collections::HashSet;
-
 use serde::Serialize;
 
-use crate::schedule::{Op, Placement, Schedule};
+use crate::schedule::deps::{Footprint, InFlight};
+use crate::schedule::{Placement, Schedule};
 
 pub mod baselines;
 mod chain;
@@ -296,36 +295,16 @@ pub fn per_stage_optimal(problem: &Problem, layout: &Layout) -> Result<Partition
 /// activations from its `F` until its `B`, or its `W` with a split backward, counted in each rank's
 /// list order.
 pub fn stage_in_flight(schedule: &Schedule) -> Vec<u64> {
-    let mut now = vec![0i64; schedule.stages()];
-    let mut peak = vec![0u64; schedule.stages()];
-    let splits: HashSet<(usize, usize)> = schedule
-        .actions
-        .iter()
-        .flatten()
-        .flat_map(|it| it.actions())
-        .filter(|a| a.op == Op::W)
-        .map(|a| (a.stage, a.microbatch))
-        .collect();
-    for rank in &schedule.actions {
-        for item in rank {
-            for a in item.actions() {
-                if a.stage >= now.len() {
-                    continue;
-                }
-                let frees = match a.op {
-                    Op::F => {
-                        now[a.stage] += 1;
-                        peak[a.stage] = peak[a.stage].max(now[a.stage].max(0) as u64);
-                        false
-                    }
-                    Op::B | Op::W => true,
-                    Op::I => !splits.contains(&(a.stage, a.microbatch)),
-                };
-                if frees {
-                    now[a.stage] -= 1;
-                }
-            }
+    // The one in-flight count, keyed by stage instead of rank.
+    let mut count = InFlight::new(schedule.stages());
+    for item in schedule.actions.iter().flatten() {
+        let actions = || item.actions().filter(|a| a.stage < schedule.stages());
+        for a in actions() {
+            count.start(a.stage, a, &Footprint::UNIT);
+        }
+        for a in actions() {
+            count.end(a.stage, a, &Footprint::UNIT);
         }
     }
-    peak
+    count.peak().iter().map(|&p| p as u64).collect()
 }

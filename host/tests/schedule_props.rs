@@ -112,5 +112,5 @@ fn refusals_say_what_works() {
     let e = families::generate("gpipe", &Params::new(1 << 20, 1 << 20)).unwrap_err();
     assert!(e.to_string().contains("exceeds the limit"), "{e}");
     let e = families::generate("nope", &Params::new(2, 2)).unwrap_err();
-    assert!(matches!(e, ScheduleError::UnknownFamily(_)));
+    assert!(matches!(e, ScheduleError::UnknownFamily { .. }));
 }

@@ -118,6 +118,9 @@ fn generate(args: &Args) -> Result<Schedule, CliError> {
         ScheduleError::Refused { .. } => CliError::Usage(format!(
             "{e} (flags: --ranks P, --microbatches M, --chunks V, --group-size G)"
         )),
+        ScheduleError::UnknownFamily { .. } => CliError::Usage(format!(
+            "--schedule: {e}; `pipefill schedule --list` describes them"
+        )),
         other => CliError::Usage(other.to_string()),
     })
 }

@@ -225,7 +225,8 @@ impl Footprint {
     }
 }
 
-/// Activation memory held per rank, and its peak, as actions start and end.
+/// Activation memory held per rank, and its peak, as actions start and end. The key is a rank for the
+/// validator and the simulator; the partitioner keys it by stage (`stage_in_flight`).
 ///
 /// ```
 /// use pipefill_host::schedule::deps::{Footprint, InFlight};

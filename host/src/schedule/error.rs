@@ -18,8 +18,13 @@ pub enum ScheduleError {
         reason: String,
     },
     /// No family of that name.
-    #[error("unknown schedule family `{0}`; run `pipefill schedule --list` to see the families")]
-    UnknownFamily(String),
+    #[error("unknown schedule family `{name}`; the families are {known}")]
+    UnknownFamily {
+        /// The name asked for.
+        name: String,
+        /// The known family names, comma-separated.
+        known: String,
+    },
     /// An action's text form is malformed.
     #[error("cannot read action `{text}`: {reason}")]
     ParseAction {

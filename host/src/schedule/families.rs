@@ -42,7 +42,14 @@ pub fn family(name: &str) -> Result<&'static Family, ScheduleError> {
     FAMILIES
         .iter()
         .find(|f| f.name == name)
-        .ok_or_else(|| ScheduleError::UnknownFamily(name.to_string()))
+        .ok_or_else(|| ScheduleError::UnknownFamily {
+            name: name.to_string(),
+            known: FAMILIES
+                .iter()
+                .map(|f| f.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 /// Generates a schedule of the named family.
