@@ -99,8 +99,12 @@ impl FromStr for Action {
         }
         let mut rest = t[pos..].chars();
         let letter = rest.next().ok_or_else(|| bad("missing op letter"))?;
-        let op =
-            Op::from_letter(letter).ok_or_else(|| bad("op letter must be one of F, B, I, W"))?;
+        let op = Op::from_letter(letter).ok_or_else(|| {
+            bad(
+                "op letter must be one of F, B, I, W (or a word: SEND_F, RECV_F, SEND_B, RECV_B, \
+                 UNSHARD, RESHARD, REDUCE_GRAD)",
+            )
+        })?;
         let mb_text = rest.as_str();
         if mb_text.is_empty() || !mb_text.chars().all(|c| c.is_ascii_digit()) {
             return Err(bad(
