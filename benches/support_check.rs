@@ -9,7 +9,7 @@ use support::args::{ArgError, Baseline, BenchArgs, Mode};
 use support::measure::{threshold_from_env, Better, Measurement};
 
 fn parse(args: &[&str]) -> Result<BenchArgs, ArgError> {
-    BenchArgs::parse(args.iter().copied(), None)
+    BenchArgs::parse(args.iter().copied())
 }
 
 #[test]
@@ -81,13 +81,6 @@ fn bad_command_lines_are_refused_with_the_flag_named() {
     );
     let msg = ArgError::MissingValue("--baseline".into()).to_string();
     assert!(msg.contains("--baseline"), "{msg}");
-}
-
-#[test]
-fn quick_from_the_environment() {
-    assert!(BenchArgs::parse(["--bench"], Some("1")).unwrap().quick);
-    assert!(!BenchArgs::parse(["--bench"], Some("0")).unwrap().quick);
-    assert!(!BenchArgs::parse(["--bench"], None).unwrap().quick);
 }
 
 #[test]

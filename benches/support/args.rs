@@ -111,7 +111,7 @@ pub struct BenchArgs {
     pub mode: Mode,
     /// Save, compare or discard.
     pub baseline: Baseline,
-    /// `--quick` (criterion's short sampling), or `PIPEFILL_BENCH_QUICK=1`.
+    /// `--quick`: criterion's short sampling; the custom benches take fewer steps.
     pub quick: bool,
     /// `--ignored`: criterion then runs nothing.
     pub ignored: bool,
@@ -122,8 +122,8 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// Parses `args` (without the program name). `quick_env` is the value of `PIPEFILL_BENCH_QUICK`.
-    pub fn parse<I, S>(args: I, quick_env: Option<&str>) -> Result<Self, ArgError>
+    /// Parses `args` (without the program name).
+    pub fn parse<I, S>(args: I) -> Result<Self, ArgError>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
@@ -133,7 +133,7 @@ impl BenchArgs {
         let mut out = BenchArgs {
             mode: Mode::Bench,
             baseline: Baseline::Save("base".into()),
-            quick: matches!(quick_env, Some(v) if !v.is_empty() && v != "0"),
+            quick: false,
             ignored: false,
             exact: false,
             positional: Vec::new(),
@@ -219,11 +219,10 @@ impl BenchArgs {
         Ok(out)
     }
 
-    /// Parses this process's arguments and environment; on a bad command line prints the error
-    /// and exits with status 2.
+    /// Parses this process's arguments; on a bad command line prints the error and exits with
+    /// status 2.
     pub fn from_env_or_exit(bench: &str) -> Self {
-        let quick = std::env::var("PIPEFILL_BENCH_QUICK").ok();
-        match Self::parse(std::env::args().skip(1), quick.as_deref()) {
+        match Self::parse(std::env::args().skip(1)) {
             Ok(a) => a,
             Err(e) => {
                 eprintln!("error: bench {bench}: {e}");

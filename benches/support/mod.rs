@@ -35,8 +35,8 @@ pub struct Run {
 }
 
 impl Run {
-    /// Reads the command line and `PIPEFILL_BENCH_QUICK` / `PIPEFILL_BENCH_THRESHOLD`; on a bad one
-    /// prints the error and exits with status 2.
+    /// Reads the command line and `PIPEFILL_BENCH_THRESHOLD`; on a bad one prints the error and
+    /// exits with status 2.
     pub fn start(bench: &str) -> Self {
         let args = BenchArgs::from_env_or_exit(bench);
         let env = std::env::var("PIPEFILL_BENCH_THRESHOLD").ok();
@@ -90,7 +90,7 @@ impl Run {
         }
     }
 
-    /// Whether `--quick` or `PIPEFILL_BENCH_QUICK=1` asked for a short run.
+    /// Whether `--quick` asked for a short run.
     pub fn quick(&self) -> bool {
         self.args.quick
     }
