@@ -86,7 +86,23 @@ impl Run {
                 }
                 false
             }
-            Mode::Bench => !selected.is_empty(),
+            Mode::Bench if selected.is_empty() => false,
+            Mode::Bench => {
+                self.exit_if_baseline_missing();
+                true
+            }
+        }
+    }
+
+    /// Under `--baseline NAME` (strict), a custom bench whose baseline was never saved stops
+    /// before it measures, with status 2.
+    fn exit_if_baseline_missing(&self) {
+        if let args::Baseline::Compare { name, strict: true } = &self.args.baseline {
+            let path = store::baseline_path(&self.home, &self.bench, name);
+            if !path.exists() {
+                eprintln!("error: bench {}: {}", self.bench, missing(name, &path));
+                std::process::exit(2);
+            }
         }
     }
 
@@ -150,12 +166,7 @@ impl Run {
                         ExitCode::SUCCESS
                     }
                     Ok(None) => {
-                        eprintln!(
-                            "error: bench {}: baseline `{name}` not found at {}: run \
-                             `cargo bench -- --save-baseline {name}` on the reference tree first",
-                            self.bench,
-                            path.display()
-                        );
+                        eprintln!("error: bench {}: {}", self.bench, missing(name, &path));
                         ExitCode::from(2)
                     }
                     Err(e) => {
@@ -216,4 +227,13 @@ impl Run {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// The error for a baseline that was never saved.
+fn missing(name: &str, path: &std::path::Path) -> String {
+    format!(
+        "baseline `{name}` not found at {}: run `cargo bench -- --save-baseline {name}` on the \
+         reference tree first",
+        path.display()
+    )
 }
