@@ -5,7 +5,12 @@
 //! ```sh
 //! cargo bench --bench partition                      # P = 4, 1f1b, M = 8
 //! PIPEFILL_BENCH_STEPS=9 cargo bench --bench partition
+//! cargo bench --bench partition -- --quick         # 2 measured steps, 3 profile repeats
 //! ```
+//!
+//! As every bench, it takes criterion's flags (`--save-baseline NAME`, `--baseline NAME`, `--quick`,
+//! a filter) and prints one `pipefill-bench` line per figure, `partition/<row>/predicted` and
+//! `.../measured` (README, "Benchmarks as a regression run").
 //!
 //! For each of `uniform`, `parameters`, `time-greedy`, `optimal` (with the same schedule, `1f1b`, and
 //! `M = 8`) and the best plan of `pipefill plan` (its own family, V and refined partition; once with
@@ -22,6 +27,7 @@
 //!   `pipefill train --replay`), so time sharing does not distort it.
 
 use std::ops::Range;
+use std::process::ExitCode;
 
 use pipefill::cli::profile::{profile_model, Backend, Measure};
 use pipefill::layers::gemm::GemmBackend;
@@ -39,6 +45,10 @@ use pipefill_kernels::Activation;
 const RANKS: usize = 4;
 const MICROBATCHES: usize = 8;
 const BATCH: usize = 128;
+
+#[allow(dead_code)]
+#[path = "support/mod.rs"]
+mod support;
 
 /// Input 512 -> "embedding" 1536 -> 1536 x 512 -> eight 512 x 512 blocks -> "head" 512 x 1536:
 /// the first, second and last layers each cost about three blocks.
@@ -116,22 +126,39 @@ struct Row {
     measured: f64,
 }
 
-fn main() {
-    pipefill::alloc::keep_freed_memory();
-    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run only for bench.
-    if !std::env::args().any(|a| a == "--bench") {
-        return;
+/// The rows' names, as the figures are named (`partition/<row>/predicted`, `.../measured`).
+const ROWS: &[&str] = &[
+    "uniform",
+    "parameters",
+    "time-greedy",
+    "optimal",
+    "plan M=8",
+    "all M, lin",
+    "all M, aff",
+    "all M, smp",
+];
+
+/// Relative change that counts as a regression: the step times here are measured under load on a
+/// shared machine and the predictions come from a fresh profile (spread in NOTES.md, "bench").
+const THRESHOLD: f64 = 0.25;
+
+/// `PIPEFILL_BENCH_STEPS` (a positive integer), else 5, or 2 with `--quick`.
+fn steps_from_env(quick: bool) -> Result<usize, String> {
+    match std::env::var("PIPEFILL_BENCH_STEPS") {
+        Err(_) => Ok(if quick { 2 } else { 5 }),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!(
+                "PIPEFILL_BENCH_STEPS={v:?} is not a positive integer: set it like PIPEFILL_BENCH_STEPS=9, or unset it"
+            )),
+        },
     }
-    let steps: usize = std::env::var("PIPEFILL_BENCH_STEPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let replay = RANKS > cores;
-    let spec = model();
+}
+
+/// Profiled at the microbatch size, at an eighth of it for the fixed part, and at every power of
+/// two up to the batch for the samples (as `pipefill profile` does by default).
+fn profile(spec: &ModelSpec, quick: bool) -> CostFile {
     let rows = BATCH / MICROBATCHES;
-    // Profiled at the microbatch size, at an eighth of it for the fixed part, and at every power of
-    // two up to the batch for the samples (as `pipefill profile` does by default).
     let sizes: Vec<usize> = (0..8).map(|k| 1 << k).filter(|&s| s <= BATCH).collect();
     let how = Measure {
         backend: Backend::Cpu,
@@ -141,16 +168,19 @@ fn main() {
         gemm: GemmBackend::Matrixmultiply,
         options: ProfileOptions {
             warmup: 2,
-            repeats: 9,
+            repeats: if quick { 3 } else { 9 },
         },
         seed: 0,
     };
-    let costs: CostFile = profile_model(&spec, &how).expect("profile");
+    profile_model(spec, &how).expect("profile")
+}
+
+/// One row per balancer, all with `1f1b` and `M = 8`.
+fn method_rows(spec: &ModelSpec, costs: &CostFile, steps: usize, replay: bool) -> Vec<Row> {
     let problem = Problem::from_layers(&costs.layers, &costs.transfer).expect("problem");
     let layout = Layout::one_stage_per_rank(RANKS);
     let schedule = families::generate("1f1b", &Params::new(RANKS, MICROBATCHES)).expect("1f1b");
-
-    let mut rows_out = Vec::new();
+    let mut out = Vec::new();
     for method in [
         Method::Uniform,
         Method::Parameters,
@@ -161,18 +191,22 @@ fn main() {
         let counts = part.layers_per_stage();
         let cost = costs.model(&counts).expect("cost model");
         let predicted = simulate(&schedule, &cost).expect("sim").timeline.makespan();
-        let measured = measure(&spec, &schedule, &counts, &cost, steps, replay);
-        rows_out.push(Row {
+        let measured = measure(spec, &schedule, &counts, &cost, steps, replay);
+        out.push(Row {
             name: method.name().to_string(),
             detail: format!("1f1b M={MICROBATCHES} {counts:?}"),
             predicted,
             measured,
         });
     }
+    out
+}
 
-    // The plan four times: with M fixed to the profiled microbatch size (costs exact for it), and
-    // over every M with costs scaled linearly (fixed part and samples dropped), by the affine model
-    // (samples dropped) and interpolated between the sampled sizes.
+/// The plan four times: with M fixed to the profiled microbatch size (costs exact for it), and
+/// over every M with costs scaled linearly (fixed part and samples dropped), by the affine model
+/// (samples dropped) and interpolated between the sampled sizes.
+fn plan_rows(spec: &ModelSpec, costs: &CostFile, steps: usize, replay: bool) -> Vec<Row> {
+    let rows = BATCH / MICROBATCHES;
     let mut linear = costs.clone();
     linear.layers.iter_mut().for_each(|l| {
         l.fixed = None;
@@ -180,11 +214,12 @@ fn main() {
     });
     let mut affine = costs.clone();
     affine.layers.iter_mut().for_each(|l| l.samples.clear());
+    let mut out = Vec::new();
     for (label, file, counts) in [
-        ("plan M=8", &costs, vec![MICROBATCHES]),
+        ("plan M=8", costs, vec![MICROBATCHES]),
         ("all M, lin", &linear, vec![]),
         ("all M, aff", &affine, vec![]),
-        ("all M, smp", &costs, vec![]),
+        ("all M, smp", costs, vec![]),
     ] {
         let mut req = PlanRequest::new(file.clone(), rows as f64, RANKS, BATCH);
         req.max_microbatches = 32;
@@ -192,14 +227,14 @@ fn main() {
         let report = plan(&req).expect("plan");
         let best = report.best().expect("a plan");
         let measured = measure(
-            &spec,
+            spec,
             &best.schedule,
             &best.layers_per_stage,
             &best.cost,
             steps,
             replay,
         );
-        rows_out.push(Row {
+        out.push(Row {
             name: label.into(),
             detail: format!(
                 "{} V={} M={} {} {:?}",
@@ -209,7 +244,11 @@ fn main() {
             measured,
         });
     }
+    out
+}
 
+fn print_table(spec: &ModelSpec, costs: &CostFile, rows_out: &[Row], steps: usize, replay: bool) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let best_pred = rows_out
         .iter()
         .map(|r| r.predicted)
@@ -223,7 +262,10 @@ fn main() {
         spec.layers.len(),
         if replay { "replay mode (ranks > cores)" } else { "threads" }
     );
-    println!("profiled F+I+W per layer (ms, microbatch of {rows} rows):");
+    println!(
+        "profiled F+I+W per layer (ms, microbatch of {} rows):",
+        BATCH / MICROBATCHES
+    );
     println!(
         "  {:?}",
         costs
@@ -236,7 +278,7 @@ fn main() {
         "{:<12} {:>14} {:>8} {:>14} {:>8}  schedule and layers per stage",
         "method", "predicted (s)", "/best", "measured (s)", "/best"
     );
-    for r in &rows_out {
+    for r in rows_out {
         println!(
             "{:<12} {:>14.6} {:>8.3} {:>14.6} {:>8.3}  {}",
             r.name,
@@ -247,4 +289,44 @@ fn main() {
             r.detail
         );
     }
+}
+
+fn main() -> ExitCode {
+    let mut run = support::Run::start("partition");
+    let names: Vec<String> = ROWS.iter().map(|r| row_name(r)).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    if !run.should_measure(run.args.filter(), &names) {
+        return ExitCode::SUCCESS;
+    }
+    let steps = match steps_from_env(run.quick()) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("error: bench partition: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    pipefill::alloc::keep_freed_memory();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let replay = RANKS > cores;
+    let spec = model();
+    let costs = profile(&spec, run.quick());
+    let mut rows_out = method_rows(&spec, &costs, steps, replay);
+    rows_out.extend(plan_rows(&spec, &costs, steps, replay));
+    print_table(&spec, &costs, &rows_out, steps, replay);
+    for r in &rows_out {
+        let name = row_name(&r.name);
+        run.lower(&format!("{name}/predicted"), r.predicted, "s", THRESHOLD);
+        run.lower(&format!("{name}/measured"), r.measured, "s", THRESHOLD);
+    }
+    run.finish()
+}
+
+/// `partition/<row>` with the row's spaces, commas and `=` made `_`-safe, e.g. `partition/all_M_lin`.
+fn row_name(row: &str) -> String {
+    let slug: String = row
+        .chars()
+        .filter(|&c| c != ',')
+        .map(|c| if c == ' ' || c == '=' { '_' } else { c })
+        .collect();
+    format!("partition/{slug}")
 }

@@ -10,11 +10,20 @@
 //! ```sh
 //! cargo bench --bench runtime
 //! ```
+//!
+//! As every bench, it takes criterion's baseline flags and prints one `pipefill-bench` line per
+//! figure (README, "Benchmarks as a regression run").
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::process::ExitCode;
+
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use pipefill::layers::gemm::{matmul, GemmBackend, MatRef};
 use pipefill_host::runtime::{Executor, Stage, StageError, Tensor};
 use pipefill_host::schedule::{families, Params};
+
+#[allow(dead_code)]
+#[path = "support/mod.rs"]
+mod support;
 
 /// A stage that does nothing: what is left of a step is the executor itself.
 struct Empty;
@@ -122,4 +131,10 @@ fn gemm_backends(c: &mut Criterion) {
 }
 
 criterion_group!(benches, executor_overhead, gemm_backends);
-criterion_main!(benches);
+
+fn main() -> ExitCode {
+    let run = support::Run::start("runtime");
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    run.finish_criterion()
+}

@@ -5,14 +5,20 @@
 //! schedule (the least any O(actions) check can cost), and validation at M = 256 shows how the
 //! cost scales with the number of actions.
 //!
-//! Run: `cargo bench -p pipefill-host --bench schedule`.
+//! Run: `cargo bench -p pipefill-host --bench schedule`. As every bench, it takes criterion's baseline
+//! flags and prints one `pipefill-bench` line per figure (README, "Benchmarks as a regression run").
 
 use std::hint::black_box;
+use std::process::ExitCode;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use pipefill_host::schedule::families::FAMILIES;
 use pipefill_host::schedule::validate::validate;
 use pipefill_host::schedule::{Item, Params, Schedule};
+
+#[allow(dead_code)]
+#[path = "../../benches/support/mod.rs"]
+mod support;
 
 const P: usize = 64;
 const M: usize = 1024;
@@ -65,4 +71,10 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() -> ExitCode {
+    let run = support::Run::start("schedule");
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    run.finish_criterion()
+}

@@ -10,15 +10,21 @@
 //! faults of the timeline's memory count), not wall time: the machines this is run on are shared, and
 //! wall time there measures the neighbours. Where the file cannot be read, wall time is used.
 //!
-//! `cargo bench -p pipefill-host --bench sim`
+//! `cargo bench -p pipefill-host --bench sim`; as every bench, it takes criterion's baseline flags and
+//! prints one `pipefill-bench` line per figure (README, "Benchmarks as a regression run").
 
 use std::hint::black_box;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{families, Params, Schedule};
 use pipefill_host::sim::{simulate, summarize};
+
+#[allow(dead_code)]
+#[path = "../../benches/support/mod.rs"]
+mod support;
 
 /// `(family, P, M, V)`.
 const SIZES: &[(&str, usize, usize, usize)] = &[
@@ -98,4 +104,11 @@ fn bench_simulate(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench_simulate);
-criterion_main!(benches);
+
+fn main() -> ExitCode {
+    // Thread CPU time: two quick runs under load 10 on 2 cores differed by at most 14% (NOTES.md, "bench").
+    let run = support::Run::start("sim").criterion_threshold(0.20);
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    run.finish_criterion()
+}
