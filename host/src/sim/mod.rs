@@ -126,7 +126,8 @@ impl Simulation {
     }
 }
 
-/// Simulates `schedule` under `costs`: see the [module docs](self) for the model.
+/// Simulates `schedule` under `costs`: see the [module docs](self) for the model. Records
+/// everything ([`SimOptions::ALL`]); see [`simulate_with`] to leave out what is not needed.
 ///
 /// Errors: the cost model is invalid or has the wrong number of stages ([`SimError::Cost`],
 /// [`SimError::Stages`]); the schedule does not validate ([`SimError::Schedule`] with the
@@ -134,10 +135,71 @@ impl Simulation {
 /// the schedules `validate` accepts; a deadlock names every waiting rank, its item and what it waits
 /// for).
 pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, SimError> {
+    simulate_with(schedule, costs, SimOptions::ALL)
+}
+
+/// What [`simulate_with`] records besides the numbers. Spans are always recorded (a simulation
+/// without them is [`summarize`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Record a [`Transfer`](crate::timeline::Transfer) for every input that crosses ranks
+    /// (`timeline.transfers`; left empty otherwise). About as much memory as the spans.
+    pub transfers: bool,
+    /// Trace the critical path (`critical_path`; left empty otherwise).
+    pub critical_path: bool,
+}
+
+impl SimOptions {
+    /// Everything: what [`simulate`] records.
+    pub const ALL: SimOptions = SimOptions {
+        transfers: true,
+        critical_path: true,
+    };
+
+    /// Spans only.
+    pub const SPANS: SimOptions = SimOptions {
+        transfers: false,
+        critical_path: false,
+    };
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions::ALL
+    }
+}
+
+/// [`simulate`], recording only what `options` asks for (same model, same checks, same times).
+///
+/// ```
+/// # use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// # use pipefill_host::schedule::{families, Params};
+/// use pipefill_host::sim::{simulate, simulate_with, SimOptions};
+/// let s = families::generate("1f1b", &Params::new(4, 8)).unwrap();
+/// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// let lean = simulate_with(&s, &c, SimOptions::SPANS).unwrap();
+/// let full = simulate(&s, &c).unwrap();
+/// assert_eq!(lean.timeline.spans, full.timeline.spans);
+/// assert!(lean.timeline.transfers.is_empty() && !full.timeline.transfers.is_empty());
+/// assert!(lean.critical_path.is_empty());
+/// ```
+pub fn simulate_with(
+    schedule: &Schedule,
+    costs: &CostModel,
+    options: SimOptions,
+) -> Result<Simulation, SimError> {
     check_shape(schedule, costs)?;
-    let mut engine = Engine::new(schedule, costs, true);
+    let record = engine::Record {
+        spans: true,
+        transfers: options.transfers,
+    };
+    let mut engine = Engine::new(schedule, costs, record);
     engine.run()?;
-    let critical_path = path::critical_path(&engine);
+    let critical_path = if options.critical_path {
+        path::critical_path(&engine)
+    } else {
+        Vec::new()
+    };
     let lower_bound = lower_bound_of(&engine);
     Ok(Simulation {
         timeline: engine.timeline,
@@ -196,7 +258,11 @@ impl Summary {
 /// ```
 pub fn summarize(schedule: &Schedule, costs: &CostModel) -> Result<Summary, SimError> {
     check_shape(schedule, costs)?;
-    let mut engine = Engine::new(schedule, costs, false);
+    let record = engine::Record {
+        spans: false,
+        transfers: false,
+    };
+    let mut engine = Engine::new(schedule, costs, record);
     engine.run()?;
     Ok(Summary {
         makespan: engine.free_at.iter().copied().fold(0.0, f64::max),
