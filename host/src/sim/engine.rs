@@ -12,7 +12,7 @@ use crate::schedule::validate::{deadlock, has_transfers};
 use crate::schedule::{Action, Comm, Item, Op, Schedule, ScheduleError};
 use crate::timeline::{Source, Span, Timeline, Transfer};
 
-/// What a blocked rank waits for; indexes are `k * S + s` into [`Tables`].
+/// What a blocked rank waits for; indexes are `s * M + k` into [`Tables`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Wanted {
     /// The output of `F(s,k)`.
@@ -80,11 +80,13 @@ struct Mark {
     at: u32,
 }
 
-/// Completion tables, one entry per `(stage, microbatch)` at index `k * S + s`: the stages of one
-/// microbatch are adjacent (an action reads its own and a neighbour stage's entry), and only the
-/// microbatches in flight are touched at any time.
+/// Completion tables, one entry per `(stage, microbatch)` at index `s * M + k`: a rank runs a
+/// stage's microbatches mostly in order, so its reads of its own and of a neighbour stage's entries
+/// are two sequential streams (which the hardware prefetches; the `k * S + s` order missed the
+/// cache on about every read).
 struct Tables {
     stages: usize,
+    microbatches: usize,
     entries: Vec<Entry>,
     /// Explicit transfers only: the sends of activations and gradients from each entry, and
     /// whether the backward ran as a full `B` (for the producer named in transfers).
@@ -95,12 +97,12 @@ struct Tables {
 impl Tables {
     #[inline]
     fn index(&self, stage: usize, microbatch: usize) -> usize {
-        microbatch * self.stages + stage
+        stage * self.microbatches + microbatch
     }
 
     /// `(stage, microbatch)` of an index.
     fn split(&self, j: usize) -> (usize, usize) {
-        (j % self.stages, j / self.stages)
+        (j / self.microbatches, j % self.microbatches)
     }
 }
 
@@ -184,6 +186,7 @@ impl<'a> Engine<'a> {
                 .collect(),
             tables: Tables {
                 stages: s,
+                microbatches: m,
                 entries: vec![Entry::UNDONE; n],
                 sent,
                 full_backward,
