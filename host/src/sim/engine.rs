@@ -8,7 +8,7 @@
 
 use crate::cost::CostModel;
 use crate::schedule::deps::{self, Edge, Flow, Footprint, InFlight, Need};
-use crate::schedule::validate::{deadlock, has_transfers};
+use crate::schedule::validate::deadlock;
 use crate::schedule::{Action, Comm, Item, Op, Schedule, ScheduleError};
 use crate::timeline::{Source, Span, Timeline, Transfer};
 
@@ -148,9 +148,14 @@ pub(super) struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    pub fn new(schedule: &'a Schedule, costs: &'a CostModel, record: Record) -> Self {
+    /// A run of `schedule` (`lowered`: it carries its transfers) under `costs`.
+    pub fn new(
+        schedule: &'a Schedule,
+        costs: &'a CostModel,
+        lowered: bool,
+        record: Record,
+    ) -> Self {
         let (p, s, m) = (schedule.ranks, schedule.stages(), schedule.microbatches);
-        let lowered = has_transfers(schedule);
         let mut timeline = Timeline::new(schedule.name.clone(), Source::Predicted, p);
         if record.spans {
             for (lane, list) in timeline.spans.iter_mut().zip(&schedule.actions) {

@@ -57,7 +57,7 @@ pub use error::SimError;
 pub use memory::{activation_curve, peak_activations};
 
 use crate::cost::CostModel;
-use crate::schedule::validate::check_static;
+use crate::schedule::validate::check_static_lowered;
 use crate::schedule::Schedule;
 use crate::timeline::Timeline;
 use engine::Engine;
@@ -188,12 +188,12 @@ pub fn simulate_with(
     costs: &CostModel,
     options: SimOptions,
 ) -> Result<Simulation, SimError> {
-    check_shape(schedule, costs)?;
+    let lowered = check_shape(schedule, costs)?;
     let record = engine::Record {
         spans: true,
         transfers: options.transfers,
     };
-    let mut engine = Engine::new(schedule, costs, record);
+    let mut engine = Engine::new(schedule, costs, lowered, record);
     engine.run()?;
     let critical_path = if options.critical_path {
         path::critical_path(&engine)
@@ -257,12 +257,12 @@ impl Summary {
 /// assert_eq!(sum.makespan, simulate(&s, &c).unwrap().timeline.makespan());
 /// ```
 pub fn summarize(schedule: &Schedule, costs: &CostModel) -> Result<Summary, SimError> {
-    check_shape(schedule, costs)?;
+    let lowered = check_shape(schedule, costs)?;
     let record = engine::Record {
         spans: false,
         transfers: false,
     };
-    let mut engine = Engine::new(schedule, costs, record);
+    let mut engine = Engine::new(schedule, costs, lowered, record);
     engine.run()?;
     Ok(Summary {
         makespan: engine.free_at.iter().copied().fold(0.0, f64::max),
@@ -284,9 +284,9 @@ fn lower_bound_of(engine: &Engine) -> f64 {
 }
 
 /// Refuses schedules that do not validate (steps 1 to 3 of the validator; the run finds deadlocks)
-/// and cost models that do not fit them.
-fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<(), SimError> {
-    check_static(schedule)?;
+/// and cost models that do not fit them; tells whether the schedule carries transfers.
+fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<bool, SimError> {
+    let (_, lowered) = check_static_lowered(schedule)?;
     let shape = |reason: String| SimError::Shape {
         schedule: schedule.name.clone(),
         reason,
@@ -311,5 +311,5 @@ fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<(), SimError> {
         });
     }
     costs.check()?;
-    Ok(())
+    Ok(lowered)
 }
