@@ -113,6 +113,9 @@ fn flow_slot(flow: Flow) -> usize {
     }
 }
 
+/// How many items ahead of the one it runs a rank touches its list (see `Engine::advance`).
+const LOOK_AHEAD: usize = 4;
+
 /// What a run records besides the numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Record {
@@ -228,6 +231,9 @@ impl<'a> Engine<'a> {
         let mut lane = std::mem::take(&mut self.timeline.spans[r]);
         let (mut pos, mut free, mut busy) = (self.pos[r], self.free_at[r], self.busy[r]);
         while let Some(&item) = list.get(pos) {
+            // Touch an item a few places ahead so that its cache line is on its way by then: the
+            // ranks take turns, too many interleaved streams for the hardware prefetcher.
+            std::hint::black_box(list.get(pos + LOOK_AHEAD).map(Item::stage));
             let ready_at = match self.ready_time(r, &item) {
                 Ready::At(t, _) => t,
                 Ready::Wait(wanted) => {
