@@ -263,7 +263,10 @@ mod tests {
         assert_eq!((s.item(), s.start, s.end), (item, 1.0, 2.5));
         let (p, c) = (Action::new(Op::I, 3, 7), Action::new(Op::I, 2, 7));
         let t = Transfer::new(1, 0, p, c, 2.0, 3.0, 64.0);
-        assert_eq!((t.from_rank(), t.to_rank(), t.producer(), t.consumer()), (1, 0, p, c));
+        assert_eq!(
+            (t.from_rank(), t.to_rank(), t.producer(), t.consumer()),
+            (1, 0, p, c)
+        );
         assert_eq!((t.start, t.end, t.bytes), (2.0, 3.0, 64.0));
     }
 }

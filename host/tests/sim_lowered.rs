@@ -22,7 +22,11 @@ fn every_family_simulates_the_same_lowered_or_not() {
             let low = lower(&s).unwrap();
             let lowered = simulate(&low, &c).unwrap();
             let what = format!("{} P{p} M{m}", fam.name);
-            assert_eq!(plain.timeline.makespan(), lowered.timeline.makespan(), "{what}");
+            assert_eq!(
+                plain.timeline.makespan(),
+                lowered.timeline.makespan(),
+                "{what}"
+            );
             assert_eq!(plain.peak_activations, lowered.peak_activations, "{what}");
             for r in 0..p {
                 let compute: Vec<(Item, f64, f64)> = lowered.timeline.spans[r]
@@ -38,7 +42,12 @@ fn every_family_simulates_the_same_lowered_or_not() {
                 assert_eq!(plain.timeline.busy(r), lowered.timeline.busy(r), "{what}");
             }
             let key = |t: &pipefill_host::timeline::Transfer| {
-                (t.producer(), t.consumer(), t.start.to_bits(), t.end.to_bits())
+                (
+                    t.producer(),
+                    t.consumer(),
+                    t.start.to_bits(),
+                    t.end.to_bits(),
+                )
             };
             let mut a: Vec<_> = plain.timeline.transfers.iter().map(key).collect();
             let mut b: Vec<_> = lowered.timeline.transfers.iter().map(key).collect();

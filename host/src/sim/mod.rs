@@ -27,6 +27,16 @@
 //! [`simulate`] returns a [`Simulation`]: the [`Timeline`] (start and end of every item and transfer;
 //! makespan, busy, idle and bubble fraction are methods there), the peak activation bytes per rank,
 //! the critical path, and the [lower bound](lower_bound) that no schedule can beat with these costs.
+//! [`simulate_with`] leaves out the transfers and the critical path when they are not needed, and
+//! [`summarize`] keeps only the numbers.
+//!
+//! ## Cost
+//!
+//! Memory is what is kept: a [`Span`](crate::timeline::Span) is 40 bytes, a
+//! [`Transfer`](crate::timeline::Transfer) 56, plus 24 bytes per (stage, microbatch) while running.
+//! Time is dominated, on large schedules, by memory traffic: reading the schedule's lists (the
+//! validator's checks and the run each read them once) and the kernel's first touch of the
+//! timeline's pages. NOTES.md ("simspeed") has the measured rates.
 //!
 //! ```
 //! use pipefill_host::cost::{CostModel, LinkCost, StageCost};
