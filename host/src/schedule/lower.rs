@@ -13,7 +13,7 @@
 //! that already carries transfers (PyTorch's compute+comms CSV) is left as it is.
 //!
 //! ```
-//! use pipefill_host::schedule::{families, format, lower::lower, Params};
+//! use pipefill_host::schedule::{families, format, lower::{self, lower}, Params};
 //! # fn main() -> Result<(), pipefill_host::schedule::ScheduleError> {
 //! let s = families::generate("1f1b", &Params::new(2, 1))?;
 //! let lowered = lower(&s)?;
