@@ -4,6 +4,8 @@
 //! For each size, three measurements in the same run:
 //! - `scan`: the baseline, one pass that reads every item of the schedule (the least any simulator must do);
 //! - `simulate`: the full simulation (timeline with every span and transfer, memory, critical path, bound);
+//! - `simulate-spans`: `simulate_with(.., SimOptions::SPANS)`, the timeline's spans without transfers
+//!   or critical path;
 //! - `summarize`: the same simulation without recording the timeline (what a plan search uses).
 //!
 //! Time is the benchmark thread's CPU time (from `/proc/thread-self/schedstat`, user + kernel, so page
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{families, Params, Schedule};
-use pipefill_host::sim::{simulate, summarize};
+use pipefill_host::sim::{simulate, simulate_with, summarize, SimOptions};
 
 #[allow(dead_code)]
 #[path = "../../benches/support/mod.rs"]
@@ -96,6 +98,17 @@ fn bench_simulate(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("simulate", &id), &schedule, |b, s| {
             b.iter_custom(|n| timed(n, || simulate(s, &costs).map(|r| r.timeline.makespan())))
         });
+        group.bench_with_input(
+            BenchmarkId::new("simulate-spans", &id),
+            &schedule,
+            |b, s| {
+                b.iter_custom(|n| {
+                    timed(n, || {
+                        simulate_with(s, &costs, SimOptions::SPANS).map(|r| r.timeline.makespan())
+                    })
+                })
+            },
+        );
         group.bench_with_input(BenchmarkId::new("summarize", &id), &schedule, |b, s| {
             b.iter_custom(|n| timed(n, || summarize(s, &costs).map(|r| r.makespan)))
         });

@@ -3,7 +3,12 @@
 //! The simulator returns a predicted [`Timeline`]; the runtime returns a measured one in the same type,
 //! so the same trace, SVG and table code shows both. Times are in seconds (or in the cost model's unit).
 
+use std::fmt;
+
 use crate::schedule::{Action, Item};
+use packed::{narrow, PackedAction, PackedItem};
+
+mod packed;
 
 /// Where a timeline came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,38 +19,125 @@ pub enum Source {
     Measured,
 }
 
-/// One item executed on one rank.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One item executed on one rank: `spans[rank][index]` of a [`Timeline`] (the rank and the position
+/// are where it sits). Compact (40 bytes): the item is stored packed, read it with [`Span::item`].
+#[derive(Clone, Copy, PartialEq)]
 pub struct Span {
-    /// The rank that ran it.
-    pub rank: usize,
-    /// Position of the item in the rank's list.
-    pub index: usize,
-    /// What ran.
-    pub item: Item,
     /// Start time.
     pub start: f64,
     /// End time.
     pub end: f64,
+    item: PackedItem,
 }
 
-/// A transfer of an activation or gradient between two ranks.
-#[derive(Debug, Clone, Copy, PartialEq)]
+impl Span {
+    /// `item` ran from `start` to `end`.
+    ///
+    /// Panics if a stage or microbatch of `item` is 2^32 or more (no schedule that validates has
+    /// one: a programming error, not input).
+    #[inline]
+    pub fn new(item: Item, start: f64, end: f64) -> Self {
+        Span {
+            start,
+            end,
+            item: PackedItem::new(item),
+        }
+    }
+
+    /// What ran.
+    #[inline]
+    pub fn item(&self) -> Item {
+        self.item.get()
+    }
+}
+
+impl fmt::Debug for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Span")
+            .field("item", &self.item())
+            .field("start", &self.start)
+            .field("end", &self.end)
+            .finish()
+    }
+}
+
+/// A transfer of an activation or gradient between two ranks. Compact (56 bytes): ranks and actions
+/// are stored packed, read them with the methods.
+#[derive(Clone, Copy, PartialEq)]
 pub struct Transfer {
-    /// Sending rank.
-    pub from_rank: usize,
-    /// Receiving rank.
-    pub to_rank: usize,
-    /// The action whose output is sent.
-    pub producer: Action,
-    /// The action that waits for it.
-    pub consumer: Action,
     /// When the send starts (the producer's end).
     pub start: f64,
     /// When the data has arrived.
     pub end: f64,
     /// Bytes moved.
     pub bytes: f64,
+    ranks: [u32; 2],
+    producer: PackedAction,
+    consumer: PackedAction,
+}
+
+impl Transfer {
+    /// The output of `producer` on `from_rank` moves to `consumer` on `to_rank`, from `start` to `end`.
+    ///
+    /// Panics if a rank, stage or microbatch is 2^32 or more (a programming error, as for
+    /// [`Span::new`]).
+    #[inline]
+    pub fn new(
+        from_rank: usize,
+        to_rank: usize,
+        producer: Action,
+        consumer: Action,
+        start: f64,
+        end: f64,
+        bytes: f64,
+    ) -> Self {
+        Transfer {
+            start,
+            end,
+            bytes,
+            ranks: [narrow(from_rank), narrow(to_rank)],
+            producer: PackedAction::new(producer),
+            consumer: PackedAction::new(consumer),
+        }
+    }
+
+    /// Sending rank.
+    #[inline]
+    pub fn from_rank(&self) -> usize {
+        self.ranks[0] as usize
+    }
+
+    /// Receiving rank.
+    #[inline]
+    pub fn to_rank(&self) -> usize {
+        self.ranks[1] as usize
+    }
+
+    /// The action whose output is sent.
+    #[inline]
+    pub fn producer(&self) -> Action {
+        self.producer.get()
+    }
+
+    /// The action that waits for it.
+    #[inline]
+    pub fn consumer(&self) -> Action {
+        self.consumer.get()
+    }
+}
+
+impl fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transfer")
+            .field("from_rank", &self.from_rank())
+            .field("to_rank", &self.to_rank())
+            .field("producer", &self.producer())
+            .field("consumer", &self.consumer())
+            .field("start", &self.start)
+            .field("end", &self.end)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
 }
 
 /// Start and end of every item on every rank, plus transfers.
@@ -73,18 +165,10 @@ impl Timeline {
         }
     }
 
-    /// Appends an item run on `rank` from `start` to `end`; its `index` is its position in the lane.
-    /// Panics if `rank >= self.ranks()` (a programming error, not input).
+    /// Appends an item run on `rank` from `start` to `end` (its index is its position in the lane).
+    /// Panics if `rank >= self.ranks()` or as [`Span::new`] does (programming errors, not input).
     pub fn push(&mut self, rank: usize, item: Item, start: f64, end: f64) {
-        let lane = &mut self.spans[rank];
-        let index = lane.len();
-        lane.push(Span {
-            rank,
-            index,
-            item,
-            start,
-            end,
-        });
+        self.spans[rank].push(Span::new(item, start, end));
     }
 
     /// Appends a transfer.
@@ -162,5 +246,27 @@ impl Timeline {
         } else {
             self.idle(r) / m
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Op;
+
+    #[test]
+    fn spans_and_transfers_are_compact_and_read_back() {
+        assert_eq!(std::mem::size_of::<Span>(), 40);
+        assert_eq!(std::mem::size_of::<Transfer>(), 56);
+        let item: Item = "(1F4;2B0)OVERLAP_F_B".parse().unwrap();
+        let s = Span::new(item, 1.0, 2.5);
+        assert_eq!((s.item(), s.start, s.end), (item, 1.0, 2.5));
+        let (p, c) = (Action::new(Op::I, 3, 7), Action::new(Op::I, 2, 7));
+        let t = Transfer::new(1, 0, p, c, 2.0, 3.0, 64.0);
+        assert_eq!(
+            (t.from_rank(), t.to_rank(), t.producer(), t.consumer()),
+            (1, 0, p, c)
+        );
+        assert_eq!((t.start, t.end, t.bytes), (2.0, 3.0, 64.0));
     }
 }

@@ -245,7 +245,7 @@ fn each_rank_runs_its_list_in_order() {
     let (r, ex) = step_with_deadline(Executor::new(sched.clone(), stages).unwrap(), 3);
     let r = r.unwrap();
     for (rank, list) in sched.actions.iter().enumerate() {
-        let ran: Vec<Item> = r.timeline.spans[rank].iter().map(|s| s.item).collect();
+        let ran: Vec<Item> = r.timeline.spans[rank].iter().map(|s| s.item()).collect();
         assert_eq!(&ran, list);
         for w in r.timeline.spans[rank].windows(2) {
             assert!(w[0].end <= w[1].start, "items on one rank never overlap");
@@ -273,7 +273,7 @@ fn each_rank_runs_its_list_in_order() {
         .timeline
         .transfers
         .iter()
-        .all(|t| t.from_rank != t.to_rank));
+        .all(|t| t.from_rank() != t.to_rank()));
 }
 
 #[test]

@@ -31,18 +31,23 @@ fn every_family_simulates_the_same_lowered_or_not() {
             for r in 0..p {
                 let compute: Vec<(Item, f64, f64)> = lowered.timeline.spans[r]
                     .iter()
-                    .filter(|sp| sp.item.is_compute())
-                    .map(|sp| (sp.item, sp.start, sp.end))
+                    .filter(|sp| sp.item().is_compute())
+                    .map(|sp| (sp.item(), sp.start, sp.end))
                     .collect();
                 let want: Vec<(Item, f64, f64)> = plain.timeline.spans[r]
                     .iter()
-                    .map(|sp| (sp.item, sp.start, sp.end))
+                    .map(|sp| (sp.item(), sp.start, sp.end))
                     .collect();
                 assert_eq!(compute, want, "{what} rank {r}");
                 assert_eq!(plain.timeline.busy(r), lowered.timeline.busy(r), "{what}");
             }
             let key = |t: &pipefill_host::timeline::Transfer| {
-                (t.producer, t.consumer, t.start.to_bits(), t.end.to_bits())
+                (
+                    t.producer(),
+                    t.consumer(),
+                    t.start.to_bits(),
+                    t.end.to_bits(),
+                )
             };
             let mut a: Vec<_> = plain.timeline.transfers.iter().map(key).collect();
             let mut b: Vec<_> = lowered.timeline.transfers.iter().map(key).collect();
@@ -53,7 +58,7 @@ fn every_family_simulates_the_same_lowered_or_not() {
             let items = |sim: &pipefill_host::sim::Simulation| -> Vec<Item> {
                 sim.critical_path
                     .iter()
-                    .map(|st| sim.timeline.spans[st.rank][st.index].item)
+                    .map(|st| sim.timeline.spans[st.rank][st.index].item())
                     .filter(Item::is_compute)
                     .collect()
             };

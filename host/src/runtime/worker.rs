@@ -239,7 +239,7 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
 
     fn items(&mut self) -> Result<(), Stop> {
         let list = &self.ctx.schedule.actions[self.rank];
-        for (index, item) in list.iter().enumerate() {
+        for item in list {
             if self.ctx.failed.load(Ordering::Relaxed) {
                 return Err(Stop::Aborted);
             }
@@ -257,13 +257,7 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
             }
             let end = self.clock.last_end;
             let start = self.clock.first_start.unwrap_or(end);
-            self.out.spans.push(Span {
-                rank: self.rank,
-                index,
-                item: *item,
-                start,
-                end,
-            });
+            self.out.spans.push(Span::new(*item, start, end));
         }
         Ok(())
     }
@@ -448,15 +442,15 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
             None => self.receive_until(key, consumer)?,
         };
         if let Some(a) = parcel.arrival {
-            self.out.transfers.push(Transfer {
-                from_rank: a.from,
-                to_rank: self.rank,
-                producer: a.producer,
+            self.out.transfers.push(Transfer::new(
+                a.from,
+                self.rank,
+                a.producer,
                 consumer,
-                start: a.sent_at,
-                end: a.received_at,
-                bytes: a.bytes as f64,
-            });
+                a.sent_at,
+                a.received_at,
+                a.bytes as f64,
+            ));
         }
         Ok(parcel.tensor)
     }

@@ -8,11 +8,11 @@
 
 use crate::cost::CostModel;
 use crate::schedule::deps::{self, Edge, Flow, Footprint, InFlight, Need};
-use crate::schedule::validate::{deadlock, has_transfers};
+use crate::schedule::validate::deadlock;
 use crate::schedule::{Action, Comm, Item, Op, Schedule, ScheduleError};
-use crate::timeline::{Source, Timeline, Transfer};
+use crate::timeline::{Source, Span, Timeline, Transfer};
 
-/// What a blocked rank waits for; indexes are `k * S + s` into [`Tables`].
+/// What a blocked rank waits for; indexes are `s * M + k` into [`Tables`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Wanted {
     /// The output of `F(s,k)`.
@@ -43,56 +43,66 @@ pub(super) enum Ready {
     Wait(Wanted),
 }
 
-/// Sentinel for "not done yet" in the location tables.
-const NOT_DONE: u64 = u64::MAX;
-
-/// Packs a span location.
-#[inline]
-fn loc(rank: usize, index: usize) -> u64 {
-    ((rank as u64) << 32) | index as u64
+/// Completion of one `(stage, microbatch)`: when its forward and its input backward ended, and
+/// where (their position in their rank's list plus one; 0 while not done). 24 bytes, so an entry
+/// and its neighbour stages share cache lines. The rank is the stage's own.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    forward_end: f64,
+    grad_end: f64,
+    forward_at: u32,
+    grad_at: u32,
 }
 
-/// When and where something finished: 16 bytes.
+impl Entry {
+    const UNDONE: Entry = Entry {
+        forward_end: 0.0,
+        grad_end: 0.0,
+        forward_at: 0,
+        grad_at: 0,
+    };
+
+    /// `(end, position + 1)` of the forward, or of the input backward when `grad`.
+    #[inline]
+    fn get(&self, grad: bool) -> (f64, u32) {
+        if grad {
+            (self.grad_end, self.grad_at)
+        } else {
+            (self.forward_end, self.forward_at)
+        }
+    }
+}
+
+/// When and where a send ended (explicit transfers only), as in [`Entry`].
 #[derive(Debug, Clone, Copy)]
 struct Mark {
     end: f64,
-    at: u64,
+    at: u32,
 }
 
-const UNDONE: Mark = Mark {
-    end: 0.0,
-    at: NOT_DONE,
-};
-
-/// Completion of one `(stage, microbatch)`: its forward and its input backward, 32 bytes, so an
-/// entry and its neighbour stages share cache lines.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    forward: Mark,
-    grad: Mark,
-}
-
-/// Completion tables, one entry per `(stage, microbatch)` at index `k * S + s`: the stages of one
-/// microbatch are adjacent (an action reads its own and a neighbour stage's entry), and only the
-/// microbatches in flight are touched at any time.
+/// Completion tables, one entry per `(stage, microbatch)` at index `s * M + k`: a rank runs a
+/// stage's microbatches mostly in order, so its reads of its own and of a neighbour stage's entries
+/// are two sequential streams (which the hardware prefetches; the `k * S + s` order missed the
+/// cache on about every read).
 struct Tables {
     stages: usize,
+    microbatches: usize,
     entries: Vec<Entry>,
-    /// Whether the backward ran as a full `B` (for the producer named in transfers).
-    full_backward: Vec<bool>,
-    /// Explicit transfers only: the sends of activations and gradients from each entry.
+    /// Explicit transfers only: the sends of activations and gradients from each entry, and
+    /// whether the backward ran as a full `B` (for the producer named in transfers).
     sent: Vec<[Mark; 2]>,
+    full_backward: Vec<bool>,
 }
 
 impl Tables {
     #[inline]
     fn index(&self, stage: usize, microbatch: usize) -> usize {
-        microbatch * self.stages + stage
+        stage * self.microbatches + microbatch
     }
 
     /// `(stage, microbatch)` of an index.
     fn split(&self, j: usize) -> (usize, usize) {
-        (j % self.stages, j / self.stages)
+        (j / self.microbatches, j % self.microbatches)
     }
 }
 
@@ -101,6 +111,18 @@ fn flow_slot(flow: Flow) -> usize {
         Flow::Activation => 0,
         Flow::Gradient => 1,
     }
+}
+
+/// How many items ahead of the one it runs a rank touches its list (see `Engine::advance`).
+const LOOK_AHEAD: usize = 4;
+
+/// What a run records besides the numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Record {
+    /// A span per item.
+    pub spans: bool,
+    /// A transfer per crossing.
+    pub transfers: bool,
 }
 
 /// The simulator's working state for one run.
@@ -120,8 +142,8 @@ pub(super) struct Engine<'a> {
     ready: Vec<usize>,
     /// Busy time per rank.
     pub busy: Vec<f64>,
-    /// Whether spans and transfers are recorded (off for `summarize`).
-    record: bool,
+    /// What is recorded into the timeline (nothing for `summarize`).
+    record: Record,
     pub memory: InFlight,
     /// Whether an overlapped pair ran (the lower bound then allows overlap savings).
     pub overlapped: bool,
@@ -129,14 +151,21 @@ pub(super) struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    pub fn new(schedule: &'a Schedule, costs: &'a CostModel, record: bool) -> Self {
+    /// A run of `schedule` (`lowered`: it carries its transfers) under `costs`.
+    pub fn new(
+        schedule: &'a Schedule,
+        costs: &'a CostModel,
+        lowered: bool,
+        record: Record,
+    ) -> Self {
         let (p, s, m) = (schedule.ranks, schedule.stages(), schedule.microbatches);
-        let lowered = has_transfers(schedule);
         let mut timeline = Timeline::new(schedule.name.clone(), Source::Predicted, p);
-        if record {
+        if record.spans {
             for (lane, list) in timeline.spans.iter_mut().zip(&schedule.actions) {
                 lane.reserve_exact(list.len());
             }
+        }
+        if record.transfers {
             // Every boundary between stages on different ranks carries M activations and M gradients.
             let crossings = (1..s)
                 .filter(|&st| schedule.rank_of(st) != schedule.rank_of(st - 1))
@@ -144,6 +173,11 @@ impl<'a> Engine<'a> {
             timeline.transfers.reserve_exact(2 * m * crossings);
         }
         let n = s * m;
+        let (sent, full_backward) = if lowered {
+            (vec![[Mark { end: 0.0, at: 0 }; 2]; n], vec![false; n])
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Engine {
             schedule,
             costs,
@@ -160,19 +194,10 @@ impl<'a> Engine<'a> {
                 .collect(),
             tables: Tables {
                 stages: s,
-                entries: vec![
-                    Entry {
-                        forward: UNDONE,
-                        grad: UNDONE,
-                    };
-                    n
-                ],
-                full_backward: vec![false; n],
-                sent: if lowered {
-                    vec![[UNDONE; 2]; n]
-                } else {
-                    Vec::new()
-                },
+                microbatches: m,
+                entries: vec![Entry::UNDONE; n],
+                sent,
+                full_backward,
             },
             free_at: vec![0.0; p],
             pos: vec![0; p],
@@ -198,38 +223,46 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    /// Runs rank `r`'s items until it finishes or waits for an input.
+    /// Runs rank `r`'s items until it finishes or waits for an input. The rank's position, clock
+    /// and lane are kept in locals meanwhile (this is the hot loop).
     fn advance(&mut self, r: usize) {
-        let list = &self.schedule.actions[r];
-        while let Some(&item) = list.get(self.pos[r]) {
-            let index = self.pos[r];
+        let schedule = self.schedule;
+        let list = &schedule.actions[r];
+        let mut lane = std::mem::take(&mut self.timeline.spans[r]);
+        let (mut pos, mut free, mut busy) = (self.pos[r], self.free_at[r], self.busy[r]);
+        while let Some(&item) = list.get(pos) {
+            // Touch an item a few places ahead so that its cache line is on its way by then: the
+            // ranks take turns, too many interleaved streams for the hardware prefetcher.
+            std::hint::black_box(list.get(pos + LOOK_AHEAD).map(Item::stage));
             let ready_at = match self.ready_time(r, &item) {
                 Ready::At(t, _) => t,
                 Ready::Wait(wanted) => {
                     self.blocked[r] = Some(wanted);
-                    return;
+                    break;
                 }
             };
             let dur = self.duration(&item);
-            let start = ready_at.max(self.free_at[r]);
+            let start = ready_at.max(free);
             let end = start + dur;
-            self.free_at[r] = end;
-            self.busy[r] += dur;
+            free = end;
+            busy += dur;
             for a in item.actions() {
                 self.memory.start(r, a, &self.footprint[a.stage]);
             }
             for a in item.actions() {
                 self.memory.end(r, a, &self.footprint[a.stage]);
-                self.complete(r, index, a, end);
+                self.complete(r, pos, a, end);
             }
             if let Item::Comm(c) = item {
-                self.comm(r, index, c, end);
+                self.comm(r, pos, c, end);
             }
-            if self.record {
-                self.timeline.push(r, item, start, end);
+            if self.record.spans {
+                lane.push(Span::new(item, start, end));
             }
-            self.pos[r] = index + 1;
+            pos += 1;
         }
+        (self.pos[r], self.free_at[r], self.busy[r]) = (pos, free, busy);
+        self.timeline.spans[r] = lane;
     }
 
     /// How long `item` keeps its rank busy (transfers and parameter operations: none).
@@ -275,49 +308,45 @@ impl<'a> Engine<'a> {
     #[inline]
     fn inputs(&self, r: usize, a: Action) -> Ready {
         let t = &self.tables;
-        let mut best: Option<(f64, Cause)> = None;
+        let mut best = (0.0, Cause::Start);
         for need in deps::needs(a, t.stages) {
-            let (mark, transfer, wanted) = match need {
-                Need::Stash(x) => {
-                    let j = t.index(x.stage, x.microbatch);
-                    match x.op {
-                        Op::F => (t.entries[j].forward, 0.0, Wanted::Forward(j)),
-                        _ => (t.entries[j].grad, 0.0, Wanted::Grad(j)),
-                    }
-                }
+            let (j, grad, transfer, from) = match need {
+                Need::Stash(x) => (t.index(x.stage, x.microbatch), x.op != Op::F, 0.0, r),
                 Need::Data(e) => {
-                    let crosses = self.stage_rank[e.from] != r;
+                    let from = self.stage_rank[e.from];
+                    let crosses = from != r;
                     if crosses && self.lowered {
                         // Its receive, earlier on this rank, waited for it.
                         continue;
                     }
-                    let j = t.index(e.from, e.microbatch);
                     let transfer = if crosses {
                         self.send[e.boundary()]
                     } else {
                         0.0
                     };
-                    match e.flow {
-                        Flow::Activation => (t.entries[j].forward, transfer, Wanted::Forward(j)),
-                        Flow::Gradient => (t.entries[j].grad, transfer, Wanted::Grad(j)),
-                    }
+                    let j = t.index(e.from, e.microbatch);
+                    (j, e.flow == Flow::Gradient, transfer, from)
                 }
             };
-            if mark.at == NOT_DONE {
-                return Ready::Wait(wanted);
+            let (end, at) = t.entries[j].get(grad);
+            if at == 0 {
+                return Ready::Wait(if grad {
+                    Wanted::Grad(j)
+                } else {
+                    Wanted::Forward(j)
+                });
             }
-            let at = mark.end + transfer;
-            if best.is_none_or(|(b, _)| at > b) {
+            let ready = end + transfer;
+            if matches!(best.1, Cause::Start) || ready > best.0 {
                 let cause = Cause::Data {
-                    rank: (mark.at >> 32) as u32,
-                    index: mark.at as u32,
+                    rank: from as u32,
+                    index: at - 1,
                     transfer,
                 };
-                best = Some((at, cause));
+                best = (ready, cause);
             }
         }
-        let (at, cause) = best.unwrap_or((0.0, Cause::Start));
-        Ready::At(at, cause)
+        Ready::At(best.0, best.1)
     }
 
     /// A receive on rank `r`: ready when the data sent has arrived.
@@ -327,10 +356,11 @@ impl<'a> Engine<'a> {
         };
         let j = self.tables.index(e.from, e.microbatch);
         let mark = self.tables.sent[j][flow_slot(e.flow)];
-        if mark.at == NOT_DONE {
+        if mark.at == 0 {
             return Ready::Wait(Wanted::Sent(e.flow, j));
         }
-        let transfer = if self.stage_rank[e.from] != r {
+        let from = self.stage_rank[e.from];
+        let transfer = if from != r {
             self.send[e.boundary()]
         } else {
             0.0
@@ -338,30 +368,31 @@ impl<'a> Engine<'a> {
         Ready::At(
             mark.end + transfer,
             Cause::Data {
-                rank: (mark.at >> 32) as u32,
-                index: mark.at as u32,
+                rank: from as u32,
+                index: mark.at - 1,
                 transfer,
             },
         )
     }
 
-    /// Records the completion of `a` at `end` on rank `r`; without explicit transfers, also the
-    /// transfer of its output and the wake-up of the rank waiting for it.
+    /// Records the completion of `a` at `end`, item `index` of rank `r`; without explicit
+    /// transfers, also the transfer of its output and the wake-up of the rank waiting for it.
     #[inline]
     fn complete(&mut self, r: usize, index: usize, a: Action, end: f64) {
         let j = self.tables.index(a.stage, a.microbatch);
-        let here = Mark {
-            end,
-            at: loc(r, index),
-        };
+        // `check_shape` keeps every list below 2^32 - 1 items.
+        let at = index as u32 + 1;
+        let entry = &mut self.tables.entries[j];
         let wanted = match a.op {
             Op::F => {
-                self.tables.entries[j].forward = here;
+                (entry.forward_end, entry.forward_at) = (end, at);
                 Wanted::Forward(j)
             }
             Op::I | Op::B => {
-                self.tables.entries[j].grad = here;
-                self.tables.full_backward[j] = a.op == Op::B;
+                (entry.grad_end, entry.grad_at) = (end, at);
+                if self.lowered {
+                    self.tables.full_backward[j] = a.op == Op::B;
+                }
                 Wanted::Grad(j)
             }
             Op::W => return,
@@ -376,7 +407,7 @@ impl<'a> Engine<'a> {
         if c == r {
             return;
         }
-        self.hand_over(r, c, e, end, wanted);
+        self.hand_over(r, c, e, a.op, end, wanted);
     }
 
     /// A send on rank `r` at `end`: records it and wakes the receiving rank.
@@ -390,31 +421,31 @@ impl<'a> Engine<'a> {
         let j = self.tables.index(e.from, e.microbatch);
         self.tables.sent[j][flow_slot(e.flow)] = Mark {
             end,
-            at: loc(r, index),
+            at: index as u32 + 1,
+        };
+        let op = match e.flow {
+            Flow::Gradient if self.tables.full_backward[j] => Op::B,
+            _ => e.producer().op,
         };
         let to = self.stage_rank[e.to()];
-        self.hand_over(r, to, e, end, Wanted::Sent(e.flow, j));
+        self.hand_over(r, to, e, op, end, Wanted::Sent(e.flow, j));
     }
 
-    /// Records the transfer over `e` from rank `r` to rank `to` starting at `end`, and wakes `to`
-    /// if it waits for `wanted`.
+    /// Records the transfer over `e` (produced by an `op`) from rank `r` to rank `to` starting at
+    /// `end`, and wakes `to` if it waits for `wanted`.
     #[inline]
-    fn hand_over(&mut self, r: usize, to: usize, e: Edge, end: f64, wanted: Wanted) {
-        if self.record {
-            let j = self.tables.index(e.from, e.microbatch);
-            let mut producer = e.producer();
-            if e.flow == Flow::Gradient && self.tables.full_backward[j] {
-                producer.op = Op::B;
-            }
-            self.timeline.push_transfer(Transfer {
-                from_rank: r,
-                to_rank: to,
+    fn hand_over(&mut self, r: usize, to: usize, e: Edge, op: Op, end: f64, wanted: Wanted) {
+        if self.record.transfers {
+            let producer = Action::new(op, e.from, e.microbatch);
+            self.timeline.push_transfer(Transfer::new(
+                r,
+                to,
                 producer,
-                consumer: Action::new(producer.op, e.to(), e.microbatch),
-                start: end,
-                end: end + self.send[e.boundary()],
-                bytes: self.costs.stages[e.boundary()].output_bytes,
-            });
+                Action::new(op, e.to(), e.microbatch),
+                end,
+                end + self.send[e.boundary()],
+                self.costs.stages[e.boundary()].output_bytes,
+            ));
         }
         if self.blocked[to] == Some(wanted) {
             self.blocked[to] = None;

@@ -34,7 +34,7 @@ pub fn activation_curve(timeline: &Timeline, costs: &CostModel) -> Vec<Vec<(f64,
             let mut now = 0.0;
             let mut points = Vec::with_capacity(2 * lane.len());
             for span in lane {
-                let (alloc, freed) = bytes(&span.item, costs);
+                let (alloc, freed) = bytes(&span.item(), costs);
                 if alloc > 0.0 {
                     now += alloc;
                     points.push((span.start, now));

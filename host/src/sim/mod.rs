@@ -27,6 +27,16 @@
 //! [`simulate`] returns a [`Simulation`]: the [`Timeline`] (start and end of every item and transfer;
 //! makespan, busy, idle and bubble fraction are methods there), the peak activation bytes per rank,
 //! the critical path, and the [lower bound](lower_bound) that no schedule can beat with these costs.
+//! [`simulate_with`] leaves out the transfers and the critical path when they are not needed, and
+//! [`summarize`] keeps only the numbers.
+//!
+//! ## Cost
+//!
+//! Memory is what is kept: a [`Span`](crate::timeline::Span) is 40 bytes, a
+//! [`Transfer`](crate::timeline::Transfer) 56, plus 24 bytes per (stage, microbatch) while running.
+//! Time is dominated, on large schedules, by memory traffic: reading the schedule's lists (the
+//! validator's checks and the run each read them once) and the kernel's first touch of the
+//! timeline's pages. NOTES.md ("simspeed") has the measured rates.
 //!
 //! ```
 //! use pipefill_host::cost::{CostModel, LinkCost, StageCost};
@@ -57,7 +67,7 @@ pub use error::SimError;
 pub use memory::{activation_curve, peak_activations};
 
 use crate::cost::CostModel;
-use crate::schedule::validate::check_static;
+use crate::schedule::validate::check_static_lowered;
 use crate::schedule::Schedule;
 use crate::timeline::Timeline;
 use engine::Engine;
@@ -126,7 +136,8 @@ impl Simulation {
     }
 }
 
-/// Simulates `schedule` under `costs`: see the [module docs](self) for the model.
+/// Simulates `schedule` under `costs`: see the [module docs](self) for the model. Records
+/// everything ([`SimOptions::ALL`]); see [`simulate_with`] to leave out what is not needed.
 ///
 /// Errors: the cost model is invalid or has the wrong number of stages ([`SimError::Cost`],
 /// [`SimError::Stages`]); the schedule does not validate ([`SimError::Schedule`] with the
@@ -134,10 +145,71 @@ impl Simulation {
 /// the schedules `validate` accepts; a deadlock names every waiting rank, its item and what it waits
 /// for).
 pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, SimError> {
-    check_shape(schedule, costs)?;
-    let mut engine = Engine::new(schedule, costs, true);
+    simulate_with(schedule, costs, SimOptions::ALL)
+}
+
+/// What [`simulate_with`] records besides the numbers. Spans are always recorded (a simulation
+/// without them is [`summarize`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Record a [`Transfer`](crate::timeline::Transfer) for every input that crosses ranks
+    /// (`timeline.transfers`; left empty otherwise). About as much memory as the spans.
+    pub transfers: bool,
+    /// Trace the critical path (`critical_path`; left empty otherwise).
+    pub critical_path: bool,
+}
+
+impl SimOptions {
+    /// Everything: what [`simulate`] records.
+    pub const ALL: SimOptions = SimOptions {
+        transfers: true,
+        critical_path: true,
+    };
+
+    /// Spans only.
+    pub const SPANS: SimOptions = SimOptions {
+        transfers: false,
+        critical_path: false,
+    };
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions::ALL
+    }
+}
+
+/// [`simulate`], recording only what `options` asks for (same model, same checks, same times).
+///
+/// ```
+/// # use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// # use pipefill_host::schedule::{families, Params};
+/// use pipefill_host::sim::{simulate, simulate_with, SimOptions};
+/// let s = families::generate("1f1b", &Params::new(4, 8)).unwrap();
+/// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// let lean = simulate_with(&s, &c, SimOptions::SPANS).unwrap();
+/// let full = simulate(&s, &c).unwrap();
+/// assert_eq!(lean.timeline.spans, full.timeline.spans);
+/// assert!(lean.timeline.transfers.is_empty() && !full.timeline.transfers.is_empty());
+/// assert!(lean.critical_path.is_empty());
+/// ```
+pub fn simulate_with(
+    schedule: &Schedule,
+    costs: &CostModel,
+    options: SimOptions,
+) -> Result<Simulation, SimError> {
+    let lowered = check_shape(schedule, costs)?;
+    let record = engine::Record {
+        spans: true,
+        transfers: options.transfers,
+    };
+    let mut engine = Engine::new(schedule, costs, lowered, record);
     engine.run()?;
-    let critical_path = path::critical_path(&engine);
+    let critical_path = if options.critical_path {
+        path::critical_path(&engine)
+    } else {
+        Vec::new()
+    };
     let lower_bound = lower_bound_of(&engine);
     Ok(Simulation {
         timeline: engine.timeline,
@@ -195,8 +267,12 @@ impl Summary {
 /// assert_eq!(sum.makespan, simulate(&s, &c).unwrap().timeline.makespan());
 /// ```
 pub fn summarize(schedule: &Schedule, costs: &CostModel) -> Result<Summary, SimError> {
-    check_shape(schedule, costs)?;
-    let mut engine = Engine::new(schedule, costs, false);
+    let lowered = check_shape(schedule, costs)?;
+    let record = engine::Record {
+        spans: false,
+        transfers: false,
+    };
+    let mut engine = Engine::new(schedule, costs, lowered, record);
     engine.run()?;
     Ok(Summary {
         makespan: engine.free_at.iter().copied().fold(0.0, f64::max),
@@ -218,9 +294,9 @@ fn lower_bound_of(engine: &Engine) -> f64 {
 }
 
 /// Refuses schedules that do not validate (steps 1 to 3 of the validator; the run finds deadlocks)
-/// and cost models that do not fit them.
-fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<(), SimError> {
-    check_static(schedule)?;
+/// and cost models that do not fit them; tells whether the schedule carries transfers.
+fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<bool, SimError> {
+    let (_, lowered) = check_static_lowered(schedule)?;
     let shape = |reason: String| SimError::Shape {
         schedule: schedule.name.clone(),
         reason,
@@ -245,5 +321,5 @@ fn check_shape(schedule: &Schedule, costs: &CostModel) -> Result<(), SimError> {
         });
     }
     costs.check()?;
-    Ok(())
+    Ok(lowered)
 }

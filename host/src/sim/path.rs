@@ -25,7 +25,7 @@ pub(super) fn critical_path(engine: &Engine) -> Vec<PathStep> {
         let (via, next) = if i > 0 && spans[r][i - 1].end >= span.start {
             (Via::Rank, Some((r, i - 1)))
         } else {
-            match engine.ready_time(r, &span.item) {
+            match engine.ready_time(r, &span.item()) {
                 Ready::At(
                     _,
                     Cause::Data {

@@ -64,18 +64,18 @@ fn timeline_events(ti: usize, t: &Timeline, out: &mut Vec<Value>) {
         );
         out.push(meta("thread_name", pid(r), 0, "compute".to_string()));
         for span in lane {
-            for a in span.item.actions() {
+            for a in span.item().actions() {
                 started.insert(a, (r, span.start));
             }
             out.push(json!({
-                "name": span.item.to_string(),
-                "cat": category(&span.item),
+                "name": span.item().to_string(),
+                "cat": category(&span.item()),
                 "ph": "X",
                 "ts": us(span.start),
                 "dur": us(span.end - span.start),
                 "pid": pid(r),
                 "tid": 0,
-                "args": item_args(&span.item),
+                "args": item_args(&span.item()),
             }));
         }
     }
@@ -83,29 +83,29 @@ fn timeline_events(ti: usize, t: &Timeline, out: &mut Vec<Value>) {
     let mut named: HashMap<(usize, usize), ()> = HashMap::new();
     for (n, (tr, lane)) in t.transfers.iter().zip(lanes).enumerate() {
         let tid = 1 + lane;
-        if named.insert((tr.from_rank, tid), ()).is_none() {
+        if named.insert((tr.from_rank(), tid), ()).is_none() {
             out.push(meta(
                 "thread_name",
-                pid(tr.from_rank),
+                pid(tr.from_rank()),
                 tid,
                 format!("comm {lane}"),
             ));
         }
         out.push(json!({
-            "name": format!("{} -> {}", tr.producer, tr.consumer),
+            "name": format!("{} -> {}", tr.producer(), tr.consumer()),
             "cat": "transfer",
             "ph": "X",
             "ts": us(tr.start),
             "dur": us(tr.end - tr.start),
-            "pid": pid(tr.from_rank),
+            "pid": pid(tr.from_rank()),
             "tid": tid,
-            "args": {"bytes": tr.bytes, "to_rank": tr.to_rank},
+            "args": {"bytes": tr.bytes, "to_rank": tr.to_rank()},
         }));
-        if let Some(&(r, start)) = started.get(&tr.consumer) {
+        if let Some(&(r, start)) = started.get(&tr.consumer()) {
             let id = ti * 100_000_000 + n;
             out.push(
                 json!({"name": "data", "cat": "transfer", "ph": "s", "id": id,
-                            "ts": us(tr.start), "pid": pid(tr.from_rank), "tid": tid}),
+                            "ts": us(tr.start), "pid": pid(tr.from_rank()), "tid": tid}),
             );
             out.push(
                 json!({"name": "data", "cat": "transfer", "ph": "f", "bp": "e", "id": id,
@@ -150,7 +150,7 @@ fn comm_lanes(t: &Timeline) -> Vec<usize> {
     let mut order: Vec<usize> = (0..t.transfers.len()).collect();
     let key = |i: &usize| {
         let tr: &Transfer = &t.transfers[*i];
-        (tr.from_rank, tr.start)
+        (tr.from_rank(), tr.start)
     };
     order.sort_by(|a, b| {
         let (ra, sa) = key(a);
@@ -161,7 +161,7 @@ fn comm_lanes(t: &Timeline) -> Vec<usize> {
     let mut ends: Vec<Vec<f64>> = vec![Vec::new(); t.ranks().max(1)];
     for i in order {
         let tr = &t.transfers[i];
-        let Some(busy) = ends.get_mut(tr.from_rank) else {
+        let Some(busy) = ends.get_mut(tr.from_rank()) else {
             continue;
         };
         let lane = match busy.iter().position(|&end| end <= tr.start) {
@@ -183,15 +183,15 @@ mod tests {
     use crate::schedule::Op;
 
     fn transfer(from: usize, start: f64, end: f64, k: usize) -> Transfer {
-        Transfer {
-            from_rank: from,
-            to_rank: from + 1,
-            producer: Action::new(Op::F, from, k),
-            consumer: Action::new(Op::F, from + 1, k),
+        Transfer::new(
+            from,
+            from + 1,
+            Action::new(Op::F, from, k),
+            Action::new(Op::F, from + 1, k),
             start,
             end,
-            bytes: 8.0,
-        }
+            8.0,
+        )
     }
 
     #[test]

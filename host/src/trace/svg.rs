@@ -170,17 +170,17 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
             (x(makespan) - LEFT).max(0.0)
         );
         for span in lane {
-            let shade = chunk_opacity(&span.item, t.ranks(), chunks);
+            let shade = chunk_opacity(&span.item(), t.ranks(), chunks);
             let (x0, x1) = (x(span.start), x(span.end));
             let w = (x1 - x0).max(0.5);
             let tip = format!(
                 "{} on rank {r}: {} to {} {}",
-                span.item,
+                span.item(),
                 fmt_num(span.start * scale),
                 fmt_num(span.end * scale),
                 unit
             );
-            match span.item {
+            match span.item() {
                 Item::Comm(_) | Item::Param(_) => {
                     let _ = write!(
                         s,
@@ -210,9 +210,9 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                     );
                 }
             }
-            let label = match span.item {
+            let label = match span.item() {
                 Item::One(a) => a.microbatch.to_string(),
-                _ => short_label(&span.item),
+                _ => short_label(&span.item()),
             };
             if w >= 6.5 * label.len() as f64 + 3.0 {
                 let _ = write!(
@@ -236,7 +236,7 @@ fn chunk_count(t: &Timeline) -> usize {
     t.spans
         .iter()
         .flatten()
-        .flat_map(|s| s.item.actions())
+        .flat_map(|s| s.item().actions())
         .map(|a| a.stage / p + 1)
         .max()
         .unwrap_or(1)

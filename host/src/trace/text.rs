@@ -70,13 +70,13 @@ pub fn text_gantt(timelines: &[&Timeline], width: usize) -> String {
                 if c1 <= c0 {
                     continue;
                 }
-                let label: Vec<char> = short_label(&span.item).chars().collect();
+                let label: Vec<char> = short_label(&span.item()).chars().collect();
                 let n = c1 - c0;
                 for (i, cell) in row[c0..c1].iter_mut().enumerate() {
                     *cell = if label.len() <= n {
                         label.get(i).copied().unwrap_or('-')
                     } else {
-                        match span.item {
+                        match span.item() {
                             Item::One(_) => label[0],
                             _ => '*',
                         }
@@ -102,7 +102,7 @@ fn cell_time(timelines: &[&Timeline], horizon: f64, width: usize) -> f64 {
     let label = timelines
         .iter()
         .flat_map(|t| t.spans.iter().flatten())
-        .map(|s| short_label(&s.item).len())
+        .map(|s| short_label(&s.item()).len())
         .filter(|&n| n <= 4)
         .max()
         .unwrap_or(1);

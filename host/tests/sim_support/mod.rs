@@ -125,7 +125,7 @@ pub fn assert_matches_reference(s: &Schedule, c: &CostModel, sim: &Simulation) {
                 close(got.start, start) && close(got.end, end),
                 "{} rank {r} item {i} `{}`: simulator {}..{}, reference {start}..{end}",
                 s.name,
-                got.item,
+                got.item(),
                 got.start,
                 got.end
             );
@@ -160,7 +160,7 @@ pub fn assert_critical_path(sim: &Simulation) {
         assert!(
             close(cur.start, prev.end + gap),
             "path step {} starts at {}, previous ends at {} (+{gap})",
-            cur.item,
+            cur.item(),
             cur.start,
             prev.end
         );

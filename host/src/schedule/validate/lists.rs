@@ -41,6 +41,12 @@ impl Seen {
     fn has(self, bit: u16) -> bool {
         self.0 & bit != 0
     }
+
+    /// `F` and `B`, or `F`, `I` and `W`: what [`Lists::missing`] accepts without transfers.
+    fn complete(self) -> bool {
+        let compute = self.0 & (Self::F | Self::B | Self::I | Self::W);
+        compute == Self::F | Self::B || compute == Self::F | Self::I | Self::W
+    }
 }
 
 /// Where a stage stands with FSDP's `UNSHARD` / `RESHARD`.
@@ -58,6 +64,10 @@ enum Shard {
 struct Lists<'s> {
     s: &'s Schedule,
     lowered: bool,
+    /// `P * V`.
+    stages: usize,
+    /// Each stage's rank (the placement, computed once: it is asked for every item).
+    home: Vec<usize>,
     seen: Vec<Seen>,
     /// Per stage, the `W`/`B` seen so far (for `REDUCE_GRAD`).
     weight_grads: Vec<usize>,
@@ -66,7 +76,8 @@ struct Lists<'s> {
 }
 
 /// Per-item checks in list order, then completeness; returns the peak in-flight per rank.
-pub(super) fn check_lists(s: &Schedule) -> Result<Vec<usize>, ScheduleError> {
+/// `lowered`: the schedule carries transfers ([`super::has_transfers`]).
+pub(super) fn check_lists(s: &Schedule, lowered: bool) -> Result<Vec<usize>, ScheduleError> {
     let stages = s.stages();
     let mut shard = vec![Shard::Unused; stages];
     for p in s.actions.iter().flatten().filter_map(param) {
@@ -74,29 +85,37 @@ pub(super) fn check_lists(s: &Schedule) -> Result<Vec<usize>, ScheduleError> {
             shard[p.stage] = Shard::Sharded;
         }
     }
-    let mut st = Lists {
-        s,
-        lowered: super::has_transfers(s),
-        seen: vec![Seen::default(); stages * s.microbatches],
-        weight_grads: vec![0; stages],
-        reduced: vec![false; stages],
-        shard,
+    let mut st = Lists::new(s, lowered, shard);
+    let Pass::Done { peak, .. } = st.pass(false)? else {
+        unreachable!("a full pass never stops early")
     };
-    let mut memory = InFlight::new(s.ranks);
-    for (rank, list) in s.actions.iter().enumerate() {
-        for (pos, item) in list.iter().enumerate() {
-            st.check_item(rank, item)
-                .map_err(|problem| bad_action(s, rank, pos, problem))?;
-            for a in item.actions() {
-                memory.start(rank, a, &Footprint::UNIT);
-            }
-            for a in item.actions() {
-                memory.end(rank, a, &Footprint::UNIT);
-            }
-        }
-    }
     st.check_complete()?;
-    Ok(memory.peak().iter().map(|&p| p as usize).collect())
+    Ok(peak)
+}
+
+/// [`check_lists`] in one pass over the lists, for the common schedule: compute items only, at
+/// least `pairs` compute actions, and valid. `None` for anything else (a transfer or parameter
+/// operation, too few actions, any problem): the caller then runs the full checks, which find the
+/// same answer or the exact error. Saves the passes that decide beforehand whether the schedule
+/// carries transfers or parameter operations and how many actions it has (each a full read of the
+/// lists, as long as the checks themselves on a large schedule).
+pub(super) fn check_compute_only(s: &Schedule, pairs: usize) -> Option<Vec<usize>> {
+    let mut st = Lists::new(s, false, vec![Shard::Unused; s.stages()]);
+    match st.pass(true) {
+        Ok(Pass::Done { peak, actions }) if actions >= pairs => {
+            st.check_complete().ok()?;
+            Some(peak)
+        }
+        _ => None,
+    }
+}
+
+/// How a pass over the lists ended.
+enum Pass {
+    /// Every item checked: the peak in-flight per rank and the number of compute actions.
+    Done { peak: Vec<usize>, actions: usize },
+    /// A compute-only pass met an item that needs the full rules.
+    Stopped,
 }
 
 fn param(it: &Item) -> Option<ParamAction> {
@@ -106,7 +125,49 @@ fn param(it: &Item) -> Option<ParamAction> {
     }
 }
 
-impl Lists<'_> {
+impl<'s> Lists<'s> {
+    fn new(s: &'s Schedule, lowered: bool, shard: Vec<Shard>) -> Self {
+        let stages = s.stages();
+        Lists {
+            s,
+            lowered,
+            stages,
+            home: (0..stages).map(|st| s.rank_of(st)).collect(),
+            seen: vec![Seen::default(); stages * s.microbatches],
+            weight_grads: vec![0; stages],
+            reduced: vec![false; stages],
+            shard,
+        }
+    }
+
+    /// Checks every item in list order; with `compute_only`, stops at the first transfer or
+    /// parameter operation.
+    fn pass(&mut self, compute_only: bool) -> Result<Pass, ScheduleError> {
+        let s = self.s;
+        let mut memory = InFlight::new(s.ranks);
+        let mut actions = 0;
+        for (rank, list) in s.actions.iter().enumerate() {
+            for (pos, item) in list.iter().enumerate() {
+                actions += match item {
+                    Item::One(_) => 1,
+                    Item::Overlap { .. } => 2,
+                    Item::Comm(_) | Item::Param(_) if compute_only => return Ok(Pass::Stopped),
+                    Item::Comm(_) | Item::Param(_) => 0,
+                };
+                self.check_item(rank, item)
+                    .map_err(|problem| bad_action(s, rank, pos, problem))?;
+                for a in item.actions() {
+                    memory.start(rank, a, &Footprint::UNIT);
+                }
+                for a in item.actions() {
+                    memory.end(rank, a, &Footprint::UNIT);
+                }
+            }
+        }
+        let peak = memory.peak().iter().map(|&p| p as usize).collect();
+        Ok(Pass::Done { peak, actions })
+    }
+
     fn key(&self, stage: usize, microbatch: usize) -> usize {
         stage * self.s.microbatches + microbatch
     }
@@ -138,7 +199,7 @@ impl Lists<'_> {
         microbatch: Option<usize>,
     ) -> Result<(), String> {
         let s = self.s;
-        let stages = s.stages();
+        let stages = self.stages;
         if stage >= stages {
             return Err(format!(
                 "stage {stage} is out of range: P*V = {stages} stages, so stages are 0..={}",
@@ -152,7 +213,7 @@ impl Lists<'_> {
                 s.microbatches - 1
             ));
         }
-        let home = s.rank_of(stage);
+        let home = self.home[stage];
         if home != rank {
             return Err(format!(
                 "stage {stage} belongs on rank {home} under {} placement (P = {}); move it to rank \
@@ -188,7 +249,7 @@ impl Lists<'_> {
             }
             _ => {}
         }
-        for need in deps::needs(a, self.s.stages()) {
+        for need in deps::needs(a, self.stages) {
             self.check_need(a, need, st)?;
         }
         if self.shard[a.stage] == Shard::Sharded {
@@ -229,11 +290,11 @@ impl Lists<'_> {
     }
 
     fn crosses(&self, e: &Edge) -> bool {
-        self.s.rank_of(e.from) != self.s.rank_of(e.to())
+        self.home[e.from] != self.home[e.to()]
     }
 
     fn check_comm(&mut self, rank: usize, c: &Comm) -> Result<(), String> {
-        let stages = self.s.stages();
+        let stages = self.stages;
         self.check_place(rank, c.stage, Some(c.microbatch))?;
         let e = Edge::of(*c, stages).ok_or_else(|| {
             format!("`{c}` names no boundary between stages (there are {stages}); remove it")
@@ -308,6 +369,10 @@ impl Lists<'_> {
     fn check_complete(&self) -> Result<(), ScheduleError> {
         let m = self.s.microbatches;
         for (key, st) in self.seen.iter().enumerate() {
+            if !self.lowered && st.complete() {
+                // The common case, decided from the bits alone.
+                continue;
+            }
             let (stage, microbatch) = (key / m, key % m);
             if let Some(problem) = self.missing(stage, microbatch, *st) {
                 return Err(ScheduleError::Incomplete {
@@ -373,5 +438,34 @@ fn bad_action(s: &Schedule, rank: usize, position: usize, problem: String) -> Sc
         item: s.actions[rank][position].to_string(),
         problem,
         grid: context_grid(s, &[(rank, position)]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::{families, Params};
+    use super::*;
+
+    /// The one-pass check accepts exactly what the full checks accept on compute-only schedules,
+    /// with the same peaks, and leaves the rest (problems, transfers) to them.
+    #[test]
+    fn one_pass_agrees_with_the_full_checks() {
+        for family in families::FAMILIES {
+            let params = Params::new(4, 8);
+            let Ok(s) = families::generate(family.name, &params) else {
+                continue;
+            };
+            let pairs = s.stages() * s.microbatches;
+            let full = check_lists(&s, false).unwrap();
+            assert_eq!(check_compute_only(&s, pairs), Some(full), "{}", family.name);
+            // Too few actions for the header, a missing action, a transfer: not decided here.
+            assert_eq!(check_compute_only(&s, s.action_count() + 1), None);
+            let mut short = s.clone();
+            short.actions[0].pop();
+            assert!(check_lists(&short, false).is_err());
+            assert_eq!(check_compute_only(&short, 1), None);
+            let lowered = crate::schedule::lower::lower(&s).unwrap();
+            assert_eq!(check_compute_only(&lowered, 1), None);
+        }
     }
 }

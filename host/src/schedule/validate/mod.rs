@@ -75,8 +75,27 @@ pub fn validate(schedule: &Schedule) -> Result<ValidationReport, ScheduleError> 
 /// rank. The simulator runs these checks and then its own timed run, which finds the deadlocks the
 /// dry run finds, so both accept exactly the same schedules.
 pub fn check_static(schedule: &Schedule) -> Result<Vec<usize>, ScheduleError> {
-    check_header(schedule)?;
-    lists::check_lists(schedule)
+    check_static_lowered(schedule).map(|(peak, _)| peak)
+}
+
+/// [`check_static`], also telling whether the schedule carries transfers ([`has_transfers`]).
+/// A compute-only schedule that validates is checked in one pass over its lists; anything else
+/// (transfers, parameter operations, a problem to report) takes the full checks.
+pub(crate) fn check_static_lowered(
+    schedule: &Schedule,
+) -> Result<(Vec<usize>, bool), ScheduleError> {
+    check_fields(schedule)?;
+    let items: usize = schedule.actions.iter().map(Vec::len).sum();
+    // An item holds at most 2 actions, so `pairs <= 2 * items` is necessary for the count check
+    // below and bounds what the one-pass check allocates.
+    if let Some(pairs) = header_pairs(schedule).filter(|&n| n <= items.saturating_mul(2)) {
+        if let Some(peak) = lists::check_compute_only(schedule, pairs) {
+            return Ok((peak, false));
+        }
+    }
+    check_pairs(schedule)?;
+    let lowered = has_transfers(schedule);
+    Ok((lists::check_lists(schedule, lowered)?, lowered))
 }
 
 /// `true` when the schedule carries its transfers (any `SEND_*` / `RECV_*` item).
@@ -88,9 +107,8 @@ pub fn has_transfers(schedule: &Schedule) -> bool {
         .any(|it| matches!(it, super::Item::Comm(_)))
 }
 
-/// Header checks; also bounds `S * M` by the number of actions so a bogus header cannot make the
-/// checker allocate more than a few words per action.
-fn check_header(s: &Schedule) -> Result<(), ScheduleError> {
+/// Header checks but the count ([`check_pairs`]).
+fn check_fields(s: &Schedule) -> Result<(), ScheduleError> {
     let invalid = |m: String| Err(ScheduleError::Invalid(m));
     if s.ranks == 0 {
         return invalid("ranks (P) must be at least 1".into());
@@ -114,6 +132,21 @@ fn check_header(s: &Schedule) -> Result<(), ScheduleError> {
             s.actions.len()
         ));
     }
+    Ok(())
+}
+
+/// `P * V * M` when it is below 2^32 (what [`check_pairs`] accepts at most).
+fn header_pairs(s: &Schedule) -> Option<usize> {
+    s.ranks
+        .checked_mul(s.chunks)
+        .and_then(|x| x.checked_mul(s.microbatches))
+        .filter(|&n| n < u32::MAX as usize)
+}
+
+/// Bounds `S * M` by the number of actions so a bogus header cannot make the checker allocate more
+/// than a few words per action.
+fn check_pairs(s: &Schedule) -> Result<(), ScheduleError> {
+    let invalid = |m: String| Err(ScheduleError::Invalid(m));
     let pairs = s
         .ranks
         .checked_mul(s.chunks)
