@@ -171,8 +171,6 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
         );
         for span in lane {
             let shade = chunk_opacity(&span.item(), t.ranks(), chunks);
-            let (x0, x1) = (x(span.start), x(span.end));
-            let w = (x1 - x0).max(0.5);
             let tip = format!(
                 "{} on rank {r}: {} to {} {}",
                 span.item(),
@@ -180,54 +178,71 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                 fmt_num(span.end * scale),
                 unit
             );
-            match span.item() {
-                Item::Comm(_) | Item::Param(_) => {
-                    let _ = write!(
-                        s,
-                        r##"<rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="{}" stroke="white" stroke-width="0.6"><title>{}</title></rect>"##,
-                        tint(super::OTHER_COLOUR, shade),
-                        esc(&tip)
-                    );
-                }
-                Item::One(a) => {
-                    let _ = write!(
-                        s,
-                        r##"<rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="{}" stroke="white" stroke-width="0.6"><title>{}</title></rect>"##,
-                        tint(op_colour(a.op), shade),
-                        esc(&tip)
-                    );
-                }
-                Item::Overlap { forward, backward } => {
-                    let _ = write!(
-                        s,
-                        r##"<g><title>{}</title><rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{:.1}" fill="{}"/><rect x="{x0:.2}" y="{:.1}" width="{w:.2}" height="{:.1}" fill="{}"/><rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="none" stroke="white" stroke-width="0.6"/></g>"##,
-                        esc(&tip),
-                        h / 2.0,
-                        tint(op_colour(forward.op), shade),
-                        y + h / 2.0,
-                        h / 2.0,
-                        tint(op_colour(backward.op), shade)
-                    );
-                }
-            }
-            let label = match span.item() {
-                Item::One(a) => a.microbatch.to_string(),
-                _ => short_label(&span.item()),
-            };
-            if w >= 6.5 * label.len() as f64 + 3.0 {
-                let _ = write!(
-                    s,
-                    r##"<text x="{:.2}" y="{:.1}" text-anchor="middle" fill="white" font-size="10">{}</text>"##,
-                    x0 + w / 2.0,
-                    y + h / 2.0 + 3.5,
-                    esc(&label)
-                );
-            }
-            s.push('\n');
+            span_box(
+                s,
+                &span.item(),
+                (x(span.start), x(span.end)),
+                y,
+                h,
+                shade,
+                &tip,
+            );
         }
         y += h + LANE_GAP;
     }
     y
+}
+
+/// Draws one span's box from `x0` to `x1` at `y` (height `h`): its op's colour (a pair split in two
+/// halves, a transfer or parameter operation grey), a tooltip, and its label when it fits.
+fn span_box(
+    s: &mut String,
+    item: &Item,
+    (x0, x1): (f64, f64),
+    y: f64,
+    h: f64,
+    shade: f64,
+    tip: &str,
+) {
+    let w = (x1 - x0).max(0.5);
+    let rect = |s: &mut String, colour: &str| {
+        let _ = write!(
+            s,
+            r##"<rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="{}" stroke="white" stroke-width="0.6"><title>{}</title></rect>"##,
+            tint(colour, shade),
+            esc(tip)
+        );
+    };
+    match *item {
+        Item::Comm(_) | Item::Param(_) => rect(s, super::OTHER_COLOUR),
+        Item::One(a) => rect(s, op_colour(a.op)),
+        Item::Overlap { forward, backward } => {
+            let _ = write!(
+                s,
+                r##"<g><title>{}</title><rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{:.1}" fill="{}"/><rect x="{x0:.2}" y="{:.1}" width="{w:.2}" height="{:.1}" fill="{}"/><rect x="{x0:.2}" y="{y:.1}" width="{w:.2}" height="{h:.1}" fill="none" stroke="white" stroke-width="0.6"/></g>"##,
+                esc(tip),
+                h / 2.0,
+                tint(op_colour(forward.op), shade),
+                y + h / 2.0,
+                h / 2.0,
+                tint(op_colour(backward.op), shade)
+            );
+        }
+    }
+    let label = match *item {
+        Item::One(a) => a.microbatch.to_string(),
+        _ => short_label(item),
+    };
+    if w >= 6.5 * label.len() as f64 + 3.0 {
+        let _ = write!(
+            s,
+            r##"<text x="{:.2}" y="{:.1}" text-anchor="middle" fill="white" font-size="10">{}</text>"##,
+            x0 + w / 2.0,
+            y + h / 2.0 + 3.5,
+            esc(&label)
+        );
+    }
+    s.push('\n');
 }
 
 /// The number of chunks (stages per rank) a timeline shows: `max stage / P + 1`.
