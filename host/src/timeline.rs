@@ -2,11 +2,27 @@
 //!
 //! The simulator returns a predicted [`Timeline`]; the runtime returns a measured one in the same type,
 //! so the same trace, SVG and table code shows both. Times are in seconds (or in the cost model's unit).
+//!
+//! A timeline is `serde` data: actions and items are written in their text form (`"2F0"`,
+//! `"(1F4;2B0)OVERLAP_F_B"`), the source as `"predicted"` or `"measured"`.
+//!
+//! ```
+//! use pipefill_host::schedule::Action;
+//! use pipefill_host::timeline::{Source, Timeline};
+//! let mut t = Timeline::new("demo", Source::Measured, 1);
+//! t.push(0, "0F0".parse::<Action>().unwrap().into(), 0.0, 1.5);
+//! let json = serde_json::to_string(&t).unwrap();
+//! assert!(json.contains(r#""item":"0F0""#) && json.contains(r#""source":"measured""#));
+//! assert_eq!(serde_json::from_str::<Timeline>(&json).unwrap(), t);
+//! ```
+
+use serde::{Deserialize, Serialize};
 
 use crate::schedule::{Action, Item};
 
 /// Where a timeline came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Source {
     /// From the simulator.
     Predicted,
@@ -15,13 +31,14 @@ pub enum Source {
 }
 
 /// One item executed on one rank.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Span {
     /// The rank that ran it.
     pub rank: usize,
     /// Position of the item in the rank's list.
     pub index: usize,
     /// What ran.
+    #[serde(with = "as_text")]
     pub item: Item,
     /// Start time.
     pub start: f64,
@@ -30,15 +47,17 @@ pub struct Span {
 }
 
 /// A transfer of an activation or gradient between two ranks.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Transfer {
     /// Sending rank.
     pub from_rank: usize,
     /// Receiving rank.
     pub to_rank: usize,
     /// The action whose output is sent.
+    #[serde(with = "as_text")]
     pub producer: Action,
     /// The action that waits for it.
+    #[serde(with = "as_text")]
     pub consumer: Action,
     /// When the send starts (the producer's end).
     pub start: f64,
@@ -49,7 +68,7 @@ pub struct Transfer {
 }
 
 /// Start and end of every item on every rank, plus transfers.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
     /// Schedule name.
     pub name: String,
@@ -162,5 +181,70 @@ impl Timeline {
         } else {
             self.idle(r) / m
         }
+    }
+}
+
+/// `serde` through a type's text form (`Display` out, `FromStr` in): how actions and items are
+/// written in timelines and step reports, the form schedule files use.
+pub(crate) mod as_text {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    /// Writes `value` as its text form.
+    pub fn serialize<T: Display, Ser: Serializer>(value: &T, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+        s.collect_str(value)
+    }
+
+    /// Reads a value from its text form.
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Op;
+
+    #[test]
+    fn a_timeline_round_trips_through_json_with_actions_as_text() {
+        let mut t = Timeline::new("zb", Source::Predicted, 2);
+        t.push(0, Action::new(Op::F, 0, 0).into(), 0.0, 1.0);
+        let pair = Item::Overlap {
+            forward: Action::new(Op::F, 1, 4),
+            backward: Action::new(Op::B, 2, 0),
+        };
+        t.push(1, pair, 1.25, 3.5);
+        t.push_transfer(Transfer {
+            from_rank: 0,
+            to_rank: 1,
+            producer: Action::new(Op::F, 0, 0),
+            consumer: Action::new(Op::F, 1, 0),
+            start: 1.0,
+            end: 1.25,
+            bytes: 4096.0,
+        });
+        let json = serde_json::to_string(&t).unwrap();
+        assert!(json.contains(r#""item":"(1F4;2B0)OVERLAP_F_B""#), "{json}");
+        assert!(json.contains(r#""producer":"0F0""#), "{json}");
+        assert!(json.contains(r#""source":"predicted""#), "{json}");
+        let back: Timeline = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn a_bad_action_text_is_refused_with_the_parse_reason() {
+        let json = r#"{"name":"x","source":"measured","spans":[[{"rank":0,"index":0,
+            "item":"0Q0","start":0.0,"end":1.0}]],"transfers":[]}"#;
+        let e = serde_json::from_str::<Timeline>(json).unwrap_err().to_string();
+        assert!(e.contains("op letter must be one of F, B, I, W"), "{e}");
     }
 }
