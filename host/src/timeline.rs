@@ -193,7 +193,10 @@ pub(crate) mod as_text {
     use serde::{de, Deserialize, Deserializer, Serializer};
 
     /// Writes `value` as its text form.
-    pub fn serialize<T: Display, Ser: Serializer>(value: &T, s: Ser) -> Result<Ser::Ok, Ser::Error> {
+    pub fn serialize<T: Display, Ser: Serializer>(
+        value: &T,
+        s: Ser,
+    ) -> Result<Ser::Ok, Ser::Error> {
         s.collect_str(value)
     }
 
@@ -244,7 +247,9 @@ mod tests {
     fn a_bad_action_text_is_refused_with_the_parse_reason() {
         let json = r#"{"name":"x","source":"measured","spans":[[{"rank":0,"index":0,
             "item":"0Q0","start":0.0,"end":1.0}]],"transfers":[]}"#;
-        let e = serde_json::from_str::<Timeline>(json).unwrap_err().to_string();
+        let e = serde_json::from_str::<Timeline>(json)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("op letter must be one of F, B, I, W"), "{e}");
     }
 }

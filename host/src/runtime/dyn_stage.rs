@@ -88,8 +88,7 @@ pub trait DynStage: Send {
 
     /// [`Stage::backward`] (the stage's own, fused or not); refuses a stash made by another stage
     /// type.
-    fn backward_dyn(&mut self, stash: AnyStash, grad_output: Tensor)
-        -> Result<Tensor, StageError>;
+    fn backward_dyn(&mut self, stash: AnyStash, grad_output: Tensor) -> Result<Tensor, StageError>;
 
     /// [`Stage::held_bytes`]; 0 for a stash made by another stage type.
     fn held_bytes_dyn(&self, stash: &AnyStash) -> usize;
@@ -100,15 +99,16 @@ pub trait DynStage: Send {
     /// [`Stage::optimizer_step`].
     fn optimizer_step_dyn(&mut self) -> Result<(), StageError>;
 
-    /// The name of the concrete stage type (for messages).
-    fn stage_type(&self) -> &'static str;
+    /// The name of the concrete stage type. Prefer the inherent
+    /// [`stage_type`](trait.DynStage.html#method.stage_type) of `dyn DynStage`.
+    fn stage_type_dyn(&self) -> &'static str;
 
-    /// The stage as [`Any`]. On a [`BoxedStage`], call [`downcast_ref`](DynStage::downcast_ref)
-    /// (on `dyn DynStage`) instead: `as_any` on the box would give the box itself.
-    fn as_any(&self) -> &dyn Any;
+    /// The concrete stage as [`Any`] (through any number of boxes). Prefer the inherent
+    /// [`downcast_ref`](trait.DynStage.html#method.downcast_ref) of `dyn DynStage`.
+    fn as_any_dyn(&self) -> &dyn Any;
 
-    /// The stage as mutable [`Any`] (see [`as_any`](DynStage::as_any)).
-    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// The concrete stage as mutable [`Any`] (see [`as_any_dyn`](DynStage::as_any_dyn)).
+    fn as_any_mut_dyn(&mut self) -> &mut dyn Any;
 }
 
 /// The stash of a `S`, or an error naming both types.
@@ -154,11 +154,7 @@ where
         self.backward_weight(stash_of::<S>(stash)?)
     }
 
-    fn backward_dyn(
-        &mut self,
-        stash: AnyStash,
-        grad_output: Tensor,
-    ) -> Result<Tensor, StageError> {
+    fn backward_dyn(&mut self, stash: AnyStash, grad_output: Tensor) -> Result<Tensor, StageError> {
         self.backward(stash_of::<S>(stash)?, grad_output)
     }
 
@@ -176,33 +172,55 @@ where
         self.optimizer_step()
     }
 
-    fn stage_type(&self) -> &'static str {
-        type_name::<S>()
+    // A `BoxedStage` is itself a `Stage`, so it meets this impl too (when a method is called on
+    // the box rather than on `dyn DynStage`, or a boxed stage is boxed again): these three look
+    // through it to the concrete stage.
+    fn stage_type_dyn(&self) -> &'static str {
+        match (self as &dyn Any).downcast_ref::<BoxedStage>() {
+            Some(inner) => (**inner).stage_type_dyn(),
+            None => type_name::<S>(),
+        }
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn as_any_dyn(&self) -> &dyn Any {
+        match (self as &dyn Any).downcast_ref::<BoxedStage>() {
+            Some(inner) => (**inner).as_any_dyn(),
+            None => self,
+        }
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
+    fn as_any_mut_dyn(&mut self) -> &mut dyn Any {
+        // Checked first, then downcast: returning `self` after a failed `downcast_mut` would
+        // keep the borrow alive (the borrow checker cannot tell the paths apart).
+        if !(self as &dyn Any).is::<BoxedStage>() {
+            return self;
+        }
+        match (self as &mut dyn Any).downcast_mut::<BoxedStage>() {
+            Some(inner) => (**inner).as_any_mut_dyn(),
+            None => unreachable!("`is` just found a boxed stage"),
+        }
     }
 }
 
 impl dyn DynStage {
     /// The stage as a `T`, if it is one.
     pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
-        self.as_any().downcast_ref()
+        self.as_any_dyn().downcast_ref()
     }
 
     /// The stage as a mutable `T`, if it is one.
     pub fn downcast_mut<T: Any>(&mut self) -> Option<&mut T> {
-        self.as_any_mut().downcast_mut()
+        self.as_any_mut_dyn().downcast_mut()
     }
 
     /// `true` if the stage is a `T`.
     pub fn is<T: Any>(&self) -> bool {
-        self.as_any().is::<T>()
+        self.as_any_dyn().is::<T>()
+    }
+
+    /// The name of the concrete stage type (for messages).
+    pub fn stage_type(&self) -> &'static str {
+        self.stage_type_dyn()
     }
 }
 

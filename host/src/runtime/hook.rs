@@ -58,7 +58,12 @@ pub enum StepEvent {
 /// ```
 pub fn last_gradient_actions(schedule: &Schedule) -> Vec<Option<Action>> {
     let mut last = vec![None; schedule.stages()];
-    for a in schedule.actions.iter().flatten().flat_map(|item| item.actions()) {
+    for a in schedule
+        .actions
+        .iter()
+        .flatten()
+        .flat_map(|item| item.actions())
+    {
         if matches!(a.op, Op::B | Op::W) {
             if let Some(slot) = last.get_mut(a.stage) {
                 *slot = Some(a);
