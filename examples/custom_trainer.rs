@@ -309,13 +309,16 @@ fn data(step: usize, m: usize, rows: usize) -> Result<(Vec<Tensor>, Vec<Tensor>)
     Ok((inputs, targets))
 }
 
+/// `(stage, seconds into the step)` for each stage, in the order their gradients became ready.
+type Ready = Vec<(usize, f64)>;
+
 /// One step, telling a "reducer" (here: a channel) each stage whose gradients are final; returns
-/// the report and `(stage, seconds into the step)` in the order the stages became ready.
+/// the report and when each stage became ready.
 fn step(
     ex: &mut Executor<BoxedStage>,
     inputs: Vec<Tensor>,
     targets: &[Tensor],
-) -> Result<(StepReport, Vec<(usize, f64)>), Box<dyn std::error::Error>> {
+) -> Result<(StepReport, Ready), Box<dyn std::error::Error>> {
     let (ready, reducer) = mpsc::channel();
     let report = ex.step_with(inputs, targets, &loss, |event| {
         if let StepEvent::GradientsReady { stage, at, .. } = event {
