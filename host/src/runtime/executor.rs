@@ -25,7 +25,7 @@ use crate::schedule::Schedule;
 /// - lets weight gradients accumulate over the microbatches (after
 ///   [`Stage::zero_grad`] at the start) and calls [`Stage::optimizer_step`] once, after every rank
 ///   has finished its list;
-/// - times every item, returning a measured [`Timeline`] (the type the simulator returns).
+/// - times every item, returning a measured [`Timeline`](crate::timeline::Timeline) (the type the simulator returns).
 ///
 /// A rank waiting for data polls its channel for a while before it blocks (see
 /// [`set_poll`](Executor::set_poll)): waking a blocked thread costs both sides tens of
