@@ -4,6 +4,8 @@
 //!   1-rank and a 2-rank 1F1B step and a 2-rank ZB-H1 step with `M = 64`. Throughput is in actions,
 //!   so criterion prints actions per second; the time per action is the executor's overhead
 //!   (thread start, channels, stash bookkeeping, timing), the figure the issue asks to keep < 2 us.
+//!   `executor_variants`: the same steps with the stages boxed as `BoxedStage` (type-erased stashes,
+//!   virtual calls) and with a no-op step hook (`step_with`), against the plain generic path.
 //! - `gemm`: `matrixmultiply` against `gemm` (single-threaded) on the built-in layer's three
 //!   products at the default shapes (32 rows, 256 x 256), to pick the default backend.
 //!
@@ -18,7 +20,7 @@ use std::process::ExitCode;
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use pipefill::layers::gemm::{matmul, GemmBackend, MatRef};
-use pipefill_host::runtime::{Executor, Stage, StageError, Tensor};
+use pipefill_host::runtime::{BoxedStage, Executor, Stage, StageError, StepEvent, Tensor};
 use pipefill_host::schedule::{families, Params};
 
 #[allow(dead_code)]
@@ -83,6 +85,44 @@ fn executor_overhead(c: &mut Criterion) {
     g.finish();
 }
 
+/// The plain path against boxed stages and a no-op hook, on the steps of `executor_overhead`.
+fn executor_variants(c: &mut Criterion) {
+    pipefill::alloc::keep_freed_memory();
+    let mut g = c.benchmark_group("executor_variants");
+    let m = 64;
+    let targets = vec![Tensor::empty(); m];
+    for (family, ranks) in [("1f1b", 1), ("zb-h1", 2)] {
+        let Ok(schedule) = families::generate(family, &Params::new(ranks, m)) else {
+            continue;
+        };
+        g.throughput(Throughput::Elements(schedule.action_count() as u64));
+        let id = |how: &str| BenchmarkId::new(format!("{family} {how}"), format!("P{ranks}-M{m}"));
+        let plain = (0..schedule.stages()).map(|_| Empty).collect();
+        if let Ok(mut ex) = Executor::new(schedule.clone(), plain) {
+            g.bench_function(id("plain"), |b| {
+                b.iter(|| ex.step(vec![Tensor::empty(); m], &targets, &zero_loss))
+            });
+            g.bench_function(id("hook"), |b| {
+                b.iter(|| {
+                    let hook = |e: StepEvent| {
+                        std::hint::black_box(e);
+                    };
+                    ex.step_with(vec![Tensor::empty(); m], &targets, &zero_loss, hook)
+                })
+            });
+        }
+        let boxed: Vec<BoxedStage> = (0..schedule.stages())
+            .map(|_| Box::new(Empty) as BoxedStage)
+            .collect();
+        if let Ok(mut ex) = Executor::new(schedule, boxed) {
+            g.bench_function(id("boxed"), |b| {
+                b.iter(|| ex.step(vec![Tensor::empty(); m], &targets, &zero_loss))
+            });
+        }
+    }
+    g.finish();
+}
+
 fn gemm_backends(c: &mut Criterion) {
     pipefill::alloc::keep_freed_memory();
     let mut g = c.benchmark_group("gemm");
@@ -130,7 +170,7 @@ fn gemm_backends(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, executor_overhead, gemm_backends);
+criterion_group!(benches, executor_overhead, executor_variants, gemm_backends);
 
 fn main() -> ExitCode {
     let run = support::Run::start("runtime");

@@ -2,6 +2,21 @@
 //!
 //! The simulator returns a predicted [`Timeline`]; the runtime returns a measured one in the same type,
 //! so the same trace, SVG and table code shows both. Times are in seconds (or in the cost model's unit).
+//!
+//! A timeline is `serde` data: actions and items are written in their text form (`"2F0"`,
+//! `"(1F4;2B0)OVERLAP_F_B"`), the source as `"predicted"` or `"measured"`.
+//!
+//! ```
+//! use pipefill_host::schedule::Action;
+//! use pipefill_host::timeline::{Source, Timeline};
+//! let mut t = Timeline::new("demo", Source::Measured, 1);
+//! t.push(0, "0F0".parse::<Action>().unwrap().into(), 0.0, 1.5);
+//! let json = serde_json::to_string(&t).unwrap();
+//! assert!(json.contains(r#""item":"0F0""#) && json.contains(r#""source":"measured""#));
+//! assert_eq!(serde_json::from_str::<Timeline>(&json).unwrap(), t);
+//! ```
+
+use serde::{Deserialize, Serialize};
 
 use std::fmt;
 
@@ -11,7 +26,8 @@ use packed::{narrow, PackedAction, PackedItem};
 mod packed;
 
 /// Where a timeline came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Source {
     /// From the simulator.
     Predicted,
@@ -21,7 +37,9 @@ pub enum Source {
 
 /// One item executed on one rank: `spans[rank][index]` of a [`Timeline`] (the rank and the position
 /// are where it sits). Compact (40 bytes): the item is stored packed, read it with [`Span::item`].
-#[derive(Clone, Copy, PartialEq)]
+/// With serde it reads and writes `{"item": "2F0", "start": .., "end": ..}`.
+#[derive(Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(into = "SpanData", try_from = "SpanData")]
 pub struct Span {
     /// Start time.
     pub start: f64,
@@ -62,8 +80,10 @@ impl fmt::Debug for Span {
 }
 
 /// A transfer of an activation or gradient between two ranks. Compact (56 bytes): ranks and actions
-/// are stored packed, read them with the methods.
-#[derive(Clone, Copy, PartialEq)]
+/// are stored packed, read them with the methods. With serde it reads and writes
+/// `{"from_rank", "to_rank", "producer": "0F0", "consumer": "1F0", "start", "end", "bytes"}`.
+#[derive(Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(into = "TransferData", try_from = "TransferData")]
 pub struct Transfer {
     /// When the send starts (the producer's end).
     pub start: f64,
@@ -141,7 +161,7 @@ impl fmt::Debug for Transfer {
 }
 
 /// Start and end of every item on every rank, plus transfers.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
     /// Schedule name.
     pub name: String,
@@ -249,6 +269,98 @@ impl Timeline {
     }
 }
 
+/// A [`Span`] as serde writes it.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpanData {
+    item: Item,
+    start: f64,
+    end: f64,
+}
+
+impl From<Span> for SpanData {
+    fn from(s: Span) -> Self {
+        SpanData {
+            item: s.item(),
+            start: s.start,
+            end: s.end,
+        }
+    }
+}
+
+impl TryFrom<SpanData> for Span {
+    type Error = String;
+
+    fn try_from(d: SpanData) -> Result<Self, String> {
+        let too_big = d
+            .item
+            .stages()
+            .chain(d.item.microbatches())
+            .any(|n| n > u32::MAX as usize);
+        if too_big {
+            return Err(format!("span `{}`: stage or microbatch above 2^32", d.item));
+        }
+        Ok(Span::new(d.item, d.start, d.end))
+    }
+}
+
+/// A [`Transfer`] as serde writes it.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransferData {
+    from_rank: usize,
+    to_rank: usize,
+    producer: Action,
+    consumer: Action,
+    start: f64,
+    end: f64,
+    bytes: f64,
+}
+
+impl From<Transfer> for TransferData {
+    fn from(t: Transfer) -> Self {
+        TransferData {
+            from_rank: t.from_rank(),
+            to_rank: t.to_rank(),
+            producer: t.producer(),
+            consumer: t.consumer(),
+            start: t.start,
+            end: t.end,
+            bytes: t.bytes,
+        }
+    }
+}
+
+impl TryFrom<TransferData> for Transfer {
+    type Error = String;
+
+    fn try_from(d: TransferData) -> Result<Self, String> {
+        let numbers = [
+            d.from_rank,
+            d.to_rank,
+            d.producer.stage,
+            d.producer.microbatch,
+            d.consumer.stage,
+            d.consumer.microbatch,
+        ];
+        if numbers.iter().any(|&n| n > u32::MAX as usize) {
+            return Err(format!(
+                "transfer `{}` -> `{}`: a rank, stage or microbatch above 2^32",
+                d.producer, d.consumer
+            ));
+        }
+        Ok(Transfer::new(
+            d.from_rank,
+            d.to_rank,
+            d.producer,
+            d.consumer,
+            d.start,
+            d.end,
+            d.bytes,
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,5 +380,41 @@ mod tests {
             (1, 0, p, c)
         );
         assert_eq!((t.start, t.end, t.bytes), (2.0, 3.0, 64.0));
+    }
+
+    #[test]
+    fn a_timeline_round_trips_through_json_with_actions_as_text() {
+        let mut t = Timeline::new("zb", Source::Predicted, 2);
+        t.push(0, Action::new(Op::F, 0, 0).into(), 0.0, 1.0);
+        let pair = Item::Overlap {
+            forward: Action::new(Op::F, 1, 4),
+            backward: Action::new(Op::B, 2, 0),
+        };
+        t.push(1, pair, 1.25, 3.5);
+        t.push_transfer(Transfer::new(
+            0,
+            1,
+            Action::new(Op::F, 0, 0),
+            Action::new(Op::F, 1, 0),
+            1.0,
+            1.25,
+            4096.0,
+        ));
+        let json = serde_json::to_string(&t).unwrap();
+        assert!(json.contains(r#""item":"(1F4;2B0)OVERLAP_F_B""#), "{json}");
+        assert!(json.contains(r#""producer":"0F0""#), "{json}");
+        assert!(json.contains(r#""source":"predicted""#), "{json}");
+        let back: Timeline = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn a_bad_action_text_is_refused_with_the_parse_reason() {
+        let json = r#"{"name":"x","source":"measured","spans":[[{"item":"0Q0",
+            "start":0.0,"end":1.0}]],"transfers":[]}"#;
+        let e = serde_json::from_str::<Timeline>(json)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("op letter must be one of F, B, I, W"), "{e}");
     }
 }

@@ -346,6 +346,17 @@ fn refuses_what_does_not_fit() {
     let Err(e) = Executor::new(sched.clone(), vec![ScaleStage::new(1.0)]) else {
         panic!("one stage for two")
     };
+    assert!(
+        matches!(
+            e,
+            RuntimeError::StageCount {
+                expected: 2,
+                got: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("2 stages"), "{e}");
     let mut wrong_rank = sched.clone();
     wrong_rank.actions.swap(0, 1);
@@ -356,6 +367,14 @@ fn refuses_what_does_not_fit() {
     let mut ex = Executor::new(sched, vec![ScaleStage::new(1.0), ScaleStage::new(1.0)]).unwrap();
     let (x, t) = data(3);
     let e = ex.step(x, &t, &loss).unwrap_err();
+    assert_eq!(
+        e,
+        RuntimeError::BatchCount {
+            microbatches: 2,
+            inputs: 3,
+            targets: 3
+        }
+    );
     assert!(e.to_string().contains("M = 2"), "{e}");
 }
 
@@ -391,5 +410,57 @@ fn exclusive_mode_gives_the_same_step_and_times_every_action() {
         assert_eq!(x.grad, y.grad);
     }
     assert_eq!(b.action_seconds.len(), sched.action_count());
-    assert!(b.action_seconds.iter().all(|(_, t)| *t >= 0.0));
+    // One layer call at a time over all ranks: the actions' times add up to no more than the
+    // step's wall time (which also covers thread start, hand-offs and the optimizer step).
+    let busy: f64 = b.action_seconds.iter().map(|(_, t)| t).sum();
+    assert!(
+        busy > 0.0 && busy <= b.seconds,
+        "{busy} s of actions in a {} s step",
+        b.seconds
+    );
+}
+
+#[test]
+fn a_measured_step_report_round_trips_through_json() {
+    let sched = breadth_first(2, 1, 3, Placement::Looped, 1);
+    let stages = vec![ScaleStage::new(0.5), ScaleStage::new(2.0)];
+    let (r, _) = step_with_deadline(Executor::new(sched, stages).unwrap(), 3);
+    let r = r.unwrap();
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(json.contains(r#"["1W2","#), "{json}");
+    let back: StepReport = serde_json::from_str(&json).unwrap();
+    // serde_json reads floats to within an ulp (exactly only with its `float_roundtrip` feature).
+    let near = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(1e-3);
+    assert_eq!(
+        (&back.losses, &back.peak_held_bytes),
+        (&r.losses, &r.peak_held_bytes)
+    );
+    assert!(near(back.seconds, r.seconds));
+    for (x, y) in back.action_seconds.iter().zip(&r.action_seconds) {
+        assert!(x.0 == y.0 && near(x.1, y.1), "{x:?} vs {y:?}");
+    }
+    let (a, b) = (&back.timeline, &r.timeline);
+    assert_eq!(
+        (&a.name, a.source, a.ranks()),
+        (&b.name, b.source, b.ranks())
+    );
+    for (x, y) in a.spans.iter().flatten().zip(b.spans.iter().flatten()) {
+        assert_eq!(x.item(), y.item());
+        assert!(
+            near(x.start, y.start) && near(x.end, y.end),
+            "{x:?} vs {y:?}"
+        );
+    }
+    assert_eq!(a.span_count(), b.span_count());
+    assert_eq!(a.transfers.len(), b.transfers.len());
+    for (x, y) in a.transfers.iter().zip(&b.transfers) {
+        assert_eq!(
+            (x.producer(), x.consumer(), x.bytes),
+            (y.producer(), y.consumer(), y.bytes)
+        );
+        assert!(
+            near(x.start, y.start) && near(x.end, y.end),
+            "{x:?} vs {y:?}"
+        );
+    }
 }

@@ -12,9 +12,58 @@ pub enum RuntimeError {
     /// The schedule does not validate (or does not fit the stages given).
     #[error("the schedule cannot run: {0}")]
     Schedule(#[from] ScheduleError),
-    /// The stages, inputs or targets do not fit the schedule (the message names which and why).
-    #[error("{0}")]
-    Setup(String),
+    /// The number of stages given does not match the schedule's `P * V`.
+    #[error(
+        "schedule `{schedule}` has {expected} stages (P = {ranks} x V = {chunks}) but {got} stages \
+         were given"
+    )]
+    StageCount {
+        /// The schedule's name.
+        schedule: String,
+        /// `P * V`, the stages the schedule runs.
+        expected: usize,
+        /// `P`.
+        ranks: usize,
+        /// `V`.
+        chunks: usize,
+        /// The stages given.
+        got: usize,
+    },
+    /// The inputs or targets of a step are not one per microbatch.
+    #[error(
+        "a step runs M = {microbatches} microbatches, but {inputs} inputs and {targets} targets \
+         were given (give one input and one target per microbatch)"
+    )]
+    BatchCount {
+        /// `M`, the microbatches a step runs.
+        microbatches: usize,
+        /// The inputs given.
+        inputs: usize,
+        /// The targets given.
+        targets: usize,
+    },
+    /// A step was asked of no stages at all.
+    #[error("a step needs at least one stage, none were given")]
+    NoStages,
+    /// A step hook (the callback of [`Executor::step_with`](super::Executor::step_with))
+    /// panicked; the step was stopped as if a layer had failed.
+    #[error("the step hook panicked on rank {rank} after {action}: {message}")]
+    HookPanicked {
+        /// The rank whose thread ran the hook.
+        rank: usize,
+        /// The action the hook was told about.
+        action: Action,
+        /// The panic's message.
+        message: String,
+    },
+    /// The runtime itself failed outside any layer call (a bug in pipefill, not in the layers).
+    #[error("the runtime failed on rank {rank}: {message}")]
+    Internal {
+        /// The rank whose worker failed.
+        rank: usize,
+        /// What went wrong.
+        message: String,
+    },
     /// A layer returned an error.
     #[error("rank {rank} failed at {action}: {message}")]
     ActionFailed {

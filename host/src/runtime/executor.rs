@@ -5,10 +5,10 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use super::worker::{Message, StepContext, Stop, Worker, WorkerOutput};
-use super::{Loss, RuntimeError, Stage, Tensor};
-use crate::schedule::{Action, Schedule};
-use crate::timeline::{Source, Timeline};
+use super::report::{lost_worker, report};
+use super::worker::{Message, StepContext, Worker, WorkerOutput};
+use super::{Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
+use crate::schedule::Schedule;
 
 /// Runs training steps of a [`Schedule`] over a trainer's [`Stage`]s, one OS thread per rank.
 ///
@@ -25,7 +25,7 @@ use crate::timeline::{Source, Timeline};
 /// - lets weight gradients accumulate over the microbatches (after
 ///   [`Stage::zero_grad`] at the start) and calls [`Stage::optimizer_step`] once, after every rank
 ///   has finished its list;
-/// - times every item, returning a measured [`Timeline`] (the type the simulator returns).
+/// - times every item, returning a measured [`Timeline`](crate::timeline::Timeline) (the type the simulator returns).
 ///
 /// A rank waiting for data polls its channel for a while before it blocks (see
 /// [`set_poll`](Executor::set_poll)): waking a blocked thread costs both sides tens of
@@ -92,38 +92,19 @@ pub struct Executor<S: Stage> {
     poll: Duration,
 }
 
-/// What one training step produced.
-#[derive(Debug, Clone)]
-pub struct StepReport {
-    /// The step's loss: the mean of the microbatch losses.
-    pub loss: f32,
-    /// The loss of each microbatch, by microbatch index.
-    pub losses: Vec<f32>,
-    /// When every item ran on every rank (starts at 0 with the first item).
-    pub timeline: Timeline,
-    /// Per rank, the most activation memory its stashes held at once (from [`Stage::held_bytes`]).
-    pub peak_held_bytes: Vec<usize>,
-    /// Wall-clock seconds of the whole step, threads and optimizer step included.
-    pub seconds: f64,
-    /// Seconds spent in the layers by each action (the loss is part of the last stage's `F`),
-    /// every action of the schedule once.
-    pub action_seconds: Vec<(Action, f64)>,
-}
-
 impl<S: Stage> Executor<S> {
     /// An executor for `schedule` over `stages` (global order, `schedule.stages()` of them).
     /// Refuses a schedule that does not validate or a stage count that does not fit.
     pub fn new(schedule: Schedule, stages: Vec<S>) -> Result<Self, RuntimeError> {
         super::check::check_schedule(&schedule)?;
         if stages.len() != schedule.stages() {
-            return Err(RuntimeError::Setup(format!(
-                "schedule `{}` has {} stages (P = {} x V = {}) but {} stages were given",
-                schedule.name,
-                schedule.stages(),
-                schedule.ranks,
-                schedule.chunks,
-                stages.len()
-            )));
+            return Err(RuntimeError::StageCount {
+                schedule: schedule.name.clone(),
+                expected: schedule.stages(),
+                ranks: schedule.ranks,
+                chunks: schedule.chunks,
+                got: stages.len(),
+            });
         }
         let poll = default_poll(schedule.ranks);
         Ok(Executor {
@@ -187,15 +168,72 @@ impl<S: Stage> Executor<S> {
         targets: &[Tensor],
         loss: &L,
     ) -> Result<StepReport, RuntimeError> {
+        self.run_step(inputs, targets, loss, None)
+    }
+
+    /// [`step`](Executor::step), telling `hook` of each action as it completes and of each stage
+    /// whose weight gradients are final for the step ([`StepEvent`]).
+    ///
+    /// The hook is called on the thread of the rank that ran the action, right after the action
+    /// (so it must be `Fn + Sync`), while that rank's next action waits: keep it short, e.g. send
+    /// the event down a channel, or start an asynchronous data-parallel reduction of a stage's
+    /// gradients on [`StepEvent::GradientsReady`]. Each rank's events come in its list's order;
+    /// events of different ranks interleave. If the hook panics, the step stops with
+    /// [`RuntimeError::HookPanicked`] and no optimizer step is applied.
+    ///
+    /// ```
+    /// # use pipefill_host::runtime::{Executor, Stage, StageError, StepEvent, Tensor};
+    /// # use pipefill_host::schedule::{families, Params};
+    /// # struct Id;
+    /// # impl Stage for Id {
+    /// #     type Stash = ();
+    /// #     fn forward(&mut self, x: Tensor) -> Result<(Tensor, ()), StageError> { Ok((x, ())) }
+    /// #     fn backward_input(&mut self, _: &mut (), g: Tensor) -> Result<Tensor, StageError> { Ok(g) }
+    /// #     fn backward_weight(&mut self, _: ()) -> Result<(), StageError> { Ok(()) }
+    /// #     fn held_bytes(&self, _: &()) -> usize { 0 }
+    /// #     fn zero_grad(&mut self) {}
+    /// #     fn optimizer_step(&mut self) -> Result<(), StageError> { Ok(()) }
+    /// # }
+    /// use std::sync::Mutex;
+    /// let schedule = families::generate("1f1b", &Params::new(2, 4)).unwrap();
+    /// let mut ex = Executor::new(schedule, vec![Id, Id]).unwrap();
+    /// let loss = |y: &Tensor, _: &Tensor| Ok((0.0, y.clone()));
+    /// let ready = Mutex::new(Vec::new());
+    /// let x = vec![Tensor::zeros(vec![1, 1]); 4];
+    /// ex.step_with(x.clone(), &x, &loss, |event| {
+    ///     if let StepEvent::GradientsReady { stage, .. } = event {
+    ///         ready.lock().unwrap().push(stage); // e.g. start this stage's all-reduce here
+    ///     }
+    /// })
+    /// .unwrap();
+    /// let mut ready = ready.into_inner().unwrap();
+    /// ready.sort();
+    /// assert_eq!(ready, vec![0, 1]);
+    /// ```
+    pub fn step_with<L: Loss, H: Fn(StepEvent) + Sync>(
+        &mut self,
+        inputs: Vec<Tensor>,
+        targets: &[Tensor],
+        loss: &L,
+        hook: H,
+    ) -> Result<StepReport, RuntimeError> {
+        self.run_step(inputs, targets, loss, Some(&hook))
+    }
+
+    fn run_step<L: Loss>(
+        &mut self,
+        inputs: Vec<Tensor>,
+        targets: &[Tensor],
+        loss: &L,
+        hook: Option<&(dyn Fn(StepEvent) + Sync)>,
+    ) -> Result<StepReport, RuntimeError> {
         let m = self.schedule.microbatches;
         if inputs.len() != m || targets.len() != m {
-            return Err(RuntimeError::Setup(format!(
-                "schedule `{}` runs M = {m} microbatches per step, but {} inputs and {} targets \
-                 were given",
-                self.schedule.name,
-                inputs.len(),
-                targets.len()
-            )));
+            return Err(RuntimeError::BatchCount {
+                microbatches: m,
+                inputs: inputs.len(),
+                targets: targets.len(),
+            });
         }
         let p = self.schedule.ranks;
         let failed = AtomicBool::new(false);
@@ -210,6 +248,7 @@ impl<S: Stage> Executor<S> {
             barrier: &barrier,
             exclusive: self.exclusive.then_some(&lock),
             poll: self.poll,
+            hook,
         };
         let first_rank = self.schedule.rank_of(0);
         let workers = make_workers(&self.schedule, &mut self.stages, inputs);
@@ -229,7 +268,7 @@ impl<S: Stage> Executor<S> {
             let mine = here.map(|w| (w.rank, w.run(&ctx)));
             let mut outputs: Vec<(usize, WorkerOutput)> = handles
                 .into_iter()
-                .map(|(r, h)| (r, h.join().unwrap_or_else(|_| lost_worker())))
+                .map(|(r, h)| (r, h.join().unwrap_or_else(|_| lost_worker(r))))
                 .chain(mine)
                 .collect();
             outputs.sort_by_key(|(r, _)| *r);
@@ -253,21 +292,6 @@ pub fn default_poll(ranks: usize) -> Duration {
         Duration::from_millis(5)
     } else {
         Duration::from_micros(30)
-    }
-}
-
-/// The output of a worker whose thread died outside any guarded call (cannot happen unless the
-/// runtime itself has a bug); reported rather than propagated as a panic.
-fn lost_worker() -> WorkerOutput {
-    WorkerOutput {
-        spans: Vec::new(),
-        transfers: Vec::new(),
-        losses: Vec::new(),
-        peak_held: 0,
-        action_seconds: Vec::new(),
-        result: Err(Stop::Failed(RuntimeError::Setup(
-            "a worker thread of the runtime panicked outside a layer call".into(),
-        ))),
     }
 }
 
@@ -306,58 +330,4 @@ fn make_workers<'s, S: Stage>(
                 .collect(),
         })
         .collect()
-}
-
-/// Gathers the workers' outputs into a step report, or the error that stopped the step.
-fn report(
-    schedule: &Schedule,
-    outputs: Vec<WorkerOutput>,
-    seconds: f64,
-) -> Result<StepReport, RuntimeError> {
-    // The first rank that failed by itself is the cause; the others were told to stop.
-    let mut first_error = None;
-    for o in &outputs {
-        if let Err(Stop::Failed(e)) = &o.result {
-            first_error.get_or_insert_with(|| e.clone());
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    let mut losses = vec![0.0f32; schedule.microbatches];
-    let mut spans = Vec::with_capacity(outputs.len());
-    let mut transfers = Vec::new();
-    let mut peak_held_bytes = Vec::with_capacity(outputs.len());
-    let mut action_seconds: Vec<(Action, f64)> = Vec::new();
-    for o in outputs {
-        for (a, t) in o.action_seconds {
-            // The last stage's F is two calls (forward, loss): one action.
-            match action_seconds.last_mut() {
-                Some((prev, sum)) if *prev == a => *sum += t,
-                _ => action_seconds.push((a, t)),
-            }
-        }
-        for (k, v) in o.losses {
-            losses[k] = v;
-        }
-        spans.push(o.spans);
-        transfers.extend(o.transfers);
-        peak_held_bytes.push(o.peak_held);
-    }
-    let mut timeline = Timeline {
-        name: schedule.name.clone(),
-        source: Source::Measured,
-        spans,
-        transfers,
-    };
-    timeline.shift_to_zero();
-    let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
-    Ok(StepReport {
-        loss,
-        losses,
-        timeline,
-        peak_held_bytes,
-        seconds,
-        action_seconds,
-    })
 }

@@ -9,22 +9,33 @@
 //! Pieces:
 //! - [`Tensor`]: the buffer that moves between stages.
 //! - [`Stage`], [`Loss`], [`StageError`]: what a trainer implements.
+//! - [`DynStage`], [`BoxedStage`]: the stash type erased, so one model mixes stage types
+//!   (an embedding, blocks, a head) in one `Vec<BoxedStage>`.
 //! - [`Executor`]: runs training steps of a schedule, one OS thread per rank, and returns a
 //!   [`StepReport`] with the losses and the measured [`Timeline`](crate::timeline::Timeline).
+//!   [`Executor::step_with`] also tells a trainer's hook of each completed action and of each
+//!   stage whose gradients are ready ([`StepEvent`]).
 //! - [`sequential_step`]: the same step done plainly on one thread (the reference and the
 //!   baseline).
 //! - [`RuntimeError`]: why a step failed (naming the rank and the action).
 
 mod check;
+mod clock;
+mod dyn_stage;
 mod error;
 mod executor;
+mod hook;
+mod report;
 mod sequential;
 mod stage;
 mod tensor;
 mod worker;
 
+pub use dyn_stage::{AnyStash, BoxedStage, DynStage};
 pub use error::RuntimeError;
-pub use executor::{default_poll, Executor, StepReport};
+pub use executor::{default_poll, Executor};
+pub use hook::{last_gradient_actions, StepEvent};
+pub use report::StepReport;
 pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};

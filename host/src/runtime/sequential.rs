@@ -30,12 +30,15 @@ pub fn sequential_step<S: Stage, L: Loss>(
     loss: &L,
 ) -> Result<SequentialReport, RuntimeError> {
     let m = inputs.len();
-    if targets.len() != m || stages.is_empty() {
-        return Err(RuntimeError::Setup(format!(
-            "sequential step: {m} inputs, {} targets, {} stages",
-            targets.len(),
-            stages.len()
-        )));
+    if stages.is_empty() {
+        return Err(RuntimeError::NoStages);
+    }
+    if targets.len() != m {
+        return Err(RuntimeError::BatchCount {
+            microbatches: m,
+            inputs: m,
+            targets: targets.len(),
+        });
     }
     let start = Instant::now();
     stages.iter_mut().for_each(Stage::zero_grad);
@@ -57,9 +60,10 @@ pub fn sequential_step<S: Stage, L: Loss>(
         grad.scale(1.0 / m as f32);
         losses.push(value);
         for (s, stage) in stages.iter_mut().enumerate().rev() {
-            let stash = stashes
-                .pop()
-                .ok_or_else(|| RuntimeError::Setup("sequential step lost a stash".to_string()))?;
+            let stash = stashes.pop().ok_or_else(|| RuntimeError::Internal {
+                rank: 0,
+                message: "the sequential step lost a stash".into(),
+            })?;
             grad = stage
                 .backward(stash, grad)
                 .map_err(|e| fail(Op::B, s, k, e))?;

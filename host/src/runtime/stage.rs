@@ -37,6 +37,9 @@ impl From<super::ShapeError> for StageError {
 /// it knows nothing about ranks, schedules or threads, and nothing of how its math is computed
 /// (CPU GEMMs, CUDA kernels, anything).
 ///
+/// A model whose stages are of different types (an embedding, blocks, a head) boxes them as
+/// [`BoxedStage`](super::BoxedStage)s: see [`DynStage`](super::DynStage).
+///
 /// # The life of a microbatch
 ///
 /// The runtime calls, for every microbatch `k`, in an order the schedule chooses:

@@ -9,7 +9,9 @@ use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Loss, RuntimeError, Stage, StageError, Tensor};
+use super::clock::{panic_message, Clock};
+use super::hook::{Hooked, StepEvent};
+use super::{Loss, RuntimeError, Stage, Tensor};
 use crate::schedule::{Action, Item, Op, Schedule};
 use crate::timeline::{Span, Transfer};
 
@@ -87,6 +89,8 @@ pub(super) struct StepContext<'a, L> {
     /// How long a waiting rank polls its channel (yielding its core between polls) before it
     /// blocks; see [`Executor::set_poll`](super::Executor::set_poll).
     pub poll: Duration,
+    /// The trainer's step hook, if any: told of every action as it completes.
+    pub hook: Option<&'a (dyn Fn(StepEvent) + Sync)>,
 }
 
 /// What a worker hands back at the end of a step.
@@ -124,16 +128,8 @@ struct Run<'c, 's, S: Stage, L> {
     stashes: HashMap<(usize, usize), Slot<S::Stash>>,
     held: usize,
     clock: Clock<'c>,
+    hook: Option<Hooked<'c>>,
     out: WorkerOutput,
-}
-
-/// Times layer calls: the span of an item runs from its first layer call's start to its last
-/// one's end, so waiting for an input is idle time, not busy time.
-struct Clock<'c> {
-    epoch: Instant,
-    exclusive: Option<&'c Mutex<()>>,
-    first_start: Option<f64>,
-    last_end: f64,
 }
 
 impl<'s, S: Stage> Worker<'s, S> {
@@ -151,12 +147,8 @@ impl<'s, S: Stage> Worker<'s, S> {
             mailbox: HashMap::new(),
             stashes: HashMap::new(),
             held: 0,
-            clock: Clock {
-                epoch: ctx.epoch,
-                exclusive: ctx.exclusive,
-                first_start: None,
-                last_end: 0.0,
-            },
+            clock: Clock::new(ctx.epoch, ctx.exclusive),
+            hook: ctx.hook.map(|h| Hooked::new(h, ctx.schedule, rank)),
             out: WorkerOutput {
                 spans: Vec::new(),
                 transfers: Vec::new(),
@@ -172,10 +164,10 @@ impl<'s, S: Stage> Worker<'s, S> {
             run.zero_grad().and_then(|()| run.items())
         }))
         .unwrap_or_else(|p| {
-            Err(Stop::Failed(RuntimeError::Setup(format!(
-                "rank {rank} stopped: the runtime panicked: {}",
-                panic_message(&*p)
-            ))))
+            Err(Stop::Failed(RuntimeError::Internal {
+                rank,
+                message: format!("the runtime panicked: {}", panic_message(&*p)),
+            }))
         });
         if let Err(Stop::Failed(_)) = result {
             run.abort_others();
@@ -271,12 +263,18 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
     }
 
     fn action(&mut self, a: Action) -> Result<(), Stop> {
+        self.clock.action_start = None;
         match a.op {
             Op::F => self.forward(a),
             Op::I => self.backward_input(a),
             Op::W => self.backward_weight(a),
             Op::B => self.backward(a),
+        }?;
+        if let Some(hook) = &self.hook {
+            let end = self.clock.last_end;
+            hook.done(self.rank, a, self.clock.action_start.unwrap_or(end), end)?;
         }
+        Ok(())
     }
 
     fn forward(&mut self, a: Action) -> Result<(), Stop> {
@@ -538,59 +536,4 @@ fn no_stash(rank: usize, a: Action) -> Stop {
         action: a,
         message: "no stash: the forward of this stage and microbatch has not run".into(),
     })
-}
-
-impl Clock<'_> {
-    /// Runs a layer call, timing it (holding the exclusive lock if any), and turns its error or
-    /// panic into a failure naming rank and action.
-    fn call<T>(
-        &mut self,
-        rank: usize,
-        action: Action,
-        times: &mut Vec<(Action, f64)>,
-        f: impl FnOnce() -> Result<T, StageError>,
-    ) -> Result<T, Stop> {
-        let _turn = self
-            .exclusive
-            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()));
-        let start = self.epoch.elapsed().as_secs_f64();
-        let result = guarded(rank, action, f);
-        let end = self.epoch.elapsed().as_secs_f64();
-        self.first_start.get_or_insert(start);
-        self.last_end = end;
-        times.push((action, end - start));
-        result
-    }
-}
-
-/// Runs a layer call, turning its error or panic into a failure naming rank and action.
-fn guarded<T>(
-    rank: usize,
-    action: Action,
-    f: impl FnOnce() -> Result<T, StageError>,
-) -> Result<T, Stop> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(Stop::Failed(RuntimeError::ActionFailed {
-            rank,
-            action,
-            message: e.to_string(),
-        })),
-        Err(p) => Err(Stop::Failed(RuntimeError::ActionPanicked {
-            rank,
-            action,
-            message: panic_message(&*p),
-        })),
-    }
-}
-
-/// The text of a panic payload.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
 }

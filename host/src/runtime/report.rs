@@ -1,0 +1,131 @@
+//! [`StepReport`]: what a training step produced, gathered from the workers' outputs.
+
+use serde::{Deserialize, Serialize};
+
+use super::worker::{Stop, WorkerOutput};
+use super::RuntimeError;
+use crate::schedule::{Action, Schedule};
+use crate::timeline::{Source, Timeline};
+
+/// What one training step produced.
+///
+/// It is `serde` data (actions in their text form, `"2F0"`), to keep or ship a step's measurements:
+///
+/// ```
+/// # use pipefill_host::runtime::StepReport;
+/// # use pipefill_host::timeline::{Source, Timeline};
+/// let r = StepReport {
+///     loss: 0.5, losses: vec![0.5], timeline: Timeline::new("gpipe", Source::Measured, 1),
+///     peak_held_bytes: vec![64], seconds: 0.25,
+///     action_seconds: vec![("0F0".parse().unwrap(), 0.125)],
+/// };
+/// let json = serde_json::to_string(&r).unwrap();
+/// assert!(json.contains(r#""action_seconds":[["0F0",0.125]]"#));
+/// assert_eq!(serde_json::from_str::<StepReport>(&json).unwrap(), r);
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    /// The step's loss: the mean of the microbatch losses.
+    pub loss: f32,
+    /// The loss of each microbatch, by microbatch index.
+    pub losses: Vec<f32>,
+    /// When every item ran on every rank (starts at 0 with the first item).
+    pub timeline: Timeline,
+    /// Per rank, the most activation memory its stashes held at once (from
+    /// [`Stage::held_bytes`](super::Stage::held_bytes)).
+    pub peak_held_bytes: Vec<usize>,
+    /// Wall-clock seconds of the whole step, threads and optimizer step included.
+    pub seconds: f64,
+    /// Seconds spent in the layers by each action (the loss is part of the last stage's `F`),
+    /// every action of the schedule once.
+    #[serde(with = "action_times")]
+    pub action_seconds: Vec<(Action, f64)>,
+}
+
+/// `(action, seconds)` pairs as `["2F0", seconds]`.
+mod action_times {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    use crate::schedule::Action;
+
+    pub fn serialize<S: Serializer>(v: &[(Action, f64)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|(a, t)| (a.to_string(), *t)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(Action, f64)>, D::Error> {
+        Vec::<(String, f64)>::deserialize(d)?
+            .into_iter()
+            .map(|(a, t)| a.parse().map(|a| (a, t)).map_err(de::Error::custom))
+            .collect()
+    }
+}
+
+/// The output of a worker whose thread died outside any guarded call (cannot happen unless the
+/// runtime itself has a bug); reported rather than propagated as a panic.
+pub(super) fn lost_worker(rank: usize) -> WorkerOutput {
+    WorkerOutput {
+        spans: Vec::new(),
+        transfers: Vec::new(),
+        losses: Vec::new(),
+        peak_held: 0,
+        action_seconds: Vec::new(),
+        result: Err(Stop::Failed(RuntimeError::Internal {
+            rank,
+            message: "a worker thread panicked outside a layer call".into(),
+        })),
+    }
+}
+
+/// Gathers the workers' outputs into a step report, or the error that stopped the step.
+pub(super) fn report(
+    schedule: &Schedule,
+    outputs: Vec<WorkerOutput>,
+    seconds: f64,
+) -> Result<StepReport, RuntimeError> {
+    // The first rank that failed by itself is the cause; the others were told to stop.
+    let mut first_error = None;
+    for o in &outputs {
+        if let Err(Stop::Failed(e)) = &o.result {
+            first_error.get_or_insert_with(|| e.clone());
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let mut losses = vec![0.0f32; schedule.microbatches];
+    let mut spans = Vec::with_capacity(outputs.len());
+    let mut transfers = Vec::new();
+    let mut peak_held_bytes = Vec::with_capacity(outputs.len());
+    let mut action_seconds: Vec<(Action, f64)> = Vec::new();
+    for o in outputs {
+        for (a, t) in o.action_seconds {
+            // The last stage's F is two calls (forward, loss): one action.
+            match action_seconds.last_mut() {
+                Some((prev, sum)) if *prev == a => *sum += t,
+                _ => action_seconds.push((a, t)),
+            }
+        }
+        for (k, v) in o.losses {
+            losses[k] = v;
+        }
+        spans.push(o.spans);
+        transfers.extend(o.transfers);
+        peak_held_bytes.push(o.peak_held);
+    }
+    let mut timeline = Timeline {
+        name: schedule.name.clone(),
+        source: Source::Measured,
+        spans,
+        transfers,
+    };
+    timeline.shift_to_zero();
+    let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
+    Ok(StepReport {
+        loss,
+        losses,
+        timeline,
+        peak_held_bytes,
+        seconds,
+        action_seconds,
+    })
+}
