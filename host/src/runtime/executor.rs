@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use super::report::{lost_worker, report};
 use super::worker::{Message, StepContext, Worker, WorkerOutput};
 use super::{Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
-use crate::schedule::Schedule;
+use crate::schedule::lower::lowered_items;
+use crate::schedule::validate::has_transfers;
+use crate::schedule::{Item, Schedule};
 
 /// Runs training steps of a [`Schedule`] over a trainer's [`Stage`]s, one OS thread per rank.
 ///
@@ -87,9 +89,30 @@ use crate::schedule::Schedule;
 /// ```
 pub struct Executor<S: Stage> {
     schedule: Schedule,
+    /// What the ranks execute: the schedule lowered, with its sends and receives
+    /// ([`lowered_items`]).
+    program: Program,
     stages: Vec<S>,
     exclusive: bool,
     poll: Duration,
+}
+
+/// Each rank's list as the workers run it: the lowered schedule, and whether the schedule carried
+/// its transfers itself (then every item gets a span; otherwise only the schedule's own items do).
+pub(super) struct Program {
+    pub lists: Vec<Vec<Item>>,
+    pub explicit: bool,
+}
+
+impl Program {
+    fn of(schedule: &Schedule) -> Self {
+        Program {
+            lists: (0..schedule.ranks)
+                .map(|r| lowered_items(schedule, r).collect())
+                .collect(),
+            explicit: has_transfers(schedule),
+        }
+    }
 }
 
 impl<S: Stage> Executor<S> {
@@ -108,6 +131,7 @@ impl<S: Stage> Executor<S> {
         }
         let poll = default_poll(schedule.ranks);
         Ok(Executor {
+            program: Program::of(&schedule),
             schedule,
             stages,
             exclusive: false,
@@ -241,6 +265,7 @@ impl<S: Stage> Executor<S> {
         let lock = Mutex::new(());
         let ctx = StepContext {
             schedule: &self.schedule,
+            program: &self.program,
             targets,
             loss,
             epoch: Instant::now(),

@@ -1,6 +1,8 @@
-//! One rank's worker: runs the rank's items strictly in order, exchanging activations and gradients
-//! with the other ranks through channels, holding stashes until their `W` (or `B`), and timing
-//! every item.
+//! One rank's worker: runs the rank's lowered list strictly in order (its compute items and the
+//! sends and receives [`lower`](crate::schedule::lower) put around them), exchanging activations
+//! and gradients with the other ranks through channels at those sends and receives, holding stashes
+//! until their `W` (or `B`), and timing every item. Only a receive waits; a compute action finds
+//! its input already there (on its own rank, or received just before).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -10,9 +12,11 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use super::clock::{panic_message, Clock};
+use super::executor::Program;
 use super::hook::{Hooked, StepEvent};
 use super::{Loss, RuntimeError, Stage, Tensor};
-use crate::schedule::{Action, Item, Op, Schedule};
+use crate::schedule::deps::{Edge, Flow};
+use crate::schedule::{Action, Comm, Item, Op, Schedule};
 use crate::timeline::{Span, Transfer};
 
 /// What a tensor in flight is for.
@@ -79,6 +83,8 @@ pub(super) enum Stop {
 /// What all workers of one step share (read-only, or atomics).
 pub(super) struct StepContext<'a, L> {
     pub schedule: &'a Schedule,
+    /// The lowered lists the ranks run.
+    pub program: &'a Program,
     pub targets: &'a [Tensor],
     pub loss: &'a L,
     pub epoch: Instant,
@@ -125,6 +131,8 @@ struct Run<'c, 's, S: Stage, L> {
     rx: Receiver<Message>,
     peers: Vec<Option<Sender<Message>>>,
     mailbox: HashMap<Key, Parcel>,
+    /// Outputs for another rank, waiting for their send.
+    outbox: HashMap<Key, (Tensor, Action)>,
     stashes: HashMap<(usize, usize), Slot<S::Stash>>,
     held: usize,
     clock: Clock<'c>,
@@ -145,6 +153,7 @@ impl<'s, S: Stage> Worker<'s, S> {
             rx: self.rx,
             peers: self.peers,
             mailbox: HashMap::new(),
+            outbox: HashMap::new(),
             stashes: HashMap::new(),
             held: 0,
             clock: Clock::new(ctx.epoch, ctx.exclusive),
@@ -230,8 +239,8 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
     }
 
     fn items(&mut self) -> Result<(), Stop> {
-        let list = &self.ctx.schedule.actions[self.rank];
-        for item in list {
+        let program = self.ctx.program;
+        for item in &program.lists[self.rank] {
             if self.ctx.failed.load(Ordering::Relaxed) {
                 return Err(Stop::Aborted);
             }
@@ -243,15 +252,61 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
                     self.action(forward)?;
                     self.action(backward)?;
                 }
-                // Transfers are implied by the data routing below; parameter operations have no
-                // work on one process.
-                Item::Comm(_) | Item::Param(_) => continue,
+                Item::Comm(c) => {
+                    self.transfer(c)?;
+                    if !program.explicit {
+                        continue;
+                    }
+                    // A transfer takes no time on its rank: it is marked where it completed.
+                    let now = self.now();
+                    self.clock.first_start = Some(now);
+                    self.clock.last_end = now;
+                }
+                // Parameter operations have no work on one process.
+                Item::Param(_) => {
+                    let now = self.now();
+                    self.clock.first_start = Some(now);
+                    self.clock.last_end = now;
+                }
             }
             let end = self.clock.last_end;
             let start = self.clock.first_start.unwrap_or(end);
             self.out.spans.push(Span::new(*item, start, end));
         }
         Ok(())
+    }
+
+    /// A send hands the output waiting in the outbox to its rank; a receive waits for its data.
+    fn transfer(&mut self, c: Comm) -> Result<(), Stop> {
+        let Some(e) = Edge::of(c, self.ctx.schedule.stages()) else {
+            return Err(self.internal(format!("`{c}` names no boundary")));
+        };
+        let key = Key::consuming(&e);
+        if c.op.is_send() {
+            let (tensor, producer) = self.outbox.remove(&key).ok_or_else(|| {
+                self.internal(format!(
+                    "`{c}` has nothing to send: its producer has not run"
+                ))
+            })?;
+            self.send(key, tensor, producer);
+            return Ok(());
+        }
+        if !self.mailbox.contains_key(&key) {
+            let op = match e.flow {
+                Flow::Activation => Op::F,
+                Flow::Gradient => Op::I,
+            };
+            let parcel = self.receive_until(key, Action::new(op, e.to(), e.microbatch))?;
+            self.mailbox.insert(key, parcel);
+        }
+        Ok(())
+    }
+
+    fn internal(&self, message: String) -> Stop {
+        Stop::Failed(RuntimeError::Internal {
+            rank: self.rank,
+            message,
+        })
     }
 
     fn fail(&self, action: Action, message: impl Into<String>) -> Stop {
@@ -409,7 +464,7 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         self.out.peak_held = self.out.peak_held.max(self.held);
     }
 
-    /// Hands a tensor to the rank holding its consumer: directly on this rank, else by channel.
+    /// Hands a tensor to its consumer: directly on this rank, else into the outbox until its send.
     fn deliver(&mut self, key: Key, tensor: Tensor, producer: Action) {
         let dest = self.ctx.schedule.rank_of(key.stage);
         if dest == self.rank {
@@ -420,7 +475,15 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
                     arrival: None,
                 },
             );
-        } else if let Some(Some(tx)) = self.peers.get(dest) {
+        } else {
+            self.outbox.insert(key, (tensor, producer));
+        }
+    }
+
+    /// Sends a tensor to the rank holding its consumer.
+    fn send(&mut self, key: Key, tensor: Tensor, producer: Action) {
+        let dest = self.ctx.schedule.rank_of(key.stage);
+        if let Some(Some(tx)) = self.peers.get(dest) {
             let sent_at = self.now();
             // If the receiver already left, it failed (and we will be told) or did not need this.
             let _ = tx.send(Message::Data {
@@ -433,12 +496,16 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         }
     }
 
-    /// Takes the tensor `key` for `consumer`, waiting on the channel until it arrives.
+    /// Takes the tensor `key` for `consumer`: produced on this rank, or received by an earlier
+    /// receive of the lowered list.
     fn take(&mut self, key: Key, consumer: Action) -> Result<Tensor, Stop> {
-        let parcel = match self.mailbox.remove(&key) {
-            Some(p) => p,
-            None => self.receive_until(key, consumer)?,
-        };
+        let parcel = self.mailbox.remove(&key).ok_or_else(|| {
+            self.fail(
+                consumer,
+                "its input was neither produced on this rank nor received before it (does the \
+                 schedule validate?)",
+            )
+        })?;
         if let Some(a) = parcel.arrival {
             self.out.transfers.push(Transfer::new(
                 a.from,
@@ -505,6 +572,20 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
 }
 
 impl Key {
+    /// The tensor an edge delivers: the input of `F` on the next stage, or the output gradient of
+    /// the previous stage's backward.
+    fn consuming(e: &Edge) -> Self {
+        let kind = match e.flow {
+            Flow::Activation => Kind::Input,
+            Flow::Gradient => Kind::GradOutput,
+        };
+        Key {
+            kind,
+            stage: e.to(),
+            microbatch: e.microbatch,
+        }
+    }
+
     fn new(kind: Kind, a: Action) -> Self {
         Key {
             kind,
