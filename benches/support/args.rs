@@ -121,6 +121,14 @@ pub struct BenchArgs {
     pub positional: Vec<String>,
 }
 
+/// The switches that choose the [`Mode`], as seen on the command line.
+#[derive(Default)]
+struct Modes {
+    bench: bool,
+    test: bool,
+    list: bool,
+}
+
 impl BenchArgs {
     /// Parses `args` (without the program name).
     pub fn parse<I, S>(args: I) -> Result<Self, ArgError>
@@ -129,7 +137,7 @@ impl BenchArgs {
         S: Into<String>,
     {
         let mut it = args.into_iter().map(Into::into);
-        let (mut bench, mut test, mut list) = (false, false, false);
+        let mut modes = Modes::default();
         let mut out = BenchArgs {
             mode: Mode::Bench,
             baseline: Baseline::Save("base".into()),
@@ -150,31 +158,10 @@ impl BenchArgs {
                     .or_else(|| it.next())
                     .ok_or_else(|| ArgError::MissingValue(flag.clone()))
             };
+            if out.switch(&flag, &mut modes) {
+                continue;
+            }
             let chosen = match flag.as_str() {
-                "--bench" => {
-                    bench = true;
-                    None
-                }
-                "--test" => {
-                    test = true;
-                    None
-                }
-                "--list" => {
-                    list = true;
-                    None
-                }
-                "--quick" => {
-                    out.quick = true;
-                    None
-                }
-                "--ignored" => {
-                    out.ignored = true;
-                    None
-                }
-                "--exact" => {
-                    out.exact = true;
-                    None
-                }
                 "--save-baseline" | "-s" => Some(Baseline::Save(value(&mut it)?)),
                 "--baseline" | "-b" => Some(Baseline::Compare {
                     name: value(&mut it)?,
@@ -209,14 +196,30 @@ impl BenchArgs {
             }
         }
         // As criterion: `cargo bench` passes `--bench`; `cargo test --benches` passes nothing.
-        out.mode = if list {
+        out.mode = if modes.list {
             Mode::List
-        } else if !bench || test {
+        } else if !modes.bench || modes.test {
             Mode::Test
         } else {
             Mode::Bench
         };
         Ok(out)
+    }
+
+    /// Sets the flag if it is a plain switch (`--bench`, `--test`, `--list`, `--quick`, `--ignored`,
+    /// `--exact`); `false` for any other argument.
+    fn switch(&mut self, flag: &str, modes: &mut Modes) -> bool {
+        let target = match flag {
+            "--bench" => &mut modes.bench,
+            "--test" => &mut modes.test,
+            "--list" => &mut modes.list,
+            "--quick" => &mut self.quick,
+            "--ignored" => &mut self.ignored,
+            "--exact" => &mut self.exact,
+            _ => return false,
+        };
+        *target = true;
+        true
     }
 
     /// Parses this process's arguments; on a bad command line prints the error and exits with
