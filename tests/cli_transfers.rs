@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{pipefill, scratch};
+use common::{pipefill, pipefill_in, scratch};
 
 fn data(name: &str) -> String {
     format!("{}/host/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -120,4 +120,34 @@ fn simulate_refuses_exactly_what_validate_refuses() {
         refused += 1;
     }
     assert_eq!(refused, broken.len());
+}
+
+#[test]
+fn train_runs_pytorch_files_as_written() {
+    let dir = scratch("train-pytorch");
+    let losses = |name: &str| {
+        let file = data(name);
+        let (code, out, err) = pipefill_in(
+            Some(&dir),
+            &[
+                "train",
+                "--schedule-file",
+                &file,
+                "--steps",
+                "2",
+                "--batch",
+                "48",
+                "--format",
+                "json",
+            ],
+        );
+        assert_eq!(code, 0, "{name}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["schedule"], name.trim_end_matches(".csv"), "{name}");
+        v["losses"].clone()
+    };
+    // The compute+comms file (receives placed by PyTorch's lowering) trains as its compute-only form.
+    let comms = losses("pytorch_gpipe_p2_m2_compute_comms.csv");
+    assert_eq!(comms, losses("pytorch_gpipe_p2_m2_compute_only.csv"));
+    assert_eq!(comms.as_array().map(Vec::len), Some(2));
 }
