@@ -66,7 +66,7 @@ struct Arrival {
 }
 
 /// A stash and whether `I` has already run on it.
-struct Slot<T> {
+struct Stashed<T> {
     stash: T,
     input_done: bool,
     bytes: usize,
@@ -123,7 +123,7 @@ pub(super) struct Worker<'s, S: Stage> {
 }
 
 /// The mutable state of a running worker.
-struct Run<'c, 's, S: Stage, L> {
+struct RankRun<'c, 's, S: Stage, L> {
     ctx: &'c StepContext<'c, L>,
     rank: usize,
     stages: Vec<(usize, &'s mut S)>,
@@ -133,7 +133,7 @@ struct Run<'c, 's, S: Stage, L> {
     mailbox: HashMap<Key, Parcel>,
     /// Outputs for another rank, waiting for their send.
     outbox: HashMap<Key, (Tensor, Action)>,
-    stashes: HashMap<(usize, usize), Slot<S::Stash>>,
+    stashes: HashMap<(usize, usize), Stashed<S::Stash>>,
     held: usize,
     clock: Clock<'c>,
     hook: Option<Hooked<'c>>,
@@ -145,7 +145,7 @@ impl<'s, S: Stage> Worker<'s, S> {
     /// done and none failed) the optimizer step.
     pub(super) fn run<L: Loss>(self, ctx: &StepContext<'_, L>) -> WorkerOutput {
         let rank = self.rank;
-        let mut run = Run {
+        let mut run = RankRun {
             ctx,
             rank: self.rank,
             stages: self.stages,
@@ -193,7 +193,7 @@ impl<'s, S: Stage> Worker<'s, S> {
     }
 }
 
-impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
+impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
     fn now(&self) -> f64 {
         self.ctx.epoch.elapsed().as_secs_f64()
     }
@@ -355,7 +355,7 @@ impl<S: Stage, L: Loss> Run<'_, '_, S, L> {
         self.hold(bytes, 0);
         self.stashes.insert(
             (a.stage, a.microbatch),
-            Slot {
+            Stashed {
                 stash,
                 input_done: false,
                 bytes,
