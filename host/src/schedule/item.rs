@@ -25,7 +25,7 @@ impl<'de> Deserialize<'de> for Item {
 ///
 /// A compute-only schedule (what the generators write) holds [`Item::One`] and [`Item::Overlap`], and
 /// may hold [`Item::Param`] entries (PyTorch writes `REDUCE_GRAD` into its compute-only files). A
-/// *lowered* schedule (see [`lower`](mod@lower)) also holds the [`Item::Comm`] entries that move data
+/// *lowered* schedule (see [`lower`](super::lower)) also holds the [`Item::Comm`] entries that move data
 /// between ranks; PyTorch pipelining's compute+comms CSV is such a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Item {
