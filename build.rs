@@ -1,6 +1,6 @@
 //! Compiles the `kernels/` crate to PTX and hands it to `src/ptx.rs`.
 //!
-//! The nested build uses rustc's own NVPTX backend on the stable toolchain (see `../shared/TOOLCHAIN.md`):
+//! The nested build uses rustc's own NVPTX backend on the stable toolchain (README, "Kernels and PTX"):
 //! `RUSTC_BOOTSTRAP=1 cargo rustc --release --target nvptx64-nvidia-cuda -Zbuild-std=core -- --emit=asm
 //! -C target-cpu=sm_80`. It runs on a small manifest generated under `OUT_DIR` whose library is
 //! `kernels/src/lib.rs`, detached from this workspace (`[workspace]` of its own) and with its own target
