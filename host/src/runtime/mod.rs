@@ -28,6 +28,7 @@ mod hook;
 mod report;
 mod sequential;
 mod stage;
+pub mod streams;
 mod tensor;
 mod worker;
 
@@ -37,5 +38,5 @@ pub use executor::{default_poll, Executor};
 pub use hook::{last_gradient_actions, StepEvent};
 pub use report::StepReport;
 pub use sequential::{sequential_step, SequentialReport};
-pub use stage::{Loss, Stage, StageError};
+pub use stage::{Loss, Payload, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};
