@@ -175,7 +175,9 @@ impl Link {
     }
 }
 
-/// The reference device: see the [module docs](self).
+/// The reference device: one worker thread per stream, events as flags, host layers run by the
+/// workers ([`OnStreams`]); it does not count activation or transfer bytes (they are known only once
+/// a worker ran the work).
 pub struct CpuStreams {
     link: Arc<Link>,
     workers: Vec<JoinHandle<()>>,
