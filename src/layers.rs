@@ -158,6 +158,10 @@ impl Stage for LinearStage {
         self.layers.iter_mut().for_each(Linear::zero_grad);
     }
 
+    fn gradients(&mut self) -> Vec<&mut [f32]> {
+        self.layers.iter_mut().flat_map(Linear::grads_mut).collect()
+    }
+
     fn optimizer_step(&mut self) -> Result<(), StageError> {
         self.steps += 1;
         let t = self.steps;

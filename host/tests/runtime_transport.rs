@@ -139,6 +139,7 @@ fn by_hand(schedule: &Schedule, sends: &AtomicUsize, recvs: &AtomicUsize) -> (Ve
                     epoch,
                     exclusive: None,
                     hook: None,
+                    reduce: None,
                 };
                 let mut t = Counted {
                     inner: ch,

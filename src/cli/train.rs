@@ -15,6 +15,7 @@
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
 mod output;
+mod replicas;
 mod setup;
 
 use std::io::IsTerminal;
@@ -79,7 +80,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
 /// Times every layer briefly on one microbatch, on the CPU backend (the cost file carries its
 /// overlap share).
 pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
-    let rows = setup.spec.batch / setup.args.microbatches;
+    // A replica's microbatch: the global batch over replicas and microbatches.
+    let rows = setup.spec.batch / (setup.args.microbatches * setup.args.data_parallel.max(1));
     let options = ProfileOptions {
         warmup: 1,
         repeats: 5,
@@ -136,6 +138,9 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
 /// Trains `--steps` steps with the chosen schedule.
 pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let a = &setup.args;
+    if a.data_parallel > 1 {
+        return replicas::train(setup, chosen);
+    }
     let failed = |e: String| CliError::Failed(e);
     let plan = &chosen.plan;
     let stages = setup
@@ -165,6 +170,13 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         reports.push(r);
     }
     progress.finish();
+    outcome(setup, chosen, &reports)
+}
+
+/// The outcome of a run from its step reports (of one replica, for the timelines).
+fn outcome(setup: &Setup, chosen: &Chosen, reports: &[StepReport]) -> Result<Outcome, CliError> {
+    let (a, plan) = (&setup.args, &chosen.plan);
+    let failed = |e: String| CliError::Failed(e);
     let losses = reports.iter().map(|r| r.loss).collect();
     let step_seconds: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
     let median_step = median_index(&step_seconds);

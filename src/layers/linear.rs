@@ -151,6 +151,17 @@ impl Linear {
         self.fresh = true;
     }
 
+    /// The accumulated `dW` and `db` for changing in place (a data-parallel reduction); a fresh
+    /// (zero) gradient is written out as zeros first.
+    pub fn grads_mut(&mut self) -> [&mut [f32]; 2] {
+        if self.fresh {
+            self.weight_grad.fill(0.0);
+            self.bias_grad.fill(0.0);
+            self.fresh = false;
+        }
+        [&mut self.weight_grad[..], &mut self.bias_grad[..]]
+    }
+
     /// The accumulated `dW` (`inputs x outputs`, row-major), or `None` when nothing accumulated
     /// since [`zero_grad`](Linear::zero_grad) (the gradient is zero).
     pub fn weight_grad(&self) -> Option<&[f32]> {

@@ -99,6 +99,9 @@ pub trait DynStage: Send {
     /// [`Stage::optimizer_step`].
     fn optimizer_step_dyn(&mut self) -> Result<(), StageError>;
 
+    /// [`Stage::gradients`].
+    fn gradients_dyn(&mut self) -> Vec<&mut [f32]>;
+
     /// The name of the concrete stage type. Prefer the inherent
     /// [`stage_type`](trait.DynStage.html#method.stage_type) of `dyn DynStage`.
     fn stage_type_dyn(&self) -> &'static str;
@@ -170,6 +173,10 @@ where
 
     fn optimizer_step_dyn(&mut self) -> Result<(), StageError> {
         self.optimizer_step()
+    }
+
+    fn gradients_dyn(&mut self) -> Vec<&mut [f32]> {
+        self.gradients()
     }
 
     // A `BoxedStage` is itself a `Stage`, so it meets this impl too (when a method is called on
@@ -259,5 +266,9 @@ impl Stage for BoxedStage {
 
     fn optimizer_step(&mut self) -> Result<(), StageError> {
         (**self).optimizer_step_dyn()
+    }
+
+    fn gradients(&mut self) -> Vec<&mut [f32]> {
+        (**self).gradients_dyn()
     }
 }

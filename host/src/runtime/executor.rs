@@ -1,11 +1,11 @@
 //! [`Executor`]: runs a schedule's training steps on one OS thread per rank.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::report::{assemble, lost_worker};
 use super::transport::Channels;
-use super::worker::{run_rank, RankOutcome, RankProgram, RankStep};
+use super::worker::{run_rank, RankOutcome, RankProgram, RankStep, Reducer};
 use super::{Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
 use crate::schedule::Schedule;
 
@@ -91,6 +91,7 @@ pub struct Executor<S: Stage> {
     stages: Vec<S>,
     exclusive: bool,
     poll: Duration,
+    reducer: Option<Arc<Reducer>>,
 }
 
 impl<S: Stage> Executor<S> {
@@ -114,6 +115,7 @@ impl<S: Stage> Executor<S> {
             stages,
             exclusive: false,
             poll,
+            reducer: None,
         })
     }
 
@@ -135,6 +137,13 @@ impl<S: Stage> Executor<S> {
     /// work).
     pub fn set_poll(&mut self, poll: Duration) {
         self.poll = poll;
+    }
+
+    /// Sets the data-parallel gradient reduction every rank calls for each of its stages right after
+    /// the stage's last `W`/`B` of a step (so a stage's reduction overlaps the cool-down of the
+    /// others) and before any optimizer step: see [`Reducer`] and [`AllReduce`](super::AllReduce).
+    pub fn set_reducer(&mut self, reducer: Option<Arc<Reducer>>) {
+        self.reducer = reducer;
     }
 
     /// How long a waiting rank polls before it blocks (see [`set_poll`](Executor::set_poll)).
@@ -267,6 +276,7 @@ impl<S: Stage> Executor<S> {
                 epoch,
                 exclusive,
                 hook,
+                reduce: self.reducer.as_deref(),
             })
             .collect();
         let outputs: Vec<RankOutcome> = std::thread::scope(|scope| {

@@ -18,6 +18,8 @@
 //! - [`run_rank`]: one rank's part of a step over a [`Transport`] (the per-rank runner). The
 //!   `Executor` runs one per thread over [`Channels`]; a multi-process launcher runs one per process
 //!   over its own transport, and [`assemble`] merges the ranks' [`RankOutcome`]s into a report.
+//! - [`Replicas`], [`AllReduce`]: data parallelism in one process: `D` pipeline replicas whose
+//!   stages' gradients ([`Stage::gradients`]) are averaged as soon as each is final.
 //! - [`streams`]: the device path: the lowered schedule as one enqueue order over streams and
 //!   events ([`streams::StreamProgram`]), its static check, the [`streams::Device`] trait, the
 //!   one-thread [`streams::StreamExecutor`] and the CPU reference device. [`Stage`] and [`Loss`] are
@@ -32,6 +34,7 @@ mod dyn_stage;
 mod error;
 mod executor;
 mod hook;
+mod replicas;
 mod report;
 mod sequential;
 mod stage;
@@ -44,9 +47,10 @@ pub use dyn_stage::{AnyStash, BoxedStage, DynStage};
 pub use error::RuntimeError;
 pub use executor::{default_poll, Executor};
 pub use hook::{last_gradient_actions, StepEvent};
+pub use replicas::{AllReduce, Replicas};
 pub use report::{assemble, StepReport};
 pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Payload, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};
 pub use transport::{Channels, Parcel, Transport, TransportError};
-pub use worker::{run_rank, RankOutcome, RankProgram, RankStep, RankStop};
+pub use worker::{run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer};

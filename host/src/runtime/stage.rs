@@ -163,6 +163,16 @@ pub trait Stage<T: Payload = Tensor>: Send {
     /// Applies the accumulated weight gradients with the stage's optimizer (called once per step,
     /// after the last microbatch).
     fn optimizer_step(&mut self) -> Result<(), StageError>;
+
+    /// The accumulated weight gradients, as flat buffers, for a data-parallel reduction between
+    /// the stage's last `W`/`B` of a step and its optimizer step (see
+    /// [`Executor::set_reducer`](super::Executor::set_reducer)). Every replica of a stage must
+    /// return the same buffers in the same order. The default, no buffers, suits a stage without
+    /// weights; a stage with weights that keeps the default cannot be trained data-parallel (the
+    /// replicas would drift apart), and the reducer refuses it when the replicas disagree.
+    fn gradients(&mut self) -> Vec<&mut [f32]> {
+        Vec::new()
+    }
 }
 
 /// The loss at the end of the last stage.

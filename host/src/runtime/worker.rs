@@ -12,7 +12,7 @@ use std::time::Instant;
 use super::clock::{panic_message, Clock};
 use super::hook::{Hooked, StepEvent};
 use super::transport::{Parcel, Transport, TransportError};
-use super::{Loss, RuntimeError, Stage, Tensor};
+use super::{last_gradient_actions, Loss, RuntimeError, Stage, StageError, Tensor};
 use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::lower::lowered_items;
 use crate::schedule::validate::has_transfers;
@@ -98,7 +98,14 @@ pub struct RankStep<'a, S, L> {
     pub exclusive: Option<&'a Mutex<()>>,
     /// The trainer's step hook, if any: told of every action as it completes.
     pub hook: Option<&'a (dyn Fn(StepEvent) + Sync)>,
+    /// The data-parallel reduction, if any: called with each stage's [`Stage::gradients`] right
+    /// after the stage's last `W`/`B` of the step, on this rank's thread.
+    pub reduce: Option<&'a Reducer>,
 }
+
+/// A data-parallel gradient reduction: `(global stage, that stage's gradient buffers)`; it must
+/// leave in the buffers what every replica's optimizer step applies (e.g. the mean over replicas).
+pub type Reducer = dyn Fn(usize, Vec<&mut [f32]>) -> Result<(), StageError> + Send + Sync;
 
 /// What one rank's runner hands back at the end of a step; [`assemble`](super::assemble) turns the
 /// outcomes of all ranks into a [`StepReport`](super::StepReport).
@@ -136,6 +143,9 @@ struct RankRun<'c, S: Stage, L, T> {
     held: usize,
     clock: Clock<'c>,
     hook: Option<Hooked<'c>>,
+    reduce: Option<&'c Reducer>,
+    /// With `reduce`: per global stage, the action after which its gradients are final.
+    last_gradient: Vec<Option<Action>>,
     out: RankOutcome,
 }
 
@@ -164,6 +174,11 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
         held: 0,
         clock: Clock::new(step.epoch, step.exclusive),
         hook: step.hook.map(|h| Hooked::new(h, step.schedule, rank)),
+        reduce: step.reduce,
+        last_gradient: match step.reduce {
+            Some(_) => last_gradient_actions(step.schedule),
+            None => Vec::new(),
+        },
         out: RankOutcome {
             spans: Vec::new(),
             transfers: Vec::new(),
@@ -340,6 +355,20 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
         if let Some(hook) = &self.hook {
             let end = self.clock.last_end;
             hook.done(self.rank, a, self.clock.action_start.unwrap_or(end), end)?;
+        }
+        if let Some(reduce) = self.reduce {
+            if self.last_gradient.get(a.stage) == Some(&Some(a)) {
+                let rank = self.rank;
+                let stage =
+                    local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
+                let grads = stage.gradients();
+                reduce(a.stage, grads).map_err(|e| {
+                    self.fail(
+                        a,
+                        format!("data-parallel reduction of stage {}: {e}", a.stage),
+                    )
+                })?;
+            }
         }
         Ok(())
     }

@@ -108,6 +108,11 @@ pub struct Args {
     /// GEMM crate for the matrix products: matrixmultiply or gemm.
     #[arg(long, default_value = "matrixmultiply")]
     pub gemm: String,
+    /// Data-parallel replicas D of the pipeline (P x D rank threads). `--batch` stays the global
+    /// batch: each replica trains on `batch / D` rows as `--microbatches` microbatches, and each
+    /// stage's gradients are averaged over the replicas as soon as its last backward is done.
+    #[arg(long, default_value_t = 1, value_name = "D")]
+    pub data_parallel: usize,
 }
 
 /// Everything checked and ready to run.
@@ -212,6 +217,22 @@ fn check_model(args: &Args, spec: &ModelSpec, file: Option<&Schedule>) -> Result
         .map(Path::display)
         .map(|p| p.to_string())
         .unwrap_or_default();
+    let d = args.data_parallel;
+    if d == 0 {
+        return Err(usage(
+            "--data-parallel 0: give at least one replica (1 trains without data parallelism)"
+                .to_string(),
+        ));
+    }
+    if d > 1 && spec.batch % (args.microbatches * d) != 0 {
+        return Err(usage(format!(
+            "--batch {} does not split into --data-parallel {d} replicas of --microbatches {} \
+             microbatches: give a batch that is a multiple of {}",
+            spec.batch,
+            args.microbatches,
+            args.microbatches * d
+        )));
+    }
     if spec.batch % args.microbatches != 0 {
         return Err(usage(match file {
             Some(_) => format!(
