@@ -81,3 +81,107 @@ fn bad_replica_counts_are_refused() {
         ),
     ]);
 }
+
+#[test]
+fn plan_searches_the_split_of_workers_and_refuses_bad_replica_counts() {
+    let dir = scratch("dp-plan");
+    let costs = dir.join("c.json");
+    let c = costs.to_str().unwrap();
+    let (code, _, err) = pipefill(&[
+        "profile",
+        "--layers",
+        "8",
+        "--hidden",
+        "32",
+        "--batch",
+        "64",
+        "--microbatches",
+        "4",
+        "--out",
+        c,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = pipefill(&[
+        "plan",
+        "--costs",
+        c,
+        "--workers",
+        "4",
+        "--global-batch",
+        "64",
+        "--families",
+        "1f1b",
+        "--dp-bandwidth",
+        "1e6",
+        "--format",
+        "json",
+        "--top",
+        "100",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let plans = v["plans"].as_array().unwrap();
+    let mut splits: Vec<(u64, u64)> = plans
+        .iter()
+        .map(|p| {
+            (
+                p["ranks"].as_u64().unwrap(),
+                p["data_parallel"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    splits.sort();
+    splits.dedup();
+    assert_eq!(splits, vec![(1, 4), (2, 2), (4, 1)]);
+    // At 1 MB/s the all-reduces outlast the cool-down: data-parallel plans carry a tail.
+    for p in plans {
+        let tail = p["reduce_tail"].as_f64().unwrap();
+        if p["data_parallel"].as_u64() == Some(1) {
+            assert_eq!(tail, 0.0);
+        } else {
+            assert!(tail > 0.0, "{p}");
+        }
+    }
+    assert_refused([
+        (
+            vec![
+                "plan",
+                "--costs",
+                c,
+                "--ranks",
+                "2",
+                "--data-parallel",
+                "3",
+                "--global-batch",
+                "64",
+            ],
+            "--data-parallel",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                c,
+                "--workers",
+                "0",
+                "--global-batch",
+                "64",
+            ],
+            "--workers",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                c,
+                "--ranks",
+                "2",
+                "--workers",
+                "4",
+                "--global-batch",
+                "64",
+            ],
+            "--workers",
+        ),
+    ]);
+}

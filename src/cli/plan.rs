@@ -1,7 +1,8 @@
 //! `pipefill plan`: search partition x schedule family x V x M by simulated step time.
 //!
 //! ```text
-//! pipefill plan --costs costs.json --ranks 4 --global-batch 64 [--memory-limit BYTES]
+//! pipefill plan --costs costs.json (--ranks 4 [--data-parallel 2] | --workers 8) --global-batch 64
+//!     [--dp-bandwidth B/s] [--dp-latency S] [--memory-limit BYTES]
 //!     [--cost-batch SAMPLES] [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
 //!     [--top 10] [--format table|json] [--svg best.svg]
 //! ```
@@ -12,7 +13,11 @@
 //! none has either (see [`pipefill_host::plan`]); the output says which
 //! (`"scaling": "sampled" | "affine" | "linear" | "mixed"`).
 //!
-//! JSON: `{"ranks", "global_batch", "memory_limit", "scaling", "overlap_share", "plans": [{family,
+//! With `--data-parallel D`, each of `D` pipeline replicas trains on `N / D` samples and each plan's
+//! step time includes its stages' ring all-reduces (`reduce_tail`: what they add after the pipeline);
+//! `--workers W` searches every split of `W` into `P x D` as well.
+//!
+//! JSON: `{"ranks", "data_parallel", "workers", "global_batch", "memory_limit", "scaling", "overlap_share", "plans": [{family,
 //! chunks, microbatches, microbatch_size, partition, layers_per_stage, step_time, bubble_fraction,
 //! peak_memory, lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>}`, best plan
 //! first (each plan as [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
@@ -23,7 +28,8 @@
 use std::path::PathBuf;
 
 use pipefill_host::cost::CostFile;
-use pipefill_host::plan::{plan, Plan, PlanError, PlanReport, PlanRequest};
+use pipefill_host::plan::{plan, plan_workers, Plan, PlanError, PlanReport, PlanRequest};
+use pipefill_host::sim::data_parallel::DataParallel;
 use pipefill_host::trace::{svg_gantt, SvgOptions};
 use serde::Serialize;
 use serde_json::Value;
@@ -37,9 +43,30 @@ pub struct Args {
     /// Cost file (per-layer JSON, see the README's cost file schema).
     #[arg(long, value_name = "FILE")]
     pub costs: PathBuf,
-    /// Number of ranks P.
-    #[arg(long)]
-    pub ranks: usize,
+    /// Number of ranks P of one pipeline.
+    #[arg(long, required_unless_present = "workers")]
+    pub ranks: Option<usize>,
+    /// Data-parallel replicas D of the pipeline: each trains on `global-batch / D` samples, and
+    /// each stage's gradients are all-reduced over the replicas (ring model) as soon as its last
+    /// backward is done.
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "D",
+        conflicts_with = "workers"
+    )]
+    pub data_parallel: usize,
+    /// Search the split of N workers into P ranks x D replicas too (instead of --ranks and
+    /// --data-parallel).
+    #[arg(long, value_name = "N", conflicts_with = "ranks")]
+    pub workers: Option<usize>,
+    /// Bandwidth between replicas for the all-reduce, bytes/s. Default: the cost file's transfer
+    /// link.
+    #[arg(long, value_name = "BYTES_PER_S")]
+    pub dp_bandwidth: Option<f64>,
+    /// Latency of one all-reduce, seconds. Default: the cost file's transfer latency.
+    #[arg(long, value_name = "SECONDS")]
+    pub dp_latency: Option<f64>,
     /// Samples per training step N (split into M microbatches of N / M samples).
     #[arg(long)]
     pub global_batch: usize,
@@ -78,6 +105,7 @@ pub struct Args {
 fn plan_error(e: PlanError) -> CliError {
     let flag = match &e {
         PlanError::NoRanks => Some("--ranks".to_string()),
+        PlanError::Replicas { .. } => Some("--data-parallel".to_string()),
         PlanError::TooFewLayers { stages, .. } => Some(format!("--ranks {stages}")),
         PlanError::NoSamples => Some("--global-batch".to_string()),
         PlanError::CostBatch { .. } => Some("--cost-batch".to_string()),
@@ -118,8 +146,34 @@ pub fn cost_batch(flag: Option<f64>, file: &CostFile) -> Result<f64, CliError> {
 pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
     let file = CostFile::load(&args.costs).map_err(|e| CliError::Usage(e.to_string()))?;
     let b0 = cost_batch(args.cost_batch, &file)?;
-    if args.ranks == 0 {
+    let ranks = args.ranks.unwrap_or(1);
+    if ranks == 0 {
         return Err(CliError::Usage("--ranks must be at least 1".into()));
+    }
+    if args.workers == Some(0) {
+        return Err(CliError::Usage("--workers must be at least 1".into()));
+    }
+    if args.data_parallel == 0 {
+        return Err(CliError::Usage(
+            "--data-parallel must be at least 1 (1: no data parallelism)".into(),
+        ));
+    }
+    let mut link = file.transfer;
+    if let Some(b) = args.dp_bandwidth {
+        if !(b > 0.0) {
+            return Err(CliError::Usage(format!(
+                "--dp-bandwidth {b}: give bytes per second > 0 (inf for free all-reduces)"
+            )));
+        }
+        link.bandwidth = b;
+    }
+    if let Some(l) = args.dp_latency {
+        if !(l.is_finite() && l >= 0.0) {
+            return Err(CliError::Usage(format!(
+                "--dp-latency {l}: give seconds >= 0"
+            )));
+        }
+        link.latency = l;
     }
     if args.global_batch == 0 {
         return Err(CliError::Usage(
@@ -136,7 +190,11 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
             "--chunks: every V must be at least 1".into(),
         ));
     }
-    let mut req = PlanRequest::new(file, b0, args.ranks, args.global_batch);
+    let mut req = PlanRequest::new(file, b0, ranks, args.global_batch);
+    req.data_parallel = DataParallel {
+        replicas: args.data_parallel,
+        link,
+    };
     req.memory_limit = args.memory_limit;
     req.families = args.families.clone();
     req.chunks = args.chunks.clone();
@@ -148,6 +206,8 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
 #[derive(Serialize)]
 struct JsonOut {
     ranks: usize,
+    data_parallel: usize,
+    workers: Option<usize>,
     global_batch: usize,
     memory_limit: Option<f64>,
     scaling: &'static str,
@@ -171,12 +231,18 @@ fn summary(p: &Plan) -> Result<Value, CliError> {
 /// Runs `pipefill plan`.
 pub fn run(args: Args) -> Result<(), CliError> {
     let req = request_from_flags(&args)?;
-    let report = plan(&req).map_err(plan_error)?;
+    let report = match args.workers {
+        Some(n) => plan_workers(&req, n),
+        None => plan(&req),
+    }
+    .map_err(plan_error)?;
     let shown = &report.plans[..report.plans.len().min(args.top.max(1))];
     match args.format {
         Format::Json => {
             let out = JsonOut {
                 ranks: req.ranks,
+                data_parallel: req.data_parallel.replicas,
+                workers: args.workers,
                 global_batch: req.global_batch,
                 memory_limit: req.memory_limit,
                 scaling: scaling(&req.costs),
@@ -188,7 +254,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
             println!("{text}");
         }
-        Format::Table => print_table(&req, &report, shown),
+        Format::Table => print_table(&req, args.workers, &report, shown),
     }
     if let Some(path) = &args.svg {
         let best = report
@@ -219,12 +285,15 @@ pub fn scaling(costs: &CostFile) -> &'static str {
     }
 }
 
-fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
+fn print_table(req: &PlanRequest, workers: Option<usize>, report: &PlanReport, shown: &[Plan]) {
     println!(
-        "{} plans for P={} N={}{}, {} time scaling, overlap share {} ({} candidates ruled out); \
+        "{} plans for {} N={}{}, {} time scaling, overlap share {} ({} candidates ruled out); \
          best first:",
         report.plans.len(),
-        req.ranks,
+        match workers {
+            Some(n) => format!("{n} workers (P x D)"),
+            None => format!("P={} D={}", req.ranks, req.data_parallel.replicas),
+        },
         req.global_batch,
         req.memory_limit
             .map(|l| format!(" memory limit {l:.0} B/rank"))
@@ -234,15 +303,17 @@ fn print_table(req: &PlanRequest, report: &PlanReport, shown: &[Plan]) {
         report.skipped.len()
     );
     println!(
-        "{:>3}  {:<17} {:>2} {:>4} {:>5}  {:<19} {:>12} {:>7} {:>14} {:>8}  layers per stage",
-        "#", "family", "V", "M", "mb", "partition", "step (s)", "bubble", "peak mem (B)", "/bound"
+        "{:>3}  {:<17} {:>2} {:>2} {:>2} {:>4} {:>5}  {:<19} {:>12} {:>7} {:>14} {:>8}  layers per stage",
+        "#", "family", "P", "D", "V", "M", "mb", "partition", "step (s)", "bubble", "peak mem (B)", "/bound"
     );
     for (i, p) in shown.iter().enumerate() {
         let mem = p.peak_memory.iter().copied().fold(0.0, f64::max);
         println!(
-            "{:>3}  {:<17} {:>2} {:>4} {:>5}  {:<19} {:>12.6} {:>6.1}% {:>14.0} {:>8.3}  {:?}",
+            "{:>3}  {:<17} {:>2} {:>2} {:>2} {:>4} {:>5}  {:<19} {:>12.6} {:>6.1}% {:>14.0} {:>8.3}  {:?}",
             i + 1,
             p.family,
+            p.ranks,
+            p.data_parallel,
             p.chunks,
             p.microbatches,
             p.microbatch_size,

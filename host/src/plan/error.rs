@@ -42,6 +42,17 @@ pub enum PlanError {
         /// `N`.
         global_batch: usize,
     },
+    /// The replica count is 0 or does not divide the global batch.
+    #[error(
+        "{replicas} data-parallel replicas do not split a global batch of {global_batch} samples; \
+         use a divisor of it (at least 1)"
+    )]
+    Replicas {
+        /// `D`.
+        replicas: usize,
+        /// `N`.
+        global_batch: usize,
+    },
     /// A `V` candidate of 0.
     #[error("chunks (V) candidates must be at least 1")]
     NoChunks,

@@ -42,6 +42,7 @@ use serde::{Deserialize, Serialize};
 use crate::cost::{CostFile, CostModel};
 use crate::schedule::families::{Family, FAMILIES};
 use crate::schedule::{Params, Schedule};
+use crate::sim::data_parallel::DataParallel;
 use crate::sim::{simulate, SimError};
 use crate::timeline::Timeline;
 
@@ -83,6 +84,10 @@ pub struct PlanRequest {
     pub microbatch_counts: Vec<usize>,
     /// How many of the best candidates to refine by moving boundaries (0: none).
     pub refine: usize,
+    /// Data-parallel replicas of the pipeline and their link ([`DataParallel::NONE`] by default).
+    /// The global batch stays global: each replica trains on `global_batch / D` samples, and every
+    /// plan's step time includes its stages' all-reduces ([`crate::sim::data_parallel`]).
+    pub data_parallel: DataParallel,
 }
 
 impl PlanRequest {
@@ -99,7 +104,13 @@ impl PlanRequest {
             max_microbatches: 64,
             microbatch_counts: Vec::new(),
             refine: 4,
+            data_parallel: DataParallel::NONE,
         }
+    }
+
+    /// Samples per replica per step: `global_batch / D`.
+    pub fn replica_batch(&self) -> usize {
+        self.global_batch / self.data_parallel.replicas.max(1)
     }
 }
 
@@ -122,8 +133,19 @@ pub struct Plan {
     pub partition: String,
     /// Layers in each stage.
     pub layers_per_stage: Vec<usize>,
-    /// Predicted step time (makespan), seconds.
+    /// Predicted step time, seconds: the pipeline's makespan, or later when a data-parallel
+    /// all-reduce ends after it (see `reduce_tail`).
     pub step_time: f64,
+    /// `P`: ranks of one pipeline (also `schedule.ranks`).
+    #[serde(default)]
+    pub ranks: usize,
+    /// Data-parallel replicas `D` the plan was scored for (1: none).
+    #[serde(default = "one")]
+    pub data_parallel: usize,
+    /// Seconds the step's all-reduces add after the pipeline's last action (0 without data
+    /// parallelism, or when they all end under the cool-down).
+    #[serde(default)]
+    pub reduce_tail: f64,
     /// Predicted bubble fraction.
     pub bubble_fraction: f64,
     /// Predicted peak memory per rank (parameters + activations), bytes.
@@ -141,6 +163,10 @@ pub struct Plan {
     /// cost file's link and overlap share).
     #[serde(deserialize_with = "serde_plan::checked_cost")]
     pub cost: CostModel,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Plan {
@@ -219,6 +245,13 @@ fn check(request: &PlanRequest) -> Result<(), PlanError> {
     if request.global_batch == 0 {
         return Err(PlanError::NoSamples);
     }
+    let d = request.data_parallel.replicas;
+    if d == 0 || request.global_batch % d != 0 {
+        return Err(PlanError::Replicas {
+            replicas: d,
+            global_batch: request.global_batch,
+        });
+    }
     if !(request.cost_batch.is_finite() && request.cost_batch > 0.0) {
         return Err(PlanError::CostBatch {
             value: request.cost_batch,
@@ -232,11 +265,11 @@ fn check(request: &PlanRequest) -> Result<(), PlanError> {
     if let Some(&m) = request
         .microbatch_counts
         .iter()
-        .find(|&&m| m == 0 || request.global_batch % m != 0)
+        .find(|&&m| m == 0 || request.replica_batch() % m != 0)
     {
         return Err(PlanError::Microbatches {
             microbatches: m,
-            global_batch: request.global_batch,
+            global_batch: request.replica_batch(),
         });
     }
     if request.chunks.contains(&0) {
@@ -251,11 +284,70 @@ fn check(request: &PlanRequest) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Searches how to split `workers` into `P` ranks times `D` data-parallel replicas, along with
+/// everything [`plan`] searches for each split (family, `V`, `M`, partition): every `P` that divides
+/// `workers` (and that the model has layers for) with `D = workers / P`, the request's
+/// `data_parallel.link` for the replicas' all-reduces. Splits that cannot run are reported in
+/// `skipped` (family `P=.. D=..`); the plans of every split come best first.
+///
+/// ```
+/// use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+/// use pipefill_host::plan::{plan_workers, PlanRequest};
+/// let mut layers: Vec<LayerCost> = (0..8).map(|i| LayerCost::new(format!("l{i}"), 1.0, 1.0, 1.0)).collect();
+/// for l in &mut layers { l.parameter_bytes = 1e6; }
+/// let costs = CostFile { layers, transfer: LinkCost::default(), overlap_share: 1.0, meta: serde_json::Value::Null };
+/// let mut req = PlanRequest::new(costs, 1.0, 1, 16);
+/// req.families = vec!["1f1b".into()];
+/// req.data_parallel.link = LinkCost { latency: 0.0, bandwidth: 1e9 };
+/// let report = plan_workers(&req, 4).unwrap();
+/// let splits: std::collections::BTreeSet<(usize, usize)> =
+///     report.plans.iter().map(|p| (p.ranks, p.data_parallel)).collect();
+/// assert_eq!(splits.into_iter().collect::<Vec<_>>(), vec![(1, 4), (2, 2), (4, 1)]);
+/// ```
+pub fn plan_workers(request: &PlanRequest, workers: usize) -> Result<PlanReport, PlanError> {
+    if workers == 0 {
+        return Err(PlanError::NoRanks);
+    }
+    let mut plans = Vec::new();
+    let mut skipped = Vec::new();
+    for p in (1..=workers).filter(|p| workers % p == 0) {
+        let d = workers / p;
+        let mut r = request.clone();
+        r.ranks = p;
+        r.data_parallel.replicas = d;
+        let split = |reason: String| Skipped {
+            family: format!("P={p} D={d}"),
+            chunks: 0,
+            microbatches: 0,
+            reason,
+        };
+        match plan(&r) {
+            Ok(report) => {
+                plans.extend(report.plans);
+                skipped.extend(report.skipped);
+            }
+            Err(PlanError::NoPlan { skipped: s }) => skipped.extend(s),
+            Err(e @ (PlanError::TooFewLayers { .. } | PlanError::Replicas { .. })) => {
+                skipped.push(split(e.to_string()))
+            }
+            Err(PlanError::Microbatches { .. }) => {
+                skipped.push(split(format!("the batch does not split over {d} replicas")))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    sort(&mut plans);
+    if plans.is_empty() {
+        return Err(PlanError::NoPlan { skipped });
+    }
+    Ok(PlanReport { plans, skipped })
+}
+
 /// The `M` values to try.
 fn microbatch_counts(request: &PlanRequest) -> Vec<usize> {
     if request.microbatch_counts.is_empty() {
-        (1..=request.global_batch.min(request.max_microbatches.max(1)))
-            .filter(|m| request.global_batch % m == 0)
+        (1..=request.replica_batch().min(request.max_microbatches.max(1)))
+            .filter(|m| request.replica_batch() % m == 0)
             .collect()
     } else {
         request.microbatch_counts.clone()

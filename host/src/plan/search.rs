@@ -7,6 +7,7 @@ use crate::partition::{
     Partition, Problem, NANOS_PER_SECOND,
 };
 use crate::schedule::Schedule;
+use crate::sim::data_parallel::reductions;
 use crate::sim::{simulate, Simulation};
 
 use super::{Plan, PlanError, PlanRequest, PLAN_NODE_BUDGET};
@@ -42,7 +43,7 @@ impl<'a> Shape<'a> {
             chunks: v,
             placement: schedule.placement,
         };
-        let factor = (request.global_batch / m) as f64 / request.cost_batch;
+        let factor = (request.replica_batch() / m) as f64 / request.cost_batch;
         let layers: Vec<LayerCost> = request
             .costs
             .layers
@@ -94,14 +95,20 @@ impl<'a> Shape<'a> {
                 ));
             }
         }
+        let dp = &self.request.data_parallel;
+        let reduced = reductions(&self.schedule, &sim.timeline, &model, dp);
+        let step_time = dp.step_time(&sim.timeline, &reduced);
         Ok(Plan {
             family: self.label().to_string(),
             chunks: self.layout.chunks,
             microbatches: self.microbatches(),
-            microbatch_size: self.request.global_batch / self.microbatches(),
+            microbatch_size: self.request.replica_batch() / self.microbatches(),
             partition: name,
             layers_per_stage: counts,
-            step_time: sim.timeline.makespan(),
+            step_time,
+            ranks: self.schedule.ranks,
+            data_parallel: dp.replicas,
+            reduce_tail: step_time - sim.timeline.makespan(),
             bubble_fraction: sim.timeline.bubble_fraction(),
             peak_memory: peak,
             lower_bound: sim.lower_bound,

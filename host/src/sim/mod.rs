@@ -57,6 +57,7 @@
 //! ```
 
 mod bound;
+pub mod data_parallel;
 mod engine;
 mod error;
 mod memory;
