@@ -160,7 +160,7 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
     }
     let mut link = file.transfer;
     if let Some(b) = args.dp_bandwidth {
-        if !(b > 0.0) {
+        if b.is_nan() || b <= 0.0 {
             return Err(CliError::Usage(format!(
                 "--dp-bandwidth {b}: give bytes per second > 0 (inf for free all-reduces)"
             )));
