@@ -7,6 +7,7 @@
 //! The engine itself (schedules, simulator, partitioner, runtime, traces) is [`pipefill_host`].
 
 pub mod alloc;
+pub mod checkpoint;
 pub mod cli;
 pub mod layers;
 pub mod model;

@@ -14,6 +14,7 @@
 //! 4. [`train`]: run the steps with the executor, showing progress;
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
+mod checkpoint;
 mod output;
 mod setup;
 
@@ -27,6 +28,7 @@ use pipefill_host::schedule::Params;
 use pipefill_host::sim::simulate;
 use pipefill_host::timeline::Timeline;
 
+pub use checkpoint::{CheckpointArgs, Resume};
 pub use setup::{setup, Args, Format, Setup, TrainPlan};
 
 use super::profile::{profile_model, Backend, Measure};
@@ -45,7 +47,10 @@ pub struct Chosen {
 /// What the training phase produced.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// One loss per step.
+    /// Steps trained before this run (from `--resume`; 0 otherwise): `losses[i]` is step
+    /// `first_step + i` (from 0).
+    pub first_step: usize,
+    /// One loss per step run here.
     pub losses: Vec<f32>,
     /// Wall seconds per step.
     pub step_seconds: Vec<f64>,
@@ -62,8 +67,14 @@ pub struct Outcome {
 /// Runs `pipefill train`.
 pub fn run(args: Args) -> Result<(), CliError> {
     let setup = setup(args)?;
-    let costs = profile(&setup)?;
-    let plans = plans(&setup, &costs)?;
+    let plans = match &setup.resume {
+        // A resumed run keeps the plan it was saved with (schedule, partition, costs).
+        Some(r) => PlanReport {
+            plans: vec![r.manifest.plan.clone()],
+            skipped: Vec::new(),
+        },
+        None => plans(&setup, &profile(&setup)?)?,
+    };
     let plan = plans
         .best()
         .ok_or_else(|| CliError::Failed("no candidate schedule".into()))?
@@ -138,7 +149,7 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let a = &setup.args;
     let failed = |e: String| CliError::Failed(e);
     let plan = &chosen.plan;
-    let stages = setup
+    let mut stages = setup
         .spec
         .build_stages(
             &stage_ranges(&plan.layers_per_stage),
@@ -147,6 +158,14 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
             a.seed,
         )
         .map_err(|e| failed(e.0))?;
+    let first_step = match &setup.resume {
+        Some(r) => {
+            checkpoint::restore(r, plan, &mut stages)?;
+            r.step()
+        }
+        None => 0,
+    };
+    let saver = checkpoint::Saver::new(setup, plan);
     let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
     ex.set_exclusive(a.replay);
     let teacher = Teacher::new(&setup.spec, a.seed);
@@ -155,14 +174,20 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         a.steps,
         a.format == Format::Text && std::io::stderr().is_terminal(),
     );
-    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps);
-    for step in 0..a.steps {
+    progress.skip(first_step);
+    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps - first_step);
+    for step in first_step..a.steps {
+        // The data of a step depends on (seed, step) only, so a resumed run sees what an
+        // uninterrupted one would.
         let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
         let r = ex
             .step(x, &t, &loss)
             .map_err(|e| failed(format!("step {step}: {e}")))?;
         progress.step(step, r.loss, r.seconds, a.format == Format::Text);
         reports.push(r);
+        if let Some(s) = &saver {
+            s.after_step(step + 1, &ex)?;
+        }
     }
     progress.finish();
     let losses = reports.iter().map(|r| r.loss).collect();
@@ -183,6 +208,7 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         r.timeline.clone()
     };
     Ok(Outcome {
+        first_step,
         losses,
         step_seconds,
         measured,

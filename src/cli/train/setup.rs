@@ -108,6 +108,9 @@ pub struct Args {
     /// GEMM crate for the matrix products: matrixmultiply or gemm.
     #[arg(long, default_value = "matrixmultiply")]
     pub gemm: String,
+    /// Checkpoints: `--checkpoint`, `--checkpoint-every`, `--resume`.
+    #[command(flatten)]
+    pub checkpoint: super::checkpoint::CheckpointArgs,
 }
 
 /// Everything checked and ready to run.
@@ -126,6 +129,8 @@ pub struct Setup {
     /// The schedule read from `--schedule-file` (then `args.ranks`, `microbatches` and `chunks`
     /// are its `P`, `M` and `V`).
     pub schedule_file: Option<Schedule>,
+    /// The `--resume` checkpoint, loaded and checked against the run.
+    pub resume: Option<super::checkpoint::Resume>,
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
@@ -149,14 +154,17 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Ok(Setup {
+    let mut setup = Setup {
         args,
         spec,
         optimizer,
         gemm,
         cores,
         schedule_file,
-    })
+        resume: None,
+    };
+    setup.resume = super::checkpoint::prepare(&setup)?;
+    Ok(setup)
 }
 
 fn usage(m: String) -> CliError {
