@@ -2,9 +2,9 @@
 //! run killed at any moment resumes from its last complete checkpoint with the losses it would have
 //! had without the interruption.
 //!
-//! A checkpoint is a folder `DIR/step-NNNNNNNN/` with one rank file per rank ([`file`]: a small
+//! A checkpoint is a folder `DIR/step-NNNNNNNN/` with one rank file per rank ([`mod@file`]: a small
 //! binary format with a header, lengths and a checksum) and a JSON [`Manifest`] written last
-//! ([`store`]: each file through a synced temporary file and a rename, the folder synced after).
+//! ([`mod@store`]: each file through a synced temporary file and a rename, the folder synced after).
 //! Resuming reads the latest folder that has a manifest, checks the run against it
 //! ([`Manifest::check_run`]) and every rank file against the manifest ([`store::load_ranks`]), and
 //! puts the state back into freshly built stages ([`restore`]).
@@ -86,5 +86,54 @@ pub fn restore(
             format!("no rank saved stage {i}"),
         )),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::{gemm::GemmBackend, LossKind, Optimizer, ParamState};
+    use crate::model::{stage_ranges, ModelSpec};
+    use pipefill_host::schedule::{families, Params};
+    use pipefill_kernels::Activation;
+
+    fn stages(seed: u64) -> (Schedule, Vec<LinearStage>) {
+        let spec = ModelSpec::uniform(4, 8, 3, Activation::Gelu, LossKind::Mse, 8).unwrap();
+        let schedule = families::generate("interleaved-1f1b", &Params::new(2, 2)).unwrap();
+        let ranges = stage_ranges(&[1, 1, 1, 1]);
+        let opt = Optimizer::adamw(1e-3);
+        let stages = spec
+            .build_stages(&ranges, opt, GemmBackend::default(), seed)
+            .unwrap();
+        (schedule, stages)
+    }
+
+    #[test]
+    fn saved_stages_restore_exactly_into_fresh_ones() {
+        let (schedule, mut trained) = stages(1);
+        for (i, s) in trained.iter_mut().enumerate() {
+            s.set_steps(3 + i as u32);
+            let l = &mut s.layers[0];
+            let n = l.weight.len();
+            let m = ParamState::from_moments(vec![0.5; n], vec![0.25; n]);
+            l.set_optimizer_state(m, ParamState::default());
+        }
+        let ranks = rank_states(3, &schedule, &trained);
+        // Looped placement: rank 0 holds stages 0 and 2.
+        let held: Vec<usize> = ranks[0].stages.iter().map(|s| s.stage).collect();
+        assert_eq!(held, vec![0, 2]);
+        let (_, mut fresh) = stages(2);
+        assert_ne!(fresh, trained);
+        restore(Path::new("ck"), ranks.clone(), &schedule, &mut fresh).unwrap();
+        assert_eq!(fresh, trained);
+        // A stage saved by a rank that does not hold it, or missing, is refused.
+        let mut moved = ranks.clone();
+        let s = moved[0].stages.pop().unwrap();
+        moved[1].stages.push(s);
+        assert!(restore(Path::new("ck"), moved, &schedule, &mut fresh).is_err());
+        let mut missing = ranks;
+        missing[1].stages.clear();
+        let e = restore(Path::new("ck"), missing, &schedule, &mut fresh).unwrap_err();
+        assert!(e.to_string().contains("no rank saved stage 1"), "{e}");
     }
 }
