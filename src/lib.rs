@@ -11,4 +11,6 @@ pub mod checkpoint;
 pub mod cli;
 pub mod layers;
 pub mod model;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod ptx;
