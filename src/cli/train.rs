@@ -15,6 +15,8 @@
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
 mod checkpoint;
+#[cfg(feature = "mpi")]
+mod launch;
 mod output;
 mod setup;
 
@@ -29,10 +31,11 @@ use pipefill_host::sim::simulate;
 use pipefill_host::timeline::Timeline;
 
 pub use checkpoint::{CheckpointArgs, Resume};
-pub use setup::{setup, Args, Format, Setup, TrainPlan};
+pub use setup::{setup, Args, Format, Launcher, Setup, TrainPlan};
 
 use super::profile::{profile_model, Backend, Measure};
 use super::CliError;
+use crate::layers::LinearStage;
 use crate::model::{stage_ranges, Teacher};
 
 /// The plan trained with, and its predicted timeline.
@@ -66,25 +69,36 @@ pub struct Outcome {
 
 /// Runs `pipefill train`.
 pub fn run(args: Args) -> Result<(), CliError> {
+    #[cfg(feature = "mpi")]
+    if args.launcher == Launcher::Mpi {
+        return launch::run(args);
+    }
     let setup = setup(args)?;
-    let plans = match &setup.resume {
-        // A resumed run keeps the plan it was saved with (schedule, partition, costs).
-        Some(r) => PlanReport {
-            plans: vec![r.manifest.plan.clone()],
-            skipped: Vec::new(),
-        },
-        None => plans(&setup, &profile(&setup)?)?,
-    };
+    let plans = candidates(&setup)?;
+    let chosen = choose(&plans)?;
+    let outcome = train(&setup, &chosen)?;
+    report(&setup, &plans, &chosen, &outcome)
+}
+
+/// The candidate plans, best first: profiled and planned, or the `--resume` checkpoint's plan
+/// (a resumed run keeps its schedule, partition and costs).
+pub fn candidates(setup: &Setup) -> Result<Vec<Plan>, CliError> {
+    Ok(match &setup.resume {
+        Some(r) => vec![r.manifest.plan.clone()],
+        None => plans(setup, &profile(setup)?)?.plans,
+    })
+}
+
+/// The best of `plans` (sorted best first), with its predicted timeline.
+pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
     let plan = plans
-        .best()
+        .first()
         .ok_or_else(|| CliError::Failed("no candidate schedule".into()))?
         .clone();
     let predicted = plan
         .timeline()
         .map_err(|e| CliError::Failed(e.to_string()))?;
-    let chosen = Chosen { plan, predicted };
-    let outcome = train(&setup, &chosen)?;
-    report(&setup, &plans.plans, &chosen, &outcome)
+    Ok(Chosen { plan, predicted })
 }
 
 /// Times every layer briefly on one microbatch, on the CPU backend (the cost file carries its
@@ -144,20 +158,18 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
     })
 }
 
-/// Trains `--steps` steps with the chosen schedule.
-pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
-    let a = &setup.args;
-    let failed = |e: String| CliError::Failed(e);
-    let plan = &chosen.plan;
+/// The model's stages for `plan`, with their initial weights, or the `--resume` checkpoint's
+/// state; and the steps already trained.
+pub fn build(setup: &Setup, plan: &Plan) -> Result<(Vec<LinearStage>, usize), CliError> {
     let mut stages = setup
         .spec
         .build_stages(
             &stage_ranges(&plan.layers_per_stage),
             setup.optimizer,
             setup.gemm,
-            a.seed,
+            setup.args.seed,
         )
-        .map_err(|e| failed(e.0))?;
+        .map_err(|e| CliError::Failed(e.0))?;
     let first_step = match &setup.resume {
         Some(r) => {
             checkpoint::restore(r, plan, &mut stages)?;
@@ -165,16 +177,32 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         }
         None => 0,
     };
+    Ok((stages, first_step))
+}
+
+/// The progress display of this run.
+fn progress(setup: &Setup, first_step: usize) -> output::Progress {
+    let a = &setup.args;
+    let mut p = output::Progress::new(
+        a.steps,
+        a.format == Format::Text && std::io::stderr().is_terminal(),
+    );
+    p.skip(first_step);
+    p
+}
+
+/// Trains `--steps` steps with the chosen schedule.
+pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
+    let a = &setup.args;
+    let failed = |e: String| CliError::Failed(e);
+    let plan = &chosen.plan;
+    let (stages, first_step) = build(setup, plan)?;
     let saver = checkpoint::Saver::new(setup, plan);
     let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
     ex.set_exclusive(a.replay);
     let teacher = Teacher::new(&setup.spec, a.seed);
     let loss = setup.spec.loss;
-    let mut progress = output::Progress::new(
-        a.steps,
-        a.format == Format::Text && std::io::stderr().is_terminal(),
-    );
-    progress.skip(first_step);
+    let mut progress = progress(setup, first_step);
     let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps - first_step);
     for step in first_step..a.steps {
         // The data of a step depends on (seed, step) only, so a resumed run sees what an
@@ -185,22 +213,35 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
             .map_err(|e| failed(format!("step {step}: {e}")))?;
         progress.step(step, r.loss, r.seconds, a.format == Format::Text);
         reports.push(r);
-        if let Some(s) = &saver {
-            s.after_step(step + 1, &ex)?;
+        if let Some(s) = saver.as_ref().filter(|s| s.due(step + 1)) {
+            s.save(step + 1, ex.schedule(), ex.stages())?;
         }
     }
     progress.finish();
+    outcome(setup, plan, first_step, &reports)
+}
+
+/// What the steps' reports add up to: losses, step times, the median step's measured timeline and
+/// its resimulation from its own action durations.
+pub fn outcome(
+    setup: &Setup,
+    plan: &Plan,
+    first_step: usize,
+    reports: &[StepReport],
+) -> Result<Outcome, CliError> {
+    let failed = |e: String| CliError::Failed(e);
     let losses = reports.iter().map(|r| r.loss).collect();
     let step_seconds: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
-    let median_step = median_index(&step_seconds);
-    let r = &reports[median_step];
+    let r = reports
+        .get(median_index(&step_seconds))
+        .ok_or_else(|| failed("no step was trained".into()))?;
     let work_seconds = r.action_seconds.iter().map(|(_, t)| t).sum();
     // The run's own action durations, simulated: what the schedule takes if the runtime adds
     // nothing to the layers' time.
     let resimulated = simulate(&plan.schedule, &plan.cost.with_durations(&r.action_seconds))
         .map_err(|e| failed(e.to_string()))?
         .timeline;
-    let measured = if a.replay {
+    let measured = if setup.args.replay {
         let mut t = resimulated.clone();
         t.source = pipefill_host::timeline::Source::Measured;
         t

@@ -1,15 +1,16 @@
 //! One process per rank over MPI (feature `mpi`): the MPI world of a `mpirun` launch and the
-//! point-to-point moves of tensors between its processes, through the `mpi` crate (rsmpi) against
-//! the system's MPI library (OpenMPI or MPICH).
-//!
-//! A tensor crosses as two messages with the same tag, its shape (`u64`s) then its values (`f32`);
-//! MPI keeps messages of one sender, receiver and tag in order, so the pair cannot be split.
+//! messages between its processes, through the `mpi` crate (rsmpi) against the system's MPI library
+//! (OpenMPI or MPICH); [`MpiTransport`], the runtime's transport between processes.
 
+mod transport;
+
+pub use transport::MpiTransport;
+
+use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
 use mpi::point_to_point::{Destination, Source};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
-use pipefill_host::runtime::Tensor;
 
 /// An error of the MPI front end.
 #[derive(Debug, thiserror::Error)]
@@ -35,29 +36,19 @@ pub enum MpiError {
         /// Ranks of the run.
         ranks: usize,
     },
-    /// A received message is not what a tensor's send makes.
-    #[error("message from process {from} (tag {tag}): {reason}")]
-    BadMessage {
-        /// The sender.
-        from: usize,
-        /// The tag.
-        tag: i32,
-        /// What is wrong.
-        reason: String,
-    },
 }
 
 /// The MPI world of this process: MPI initialised at [`World::init`], finalised on drop.
 pub struct World {
     // Dropping the universe finalises MPI: it must outlive every use of `comm`.
     comm: SimpleCommunicator,
-    _universe: Universe,
+    universe: Universe,
 }
 
 impl World {
-    /// Initialises MPI (calls come from one thread at a time: `Serialized`).
+    /// Initialises MPI (MPI is called from the main thread only: `Funneled`).
     pub fn init() -> Result<Self, MpiError> {
-        let wanted = Threading::Serialized;
+        let wanted = Threading::Funneled;
         let (universe, got) =
             mpi::initialize_with_threading(wanted).ok_or(MpiError::AlreadyInitialized)?;
         if got < wanted {
@@ -65,7 +56,7 @@ impl World {
         }
         Ok(World {
             comm: universe.world(),
-            _universe: universe,
+            universe,
         })
     }
 
@@ -87,25 +78,48 @@ impl World {
         }
     }
 
-    /// Sends `tensor` to process `to` with `tag` (blocking until MPI holds the buffers).
-    pub fn send_tensor(&self, to: usize, tag: i32, tensor: &Tensor) {
-        let shape: Vec<u64> = tensor.shape().iter().map(|&d| d as u64).collect();
-        let p = self.comm.process_at_rank(to as i32);
-        p.send_with_tag(&shape[..], tag);
-        p.send_with_tag(tensor.data(), tag);
+    /// Sends `values` to process `to` with `tag` (blocking until MPI holds the buffer).
+    pub fn send_slice<T: Equivalence>(&self, to: usize, tag: i32, values: &[T]) {
+        self.comm
+            .process_at_rank(to as i32)
+            .send_with_tag(values, tag);
     }
 
-    /// Receives the tensor that process `from` sends with `tag`.
-    pub fn recv_tensor(&self, from: usize, tag: i32) -> Result<Tensor, MpiError> {
-        let p = self.comm.process_at_rank(from as i32);
-        let (shape, _) = p.receive_vec_with_tag::<u64>(tag);
-        let (data, _) = p.receive_vec_with_tag::<f32>(tag);
-        let bad = |reason: String| MpiError::BadMessage { from, tag, reason };
-        let shape = shape
-            .iter()
-            .map(|&d| usize::try_from(d).map_err(|_| bad(format!("dimension {d} is too large"))))
-            .collect::<Result<Vec<_>, _>>()?;
-        Tensor::new(shape, data).map_err(|e| bad(e.to_string()))
+    /// Receives the values that process `from` sends with `tag`.
+    pub fn recv_vec<T: Equivalence>(&self, from: usize, tag: i32) -> Vec<T> {
+        self.comm
+            .process_at_rank(from as i32)
+            .receive_vec_with_tag::<T>(tag)
+            .0
+    }
+
+    /// Sends `values` to process `to` with `tag` through the send buffer
+    /// ([`reserve_send_buffer`](World::reserve_send_buffer)): returns at once, whether or not the
+    /// receiver is waiting, so two ranks that send to each other cannot block each other.
+    pub fn send_buffered<T: Equivalence>(&self, to: usize, tag: i32, values: &[T]) {
+        self.comm
+            .process_at_rank(to as i32)
+            .buffered_send_with_tag(values, tag);
+    }
+
+    /// Makes the buffer of [`send_buffered`](World::send_buffered) at least `bytes` long (MPI's
+    /// attached buffer; each message also takes MPI's per-message overhead in it).
+    pub fn reserve_send_buffer(&mut self, bytes: usize) {
+        if self.universe.buffer_size() < bytes {
+            self.universe.set_buffer_size(bytes);
+        }
+    }
+
+    /// The largest of every process's `value` (each process calls this with its own).
+    pub fn max_over_world(&self, value: u64) -> u64 {
+        let mut out = 0u64;
+        mpi::collective::CommunicatorCollectives::all_reduce_into(
+            &self.comm,
+            &value,
+            &mut out,
+            mpi::collective::SystemOperation::max(),
+        );
+        out
     }
 
     /// Waits until every process reaches this call.

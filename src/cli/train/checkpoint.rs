@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use pipefill_host::plan::Plan;
-use pipefill_host::runtime::Executor;
+use pipefill_host::schedule::Schedule;
 
 use super::{Args, Setup, TrainPlan};
 use crate::checkpoint::{
-    self, learning_rate, store, CheckpointError, Field, Manifest, ModelShape, RankState,
+    self, learning_rate, store, CheckpointError, Field, Manifest, ModelShape, RankFile, RankState,
     RunIdentity, FORMAT, FORMAT_VERSION,
 };
 use crate::cli::CliError;
@@ -212,23 +212,45 @@ impl Saver {
         })
     }
 
-    /// After step `done` (counted from 1) of the run: saves when it is a multiple of
-    /// `--checkpoint-every` or the last step. Returns whether it saved.
-    pub fn after_step(&self, done: usize, ex: &Executor<LinearStage>) -> Result<bool, CliError> {
-        let due = self.every.is_some_and(|n| done % n == 0) || done == self.steps;
-        if !due {
-            return Ok(false);
-        }
-        let mut manifest = self.base.clone();
-        manifest.step = done as u64;
-        let ranks = checkpoint::rank_states(manifest.step, ex.schedule(), ex.stages());
-        store::save(&self.dir, manifest, &ranks).map_err(|e| {
-            CliError::Failed(format!(
-                "--checkpoint `{}`: saving step {done}: {e}",
-                self.dir.display()
-            ))
-        })?;
-        Ok(true)
+    /// Whether a checkpoint is due after step `done` (counted from 1): a multiple of
+    /// `--checkpoint-every`, or the last step.
+    pub fn due(&self, done: usize) -> bool {
+        self.every.is_some_and(|n| done % n == 0) || done == self.steps
+    }
+
+    /// Saves every rank's state after step `done` from one process (`stages`: all of them, in
+    /// global order, placed by `schedule`).
+    pub fn save(
+        &self,
+        done: usize,
+        schedule: &Schedule,
+        stages: &[LinearStage],
+    ) -> Result<(), CliError> {
+        let ranks = checkpoint::rank_states(done as u64, schedule, stages);
+        let manifest = self.manifest(done, Vec::new());
+        store::save(&self.dir, manifest, &ranks).map_err(|e| self.failed(done, e))
+    }
+
+    /// The `--checkpoint` folder.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest of the checkpoint after step `done` with these rank `files`.
+    pub fn manifest(&self, done: usize, files: Vec<RankFile>) -> Manifest {
+        let mut m = self.base.clone();
+        m.step = done as u64;
+        m.files = files;
+        m
+    }
+
+    /// A failed save after step `done`, as the CLI reports it (exit code 1).
+    pub fn failed(&self, done: usize, e: CheckpointError) -> CliError {
+        CliError::Failed(format!(
+            "--checkpoint `{}`: saving step {done}: {e}",
+            self.dir.display()
+        ))
     }
 }
 

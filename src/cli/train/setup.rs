@@ -40,6 +40,16 @@ impl TrainPlan {
     }
 }
 
+/// How the ranks run (`--launcher`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Launcher {
+    /// One process, one thread per rank.
+    #[default]
+    Threads,
+    /// One process per rank under `mpirun` (a build with the `mpi` feature).
+    Mpi,
+}
+
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -108,6 +118,10 @@ pub struct Args {
     /// GEMM crate for the matrix products: matrixmultiply or gemm.
     #[arg(long, default_value = "matrixmultiply")]
     pub gemm: String,
+    /// How the ranks run: `threads` (one process) or `mpi` (one process per rank:
+    /// `mpirun -n P pipefill train --launcher mpi --ranks P ...`, in a build with `--features mpi`).
+    #[arg(long, value_enum, default_value_t = Launcher::Threads)]
+    pub launcher: Launcher,
     /// Checkpoints: `--checkpoint`, `--checkpoint-every`, `--resume`.
     #[command(flatten)]
     pub checkpoint: super::checkpoint::CheckpointArgs,
@@ -184,6 +198,22 @@ fn check_counts(args: &Args) -> Result<(), CliError> {
     }
     if args.chunks == Some(0) {
         return Err(usage("--chunks must be at least 1".into()));
+    }
+    if args.launcher == Launcher::Mpi {
+        if !cfg!(feature = "mpi") {
+            return Err(usage(
+                "--launcher mpi: this pipefill was built without MPI; rebuild it with \
+                 `cargo build --release --features mpi` (needs an MPI library and libclang)"
+                    .into(),
+            ));
+        }
+        if args.replay {
+            return Err(usage(
+                "--replay runs one layer call at a time within one process: give it without \
+                 --launcher mpi"
+                    .into(),
+            ));
+        }
     }
     Ok(())
 }
