@@ -8,6 +8,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::{pipefill_in, scratch};
 
@@ -136,5 +137,88 @@ fn a_checkpoint_saved_under_mpirun_resumes_in_either_launcher() {
         &with(&[&resume[..], &["--launcher", "mpi"]].concat()),
     ));
     assert_close(&mpi, &full[2..], "resumed under mpirun");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_job_stopped_mid_run_resumes_from_its_last_checkpoint() {
+    let dir = scratch("mpi-kill");
+    let shape = [
+        "--schedule",
+        "1f1b",
+        "--layers",
+        "6",
+        "--hidden",
+        "128",
+        "--batch",
+        "128",
+        "--steps",
+        "120",
+    ];
+    let mut args: Vec<&str> = RUN.to_vec();
+    // `RUN`'s model flags give way to the larger model (clap takes each flag once).
+    for flag in ["--layers", "--hidden", "--batch"] {
+        let i = args.iter().position(|a| *a == flag).expect("flag in RUN");
+        args.drain(i..i + 2);
+    }
+    args.extend_from_slice(&shape);
+    let full = losses(pipefill_in(Some(&dir), &args));
+    let save = [
+        &args[..],
+        &[
+            "--launcher",
+            "mpi",
+            "--checkpoint",
+            "ck",
+            "--checkpoint-every",
+            "5",
+        ],
+    ]
+    .concat();
+    let mut job = Command::new("mpirun")
+        .current_dir(&dir)
+        .args(["--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(&save)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn mpirun");
+    let first = dir.join("ck/step-00000005/manifest.json");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !first.exists() {
+        assert!(Instant::now() < deadline, "no checkpoint after 120 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SIGTERM: mpirun passes it to its processes and ends them (SIGKILL would orphan them).
+    // SAFETY: `kill` on the pid of a child this test started and has not yet waited for.
+    unsafe {
+        libc::kill(job.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = job.try_wait().expect("wait for mpirun") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mpirun still running 60 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "the job finished before it was stopped");
+    let last = (5..120)
+        .rev()
+        .find(|s| dir.join(format!("ck/step-{s:08}/manifest.json")).exists())
+        .expect("a complete checkpoint before the last step");
+    let resume = [
+        &args[..],
+        &["--launcher", "mpi", "--resume", "ck", "--checkpoint", "ck"],
+    ]
+    .concat();
+    let tail = losses(mpirun(&dir, 2, &resume));
+    assert_close(&tail, &full[last..], &format!("resumed after step {last}"));
     std::fs::remove_dir_all(&dir).ok();
 }
