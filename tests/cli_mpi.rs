@@ -222,3 +222,99 @@ fn a_job_stopped_mid_run_resumes_from_its_last_checkpoint() {
     assert_close(&tail, &full[last..], &format!("resumed after step {last}"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The processes whose parent is `parent` (from `/proc/*/stat`).
+fn children(parent: u32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`; comm may hold spaces, so split after its `)`.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_ends_the_whole_job_within_seconds() {
+    let dir = scratch("mpi-fault");
+    let args = with(&["--launcher", "mpi", "--steps", "100000"]);
+    let mut job = Command::new("mpirun")
+        .current_dir(&dir)
+        .args(["--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(&args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn mpirun");
+    // Both ranks started and past the plan: wait for two children, then a moment of training.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ranks = loop {
+        let c = children(job.id());
+        if c.len() == 2 {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mpirun started {} processes",
+            c.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: `kill` on a child of the mpirun this test started.
+    unsafe {
+        libc::kill(ranks[1], libc::SIGKILL);
+    }
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = job.try_wait().expect("wait for mpirun") {
+            break s;
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            let _ = job.kill();
+            for pid in children(job.id()) {
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+            panic!("the job still runs 30 s after one rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = job.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(!status.success(), "{err}");
+    // mpirun names the rank that died and takes the other one down with it.
+    assert!(
+        err.contains("process rank") && err.contains("signal 9"),
+        "{err}"
+    );
+    let gone = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{}", ranks[0])).exists() {
+        assert!(
+            Instant::now() < gone,
+            "the other rank outlived the job: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
