@@ -76,6 +76,12 @@ impl LinearStage {
     pub fn steps(&self) -> u32 {
         self.steps
     }
+
+    /// Sets the optimizer steps taken (AdamW's bias correction counts from it): for a stage
+    /// restored from a checkpoint.
+    pub fn set_steps(&mut self, steps: u32) {
+        self.steps = steps;
+    }
 }
 
 impl Stage for LinearStage {

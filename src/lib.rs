@@ -7,7 +7,10 @@
 //! The engine itself (schedules, simulator, partitioner, runtime, traces) is [`pipefill_host`].
 
 pub mod alloc;
+pub mod checkpoint;
 pub mod cli;
 pub mod layers;
 pub mod model;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod ptx;

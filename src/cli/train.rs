@@ -14,6 +14,9 @@
 //! 4. [`train`]: run the steps with the executor, showing progress;
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
+mod checkpoint;
+#[cfg(feature = "mpi")]
+mod launch;
 mod output;
 mod replicas;
 mod setup;
@@ -28,10 +31,12 @@ use pipefill_host::schedule::Params;
 use pipefill_host::sim::simulate;
 use pipefill_host::timeline::Timeline;
 
-pub use setup::{setup, Args, Format, Setup, TrainPlan};
+pub use checkpoint::{CheckpointArgs, Resume};
+pub use setup::{setup, Args, Format, Launcher, Setup, TrainPlan};
 
 use super::profile::{profile_model, Backend, Measure};
 use super::CliError;
+use crate::layers::LinearStage;
 use crate::model::{stage_ranges, Teacher};
 
 /// The plan trained with, and its predicted timeline.
@@ -46,7 +51,10 @@ pub struct Chosen {
 /// What the training phase produced.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// One loss per step.
+    /// Steps trained before this run (from `--resume`; 0 otherwise): `losses[i]` is step
+    /// `first_step + i` (from 0).
+    pub first_step: usize,
+    /// One loss per step run here.
     pub losses: Vec<f32>,
     /// Wall seconds per step.
     pub step_seconds: Vec<f64>,
@@ -62,19 +70,36 @@ pub struct Outcome {
 
 /// Runs `pipefill train`.
 pub fn run(args: Args) -> Result<(), CliError> {
+    #[cfg(feature = "mpi")]
+    if args.launcher == Launcher::Mpi {
+        return launch::run(args);
+    }
     let setup = setup(args)?;
-    let costs = profile(&setup)?;
-    let plans = plans(&setup, &costs)?;
+    let plans = candidates(&setup)?;
+    let chosen = choose(&plans)?;
+    let outcome = train(&setup, &chosen)?;
+    report(&setup, &plans, &chosen, &outcome)
+}
+
+/// The candidate plans, best first: profiled and planned, or the `--resume` checkpoint's plan
+/// (a resumed run keeps its schedule, partition and costs).
+pub fn candidates(setup: &Setup) -> Result<Vec<Plan>, CliError> {
+    Ok(match &setup.resume {
+        Some(r) => vec![r.manifest.plan.clone()],
+        None => plans(setup, &profile(setup)?)?.plans,
+    })
+}
+
+/// The best of `plans` (sorted best first), with its predicted timeline.
+pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
     let plan = plans
-        .best()
+        .first()
         .ok_or_else(|| CliError::Failed("no candidate schedule".into()))?
         .clone();
     let predicted = plan
         .timeline()
         .map_err(|e| CliError::Failed(e.to_string()))?;
-    let chosen = Chosen { plan, predicted };
-    let outcome = train(&setup, &chosen)?;
-    report(&setup, &plans.plans, &chosen, &outcome)
+    Ok(Chosen { plan, predicted })
 }
 
 /// Times every layer briefly on one microbatch, on the CPU backend (the cost file carries its
@@ -135,6 +160,39 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
     })
 }
 
+/// The model's stages for `plan`, with their initial weights, or the `--resume` checkpoint's
+/// state; and the steps already trained.
+pub fn build(setup: &Setup, plan: &Plan) -> Result<(Vec<LinearStage>, usize), CliError> {
+    let mut stages = setup
+        .spec
+        .build_stages(
+            &stage_ranges(&plan.layers_per_stage),
+            setup.optimizer,
+            setup.gemm,
+            setup.args.seed,
+        )
+        .map_err(|e| CliError::Failed(e.0))?;
+    let first_step = match &setup.resume {
+        Some(r) => {
+            checkpoint::restore(r, plan, &mut stages)?;
+            r.step()
+        }
+        None => 0,
+    };
+    Ok((stages, first_step))
+}
+
+/// The progress display of this run.
+fn progress(setup: &Setup, first_step: usize) -> output::Progress {
+    let a = &setup.args;
+    let mut p = output::Progress::new(
+        a.steps,
+        a.format == Format::Text && std::io::stderr().is_terminal(),
+    );
+    p.skip(first_step);
+    p
+}
+
 /// Trains `--steps` steps with the chosen schedule.
 pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let a = &setup.args;
@@ -143,51 +201,52 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     }
     let failed = |e: String| CliError::Failed(e);
     let plan = &chosen.plan;
-    let stages = setup
-        .spec
-        .build_stages(
-            &stage_ranges(&plan.layers_per_stage),
-            setup.optimizer,
-            setup.gemm,
-            a.seed,
-        )
-        .map_err(|e| failed(e.0))?;
+    let (stages, first_step) = build(setup, plan)?;
+    let saver = checkpoint::Saver::new(setup, plan);
     let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
     ex.set_exclusive(a.replay);
     let teacher = Teacher::new(&setup.spec, a.seed);
     let loss = setup.spec.loss;
-    let mut progress = output::Progress::new(
-        a.steps,
-        a.format == Format::Text && std::io::stderr().is_terminal(),
-    );
-    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps);
-    for step in 0..a.steps {
+    let mut progress = progress(setup, first_step);
+    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps - first_step);
+    for step in first_step..a.steps {
+        // The data of a step depends on (seed, step) only, so a resumed run sees what an
+        // uninterrupted one would.
         let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
         let r = ex
             .step(x, &t, &loss)
             .map_err(|e| failed(format!("step {step}: {e}")))?;
         progress.step(step, r.loss, r.seconds, a.format == Format::Text);
         reports.push(r);
+        if let Some(s) = saver.as_ref().filter(|s| s.due(step + 1)) {
+            s.save(step + 1, ex.schedule(), ex.stages())?;
+        }
     }
     progress.finish();
-    outcome(setup, chosen, &reports)
+    outcome(setup, plan, first_step, &reports)
 }
 
-/// The outcome of a run from its step reports (of one replica, for the timelines).
-fn outcome(setup: &Setup, chosen: &Chosen, reports: &[StepReport]) -> Result<Outcome, CliError> {
-    let (a, plan) = (&setup.args, &chosen.plan);
+/// What the steps' reports add up to: losses, step times, the median step's measured timeline and
+/// its resimulation from its own action durations.
+pub fn outcome(
+    setup: &Setup,
+    plan: &Plan,
+    first_step: usize,
+    reports: &[StepReport],
+) -> Result<Outcome, CliError> {
     let failed = |e: String| CliError::Failed(e);
     let losses = reports.iter().map(|r| r.loss).collect();
     let step_seconds: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
-    let median_step = median_index(&step_seconds);
-    let r = &reports[median_step];
+    let r = reports
+        .get(median_index(&step_seconds))
+        .ok_or_else(|| failed("no step was trained".into()))?;
     let work_seconds = r.action_seconds.iter().map(|(_, t)| t).sum();
     // The run's own action durations, simulated: what the schedule takes if the runtime adds
     // nothing to the layers' time.
     let resimulated = simulate(&plan.schedule, &plan.cost.with_durations(&r.action_seconds))
         .map_err(|e| failed(e.to_string()))?
         .timeline;
-    let measured = if a.replay {
+    let measured = if setup.args.replay {
         let mut t = resimulated.clone();
         t.source = pipefill_host::timeline::Source::Measured;
         t
@@ -195,6 +254,7 @@ fn outcome(setup: &Setup, chosen: &Chosen, reports: &[StepReport]) -> Result<Out
         r.timeline.clone()
     };
     Ok(Outcome {
+        first_step,
         losses,
         step_seconds,
         measured,

@@ -174,6 +174,18 @@ impl Linear {
         (!self.fresh).then_some(&self.bias_grad[..])
     }
 
+    /// The optimizer state of the weight and of the bias (for a checkpoint).
+    pub fn optimizer_state(&self) -> (&ParamState, &ParamState) {
+        (&self.weight_state, &self.bias_state)
+    }
+
+    /// Replaces the optimizer state of the weight and of the bias (from a checkpoint; the caller
+    /// checks that each moment is empty or fits its buffer).
+    pub fn set_optimizer_state(&mut self, weight: ParamState, bias: ParamState) {
+        self.weight_state = weight;
+        self.bias_state = bias;
+    }
+
     /// Applies step `t` (from 1) of `opt`.
     pub fn update(&mut self, opt: &Optimizer, t: u32) {
         if self.fresh {

@@ -52,6 +52,18 @@ pub struct ParamState {
 }
 
 impl ParamState {
+    /// The state from saved moments (as [`moments`](ParamState::moments) gives them): each is
+    /// empty (no step taken yet, or SGD's unused second moment) or one value per parameter.
+    pub fn from_moments(first: Vec<f32>, second: Vec<f32>) -> Self {
+        ParamState { first, second }
+    }
+
+    /// The first moment (SGD's velocity, AdamW's `m`) and the second (AdamW's `v`); empty before
+    /// the first step, and the second always for SGD.
+    pub fn moments(&self) -> (&[f32], &[f32]) {
+        (&self.first, &self.second)
+    }
+
     /// Applies step `t` (from 1) of `opt` to `params` from `grads`.
     pub fn update(&mut self, opt: &Optimizer, t: u32, params: &mut [f32], grads: &[f32]) {
         if self.first.len() != params.len() {

@@ -52,6 +52,13 @@ impl Progress {
         }
     }
 
+    /// Starts the count at `done` steps (a resumed run).
+    pub fn skip(&mut self, done: usize) {
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+        }
+    }
+
     /// Removes the bar.
     pub fn finish(&mut self) {
         if let Some(b) = self.bar.take() {
@@ -177,9 +184,16 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
     let a = &setup.args;
     let first = outcome.losses.first().copied().unwrap_or(0.0);
     let last = outcome.losses.last().copied().unwrap_or(0.0);
+    if let Some(r) = &setup.resume {
+        println!(
+            "resumed from `{}` after step {} (its schedule and partition)",
+            r.folder.display(),
+            r.step()
+        );
+    }
     println!(
         "trained {} steps with {} (P = {}, V = {}, M = {}): loss {first:.6} -> {last:.6} ({})",
-        a.steps,
+        outcome.losses.len(),
         chosen.plan.family,
         chosen.plan.schedule.ranks,
         chosen.plan.chunks,
@@ -240,7 +254,7 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
     let m = &outcome.measured;
     let b = bubbles(outcome, &chosen.predicted);
     let x = &outcome.resimulated;
-    let value = json!({
+    let mut value = json!({
         "schedule": chosen.plan.family,
         "ranks": chosen.plan.schedule.ranks,
         "chunks": chosen.plan.chunks,
@@ -289,5 +303,16 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
         "svg": a.svg.display().to_string(),
         "trace": a.trace.as_ref().map(|p| p.display().to_string()),
     });
+    // Apart from the object above, which is at serde_json's macro recursion limit.
+    value["first_step"] = json!(outcome.first_step);
+    value["resumed_from"] = json!(setup
+        .resume
+        .as_ref()
+        .map(|r| r.folder.display().to_string()));
+    value["checkpoint"] = json!(a
+        .checkpoint
+        .checkpoint
+        .as_ref()
+        .map(|p| p.display().to_string()));
     println!("{value}");
 }

@@ -40,6 +40,16 @@ impl TrainPlan {
     }
 }
 
+/// How the ranks run (`--launcher`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Launcher {
+    /// One process, one thread per rank.
+    #[default]
+    Threads,
+    /// One process per rank under `mpirun` (a build with the `mpi` feature).
+    Mpi,
+}
+
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -113,6 +123,13 @@ pub struct Args {
     /// stage's gradients are averaged over the replicas as soon as its last backward is done.
     #[arg(long, default_value_t = 1, value_name = "D")]
     pub data_parallel: usize,
+    /// How the ranks run: `threads` (one process) or `mpi` (one process per rank:
+    /// `mpirun -n P pipefill train --launcher mpi --ranks P ...`, in a build with `--features mpi`).
+    #[arg(long, value_enum, default_value_t = Launcher::Threads)]
+    pub launcher: Launcher,
+    /// Checkpoints: `--checkpoint`, `--checkpoint-every`, `--resume`.
+    #[command(flatten)]
+    pub checkpoint: super::checkpoint::CheckpointArgs,
 }
 
 /// Everything checked and ready to run.
@@ -131,6 +148,8 @@ pub struct Setup {
     /// The schedule read from `--schedule-file` (then `args.ranks`, `microbatches` and `chunks`
     /// are its `P`, `M` and `V`).
     pub schedule_file: Option<Schedule>,
+    /// The `--resume` checkpoint, loaded and checked against the run.
+    pub resume: Option<super::checkpoint::Resume>,
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
@@ -154,14 +173,17 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Ok(Setup {
+    let mut setup = Setup {
         args,
         spec,
         optimizer,
         gemm,
         cores,
         schedule_file,
-    })
+        resume: None,
+    };
+    setup.resume = super::checkpoint::prepare(&setup)?;
+    Ok(setup)
 }
 
 fn usage(m: String) -> CliError {
@@ -181,6 +203,29 @@ fn check_counts(args: &Args) -> Result<(), CliError> {
     }
     if args.chunks == Some(0) {
         return Err(usage("--chunks must be at least 1".into()));
+    }
+    if args.launcher == Launcher::Mpi {
+        if !cfg!(feature = "mpi") {
+            return Err(usage(
+                "--launcher mpi: this pipefill was built without MPI; rebuild it with \
+                 `cargo build --release --features mpi` (needs an MPI library and libclang)"
+                    .into(),
+            ));
+        }
+        if args.replay {
+            return Err(usage(
+                "--replay runs one layer call at a time within one process: give it without \
+                 --launcher mpi"
+                    .into(),
+            ));
+        }
+        if args.data_parallel > 1 {
+            return Err(usage(format!(
+                "--data-parallel {} runs its replicas as threads of one process: give it without \
+                 --launcher mpi (data-parallel replicas over MPI are not built yet)",
+                args.data_parallel
+            )));
+        }
     }
     Ok(())
 }

@@ -1,0 +1,169 @@
+//! [`MpiTransport`]: the runtime's [`Transport`] between processes over MPI point-to-point.
+//!
+//! A parcel is two buffered sends with fixed tags, a header of `u64`s (edge, producer, sender,
+//! send time, shape) then the values; MPI keeps the messages of one sender and tag in order, so a
+//! header and its values stay paired. Buffered sends return at once, as the in-process channels
+//! do, so the lowered schedule's order cannot deadlock two ranks that send to each other. A receive
+//! takes the sender's parcels in order and keeps those wanted later in a mailbox.
+
+use std::collections::HashMap;
+
+use pipefill_host::runtime::{Parcel, Tensor, Transport, TransportError};
+use pipefill_host::schedule::deps::{Edge, Flow};
+use pipefill_host::schedule::{Action, Op};
+
+use super::World;
+
+/// Tag of a parcel's header.
+const HEADER: i32 = 11;
+/// Tag of a parcel's values.
+const VALUES: i32 = 12;
+/// Bytes MPI adds to each buffered message (`MPI_BSEND_OVERHEAD` is 96 to 128 in OpenMPI and
+/// MPICH builds; more is harmless).
+const MESSAGE_OVERHEAD: usize = 256;
+
+/// One process's end of the MPI transport.
+pub struct MpiTransport<'w> {
+    world: &'w World,
+    mailbox: HashMap<Edge, Parcel>,
+}
+
+impl<'w> MpiTransport<'w> {
+    /// The transport of this process over `world`.
+    pub fn new(world: &'w World) -> Self {
+        MpiTransport {
+            world,
+            mailbox: HashMap::new(),
+        }
+    }
+
+    /// Send-buffer bytes for `parcels` parcels of at most `values` values of at most `dims`
+    /// dimensions each: what [`World::reserve_send_buffer`] needs so that a step's sends never wait.
+    pub fn buffer_bytes(parcels: usize, values: usize, dims: usize) -> usize {
+        let one = 2 * MESSAGE_OVERHEAD + 8 * (HEADER_FIELDS + dims) + 4 * values;
+        parcels.saturating_mul(one)
+    }
+}
+
+/// `u64`s in a header before the shape.
+const HEADER_FIELDS: usize = 9;
+
+fn op_code(op: Op) -> u64 {
+    u64::from(op.letter() as u8)
+}
+
+/// The header of `parcel`.
+fn header(p: &Parcel) -> Vec<u64> {
+    let flow = match p.edge.flow {
+        Flow::Activation => 0,
+        Flow::Gradient => 1,
+    };
+    let mut h = vec![
+        flow,
+        p.edge.from as u64,
+        p.edge.microbatch as u64,
+        op_code(p.producer.op),
+        p.producer.stage as u64,
+        p.producer.microbatch as u64,
+        p.from as u64,
+        p.sent_at.to_bits(),
+        p.tensor.shape().len() as u64,
+    ];
+    h.extend(p.tensor.shape().iter().map(|&d| d as u64));
+    h
+}
+
+/// The parcel of `h` and `values`, or why they do not make one.
+fn parcel(h: &[u64], values: Vec<f32>) -> Result<Parcel, String> {
+    if h.len() < HEADER_FIELDS || h.len() != HEADER_FIELDS + h[8] as usize {
+        return Err(format!("a parcel header of {} fields", h.len()));
+    }
+    let flow = match h[0] {
+        0 => Flow::Activation,
+        1 => Flow::Gradient,
+        f => return Err(format!("flow {f}")),
+    };
+    let op = u8::try_from(h[3])
+        .ok()
+        .and_then(|c| Op::from_letter(c as char))
+        .ok_or_else(|| format!("op code {}", h[3]))?;
+    let shape = h[HEADER_FIELDS..].iter().map(|&d| d as usize).collect();
+    let tensor = Tensor::new(shape, values).map_err(|e| e.to_string())?;
+    Ok(Parcel {
+        edge: Edge {
+            flow,
+            from: h[1] as usize,
+            microbatch: h[2] as usize,
+        },
+        producer: Action::new(op, h[4] as usize, h[5] as usize),
+        from: h[6] as usize,
+        sent_at: f64::from_bits(h[7]),
+        tensor,
+    })
+}
+
+impl Transport for MpiTransport<'_> {
+    fn send(&mut self, to: usize, parcel: Parcel) -> Result<(), TransportError> {
+        self.world.send_buffered(to, HEADER, &header(&parcel)[..]);
+        self.world.send_buffered(to, VALUES, parcel.tensor.data());
+        Ok(())
+    }
+
+    fn recv(&mut self, edge: Edge, from: usize) -> Result<Parcel, TransportError> {
+        if let Some(p) = self.mailbox.remove(&edge) {
+            return Ok(p);
+        }
+        loop {
+            let h: Vec<u64> = self.world.recv_vec(from, HEADER);
+            let values: Vec<f32> = self.world.recv_vec(from, VALUES);
+            let p = parcel(&h, values).map_err(|why| TransportError::Lost {
+                message: format!("a message from process {from} is not a parcel: {why}"),
+            })?;
+            if p.edge == edge {
+                return Ok(p);
+            }
+            self.mailbox.insert(p.edge, p);
+        }
+    }
+
+    /// A failed rank ends the whole job: its caller reports the error and calls
+    /// [`World::abort`], which stops every process (none waits forever).
+    fn abort(&mut self) {}
+
+    fn aborted(&self) -> bool {
+        false
+    }
+
+    fn finish(&mut self, ok: bool) -> bool {
+        // A failed rank does not wait: it is about to abort the job.
+        if ok {
+            self.world.barrier();
+        }
+        ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parcel_survives_its_header_and_values() {
+        let p = Parcel {
+            edge: Edge {
+                flow: Flow::Gradient,
+                from: 3,
+                microbatch: 5,
+            },
+            producer: Action::new(Op::I, 3, 5),
+            from: 1,
+            sent_at: 0.125,
+            tensor: Tensor::new(vec![2, 2], vec![1.0, -2.0, 0.5, 3.0]).unwrap(),
+        };
+        assert_eq!(parcel(&header(&p), p.tensor.data().to_vec()).unwrap(), p);
+        let mut bad = header(&p);
+        bad[3] = u64::from(b'X');
+        assert!(parcel(&bad, p.tensor.data().to_vec()).is_err());
+        assert!(parcel(&header(&p)[..4], vec![]).is_err());
+    }
+}

@@ -1,0 +1,313 @@
+//! `pipefill train --checkpoint/--resume`: a run interrupted after step k (stopped, or killed
+//! mid-run) and resumed has, for every step after k, the loss of an uninterrupted run bit for bit;
+//! a checkpoint that does not fit the run, or whose files are damaged, is refused with exit code 2;
+//! a checkpoint whose save was cut short (no manifest) is never picked up.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{pipefill_in, scratch};
+
+/// A small model, JSON out (every flag takes a value).
+const SMALL: [&str; 12] = [
+    "--layers",
+    "4",
+    "--hidden",
+    "32",
+    "--batch",
+    "32",
+    "--microbatches",
+    "4",
+    "--svg",
+    "t.svg",
+    "--format",
+    "json",
+];
+
+/// `train`, then [`SMALL`] with each flag of `extra` (flag-value pairs) replacing its default.
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut pairs: Vec<[&str; 2]> = SMALL.chunks(2).map(|c| [c[0], c[1]]).collect();
+    for c in extra.chunks(2) {
+        let value = c.get(1).copied().unwrap_or_default();
+        match pairs.iter_mut().find(|p| p[0] == c[0]) {
+            Some(p) => p[1] = value,
+            None => pairs.push([c[0], value]),
+        }
+    }
+    std::iter::once("train")
+        .chain(pairs.into_iter().flatten())
+        .collect()
+}
+
+/// `pipefill train SMALL EXTRA` in `dir`: exit code, parsed JSON (null if none), stderr.
+fn train(dir: &Path, extra: &[&str]) -> (i32, serde_json::Value, String) {
+    let (code, out, err) = pipefill_in(Some(dir), &args(extra));
+    (
+        code,
+        serde_json::from_str(&out).unwrap_or(serde_json::Value::Null),
+        err,
+    )
+}
+
+/// The losses of a successful run, as bits (for exact comparison).
+fn losses(v: &serde_json::Value) -> Vec<u32> {
+    let l: Vec<f32> = serde_json::from_value(v["losses"].clone()).expect("losses");
+    l.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `train` that must succeed; its losses.
+fn train_ok(dir: &Path, extra: &[&str]) -> (Vec<u32>, serde_json::Value) {
+    let (code, v, err) = train(dir, extra);
+    assert_eq!(code, 0, "{extra:?}: {err}");
+    (losses(&v), v)
+}
+
+/// The complete checkpoints (folders with a manifest) in `dir`, by step.
+fn complete_steps(dir: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.path().join("manifest.json").exists())
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    steps.sort_unstable();
+    steps
+}
+
+fn step_dir(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("step-{step:08}"))
+}
+
+#[test]
+fn stopped_and_resumed_runs_match_an_uninterrupted_one_bit_for_bit() {
+    let dir = scratch("ckpt-resume");
+    for (family, layers) in [("1f1b", "4"), ("interleaved-1f1b", "4"), ("zbv", "4")] {
+        let fam = ["--schedule", family, "--layers", layers];
+        let (full, v) = train_ok(&dir, &[&fam[..], &["--steps", "7"]].concat());
+        assert_eq!(full.len(), 7);
+        let ck = dir.join(format!("ck-{family}"));
+        let ck = ck.to_str().unwrap();
+        let first = [&fam[..], &["--steps", "3", "--checkpoint", ck]].concat();
+        let (head, _) = train_ok(&dir, &[&first[..], &["--checkpoint-every", "2"]].concat());
+        assert_eq!(head, full[..3], "{family}: the first steps differ");
+        assert_eq!(complete_steps(Path::new(ck)), vec![2, 3], "{family}");
+        let resume = [
+            &fam[..],
+            &["--steps", "7", "--resume", ck, "--checkpoint", ck],
+        ]
+        .concat();
+        let (tail, r) = train_ok(&dir, &resume);
+        assert_eq!(r["first_step"], 3, "{family}");
+        assert_eq!(tail, full[3..], "{family}: resumed losses differ");
+        assert_eq!(r["layers_per_stage"], v["layers_per_stage"], "{family}");
+        assert_eq!(complete_steps(Path::new(ck)), vec![2, 3, 7], "{family}");
+    }
+    fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_killed_run_resumes_from_its_last_checkpoint_bit_for_bit() {
+    let dir = scratch("ckpt-kill");
+    let steps = 120;
+    let every = 5;
+    let model = ["--layers", "6", "--hidden", "128", "--batch", "128"];
+    let shape = [&model[..], &["--schedule", "1f1b", "--steps", "120"]].concat();
+    let (full, _) = train_ok(&dir, &shape);
+    let ck = dir.join("ck");
+    let save = [
+        &shape[..],
+        &["--checkpoint", "ck", "--checkpoint-every", "5"],
+    ]
+    .concat();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pipefill"))
+        .current_dir(&dir)
+        .args(args(&save))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn pipefill");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !step_dir(&ck, every).join("manifest.json").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint after 120 s: {:?}",
+            child.try_wait()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().expect("kill the run");
+    let status = child.wait().expect("wait for the killed run");
+    assert!(!status.success(), "the run finished before it was killed");
+    let done = complete_steps(&ck);
+    let last = *done.last().expect("a complete checkpoint");
+    assert!(
+        (every..steps as u64).contains(&last),
+        "checkpoints {done:?}: the run was not killed mid-run"
+    );
+    let resume = [&shape[..], &["--resume", "ck", "--checkpoint", "ck"]].concat();
+    let (tail, v) = train_ok(&dir, &resume);
+    assert_eq!(v["first_step"], last);
+    assert_eq!(tail, full[last as usize..], "resumed after step {last}");
+    fs::remove_dir_all(&dir).ok();
+}
+
+/// `train` must fail with exit code 2 and every needle in its error.
+fn refused(dir: &Path, extra: &[&str], needles: &[&str]) {
+    let (code, _, err) = train(dir, extra);
+    assert_eq!(code, 2, "{extra:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{extra:?}: expected `{n}` in: {err}");
+    }
+}
+
+#[test]
+fn checkpoints_of_another_run_are_refused() {
+    let dir = scratch("ckpt-mismatch");
+    train_ok(
+        &dir,
+        &["--steps", "2", "--schedule", "1f1b", "--checkpoint", "ck"],
+    );
+    let r = ["--steps", "4", "--resume", "ck"];
+    let cases: [(&[&str], &[&str]); 8] = [
+        (&["--layers", "5"], &["model", "--layers"]),
+        (&["--hidden", "16"], &["model"]),
+        (&["--batch", "64"], &["batch is 32", "--batch"]),
+        (
+            &["--ranks", "4"],
+            &["number of ranks is 2, this run's is 4", "--ranks"],
+        ),
+        (
+            &["--microbatches", "8"],
+            &["microbatches", "--microbatches"],
+        ),
+        (
+            &["--schedule", "gpipe"],
+            &["schedule is 1f1b", "--schedule"],
+        ),
+        (&["--seed", "3"], &["seed is 0, this run's is 3", "--seed"]),
+        (
+            &["--optimizer", "sgd"],
+            &["optimizer is adamw", "--optimizer"],
+        ),
+    ];
+    for (extra, needles) in cases {
+        refused(&dir, &[&r[..], extra].concat(), needles);
+    }
+    refused(
+        &dir,
+        &[&r[..], &["--lr", "0.01"]].concat(),
+        &["learning rate"],
+    );
+    refused(
+        &dir,
+        &["--steps", "2", "--resume", "ck"],
+        &["--steps 2", "trained 2 steps"],
+    );
+    // A new run may not write into a folder that holds another run's checkpoints.
+    refused(
+        &dir,
+        &["--steps", "2", "--checkpoint", "ck"],
+        &["already holds", "--resume"],
+    );
+    refused(
+        &dir,
+        &["--steps", "2", "--resume", "nothing-here"],
+        &["no complete checkpoint"],
+    );
+    refused(
+        &dir,
+        &[
+            "--steps",
+            "2",
+            "--checkpoint",
+            "c2",
+            "--checkpoint-every",
+            "0",
+        ],
+        &["--checkpoint-every must be at least 1"],
+    );
+    fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_checkpoint_with_another_partition_is_refused() {
+    let dir = scratch("ckpt-partition");
+    // One heavy first layer: the best split for two ranks is [1, 3], not the uniform [2, 2].
+    fs::write(
+        dir.join("heavy.toml"),
+        "input = 4096\nbatch = 64\nlayers = [{ width = 8, activation = \"gelu\" }, \
+         { width = 8, activation = \"gelu\" }, { width = 8, activation = \"gelu\" }, { width = 8 }]\n",
+    )
+    .unwrap();
+    let m = ["--model", "heavy.toml", "--schedule", "1f1b"];
+    let (_, v) = train_ok(
+        &dir,
+        &[&m[..], &["--steps", "1", "--checkpoint", "ck"]].concat(),
+    );
+    assert_eq!(v["layers_per_stage"], serde_json::json!([1, 3]), "{v}");
+    let r = [&m[..], &["--steps", "2", "--resume", "ck"]].concat();
+    refused(
+        &dir,
+        &[&r[..], &["--plan", "uniform"]].concat(),
+        &[
+            "partition (layers per stage) is [1, 3], this run's is [2, 2]",
+            "--plan",
+        ],
+    );
+    // With --plan auto (the default) the checkpoint's partition is kept.
+    let (_, v) = train_ok(&dir, &r);
+    assert_eq!(v["layers_per_stage"], serde_json::json!([1, 3]));
+    fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn half_written_checkpoints_are_skipped_and_damaged_ones_refused() {
+    let dir = scratch("ckpt-damaged");
+    let s = ["--schedule", "1f1b"];
+    let (full, _) = train_ok(&dir, &[&s[..], &["--steps", "6"]].concat());
+    let save = [
+        "--steps",
+        "4",
+        "--checkpoint",
+        "ck",
+        "--checkpoint-every",
+        "2",
+    ];
+    train_ok(&dir, &[&s[..], &save].concat());
+    let ck = dir.join("ck");
+    // A save cut short: step 4's manifest never written, step 6 only one temporary rank file.
+    fs::remove_file(step_dir(&ck, 4).join("manifest.json")).unwrap();
+    fs::create_dir_all(step_dir(&ck, 6)).unwrap();
+    fs::write(step_dir(&ck, 6).join(".rank-0.bin.tmp"), b"PFCK").unwrap();
+    let resume = [&s[..], &["--steps", "6", "--resume", "ck"]].concat();
+    let (tail, v) = train_ok(&dir, &resume);
+    assert_eq!(v["first_step"], 2);
+    assert_eq!(tail, full[2..]);
+    // Damaged files of the latest complete checkpoint are refused, never silently replaced.
+    let rank1 = step_dir(&ck, 2).join("rank-1.bin");
+    let good = fs::read(&rank1).unwrap();
+    fs::write(&rank1, &good[..good.len() / 2]).unwrap();
+    refused(
+        &dir,
+        &resume,
+        &["rank-1.bin", "corrupt", "bytes, its manifest says"],
+    );
+    let mut flipped = good.clone();
+    flipped[good.len() / 2] ^= 0x10;
+    fs::write(&rank1, &flipped).unwrap();
+    refused(&dir, &resume, &["rank-1.bin", "checksum"]);
+    fs::write(&rank1, &good).unwrap();
+    let manifest = step_dir(&ck, 2).join("manifest.json");
+    let text = fs::read_to_string(&manifest).unwrap();
+    fs::write(&manifest, &text[..text.len() / 2]).unwrap();
+    refused(&dir, &resume, &["manifest.json", "corrupt"]);
+    fs::write(&manifest, &text).unwrap();
+    train_ok(&dir, &resume);
+    fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,320 @@
+//! `pipefill train --launcher mpi` (feature `mpi`): under `mpirun -n 2` every schedule family trains
+//! with the losses of the threaded run; a world of another size is refused; a checkpoint saved by
+//! the processes resumes in either launcher with an uninterrupted run's losses. Needs OpenMPI's
+//! `mpirun` on the path (`.ci/run` installs it).
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{pipefill_in, scratch};
+
+/// Two ranks, four layers (room for `V = 2`), four microbatches (DualPipeV needs `M >= 2P`), equal
+/// layer counts (so both launchers split alike), JSON out.
+const RUN: [&str; 17] = [
+    "train",
+    "--ranks",
+    "2",
+    "--layers",
+    "4",
+    "--hidden",
+    "32",
+    "--batch",
+    "32",
+    "--microbatches",
+    "4",
+    "--plan",
+    "uniform",
+    "--svg",
+    "t.svg",
+    "--format",
+    "json",
+];
+
+/// `mpirun -n N pipefill ARGS` in `dir`: exit code, stdout, stderr. Root is allowed (CI runs as
+/// root).
+fn mpirun(dir: &Path, n: usize, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("mpirun")
+        .current_dir(dir)
+        .args(["--oversubscribe", "-n", &n.to_string()])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("run mpirun (install OpenMPI: see .ci/run)");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The losses of a run's JSON output (exit code 0 required).
+fn losses((code, out, err): (i32, String, String)) -> Vec<f32> {
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    serde_json::from_value(v["losses"].clone()).expect("losses")
+}
+
+fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    RUN.iter().copied().chain(extra.iter().copied()).collect()
+}
+
+/// `|a - b| <= 1e-6` step by step, and as many steps.
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= 1e-6, "{what}: step {i}: {x} vs {y}");
+    }
+}
+
+#[test]
+fn every_family_under_mpirun_has_the_losses_of_the_threaded_run() {
+    let dir = scratch("mpi-families");
+    let families = [
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "looped-bfs",
+        "zb-h1",
+        "zb-h2",
+        "interleaved-zb",
+        "zbv",
+        "dualpipev",
+    ];
+    for family in families {
+        let args = with(&["--schedule", family, "--steps", "3"]);
+        let threads = losses(pipefill_in(Some(&dir), &args));
+        let mpi_args = [&args[..], &["--launcher", "mpi"]].concat();
+        let mpi = losses(mpirun(&dir, 2, &mpi_args));
+        assert_close(&mpi, &threads, family);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_world_of_another_size_is_refused() {
+    let dir = scratch("mpi-size");
+    let (code, out, err) = mpirun(&dir, 3, &with(&["--launcher", "mpi"]));
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        err.contains("the MPI world has 3 processes for 2 ranks") && err.contains("mpirun -n 2"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("error:").count(),
+        1,
+        "one report, not one per process: {err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_checkpoint_saved_under_mpirun_resumes_in_either_launcher() {
+    let dir = scratch("mpi-checkpoint");
+    let s = ["--schedule", "zbv"];
+    let full = losses(pipefill_in(
+        Some(&dir),
+        &with(&[&s[..], &["--steps", "5"]].concat()),
+    ));
+    let save = [
+        &s[..],
+        &["--steps", "2", "--launcher", "mpi", "--checkpoint", "ck"],
+    ]
+    .concat();
+    let head = losses(mpirun(&dir, 2, &with(&save)));
+    assert_close(&head, &full[..2], "the first steps under mpirun");
+    let resume = [&s[..], &["--steps", "5", "--resume", "ck"]].concat();
+    let threads = losses(pipefill_in(Some(&dir), &with(&resume)));
+    assert_close(&threads, &full[2..], "resumed in threads");
+    let mpi = losses(mpirun(
+        &dir,
+        2,
+        &with(&[&resume[..], &["--launcher", "mpi"]].concat()),
+    ));
+    assert_close(&mpi, &full[2..], "resumed under mpirun");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_job_stopped_mid_run_resumes_from_its_last_checkpoint() {
+    let dir = scratch("mpi-kill");
+    let shape = [
+        "--schedule",
+        "1f1b",
+        "--layers",
+        "6",
+        "--hidden",
+        "128",
+        "--batch",
+        "128",
+        "--steps",
+        "120",
+    ];
+    let mut args: Vec<&str> = RUN.to_vec();
+    // `RUN`'s model flags give way to the larger model (clap takes each flag once).
+    for flag in ["--layers", "--hidden", "--batch"] {
+        let i = args.iter().position(|a| *a == flag).expect("flag in RUN");
+        args.drain(i..i + 2);
+    }
+    args.extend_from_slice(&shape);
+    let full = losses(pipefill_in(Some(&dir), &args));
+    let save = [
+        &args[..],
+        &[
+            "--launcher",
+            "mpi",
+            "--checkpoint",
+            "ck",
+            "--checkpoint-every",
+            "5",
+        ],
+    ]
+    .concat();
+    let mut job = Command::new("mpirun")
+        .current_dir(&dir)
+        .args(["--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(&save)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn mpirun");
+    let first = dir.join("ck/step-00000005/manifest.json");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !first.exists() {
+        assert!(Instant::now() < deadline, "no checkpoint after 120 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SIGTERM: mpirun passes it to its processes and ends them (SIGKILL would orphan them).
+    // SAFETY: `kill` on the pid of a child this test started and has not yet waited for.
+    unsafe {
+        libc::kill(job.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = job.try_wait().expect("wait for mpirun") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mpirun still running 60 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "the job finished before it was stopped");
+    let last = (5..120)
+        .rev()
+        .find(|s| dir.join(format!("ck/step-{s:08}/manifest.json")).exists())
+        .expect("a complete checkpoint before the last step");
+    let resume = [
+        &args[..],
+        &["--launcher", "mpi", "--resume", "ck", "--checkpoint", "ck"],
+    ]
+    .concat();
+    let tail = losses(mpirun(&dir, 2, &resume));
+    assert_close(&tail, &full[last..], &format!("resumed after step {last}"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The processes whose parent is `parent` (from `/proc/*/stat`).
+fn children(parent: u32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`; comm may hold spaces, so split after its `)`.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_ends_the_whole_job_within_seconds() {
+    let dir = scratch("mpi-fault");
+    let args = with(&["--launcher", "mpi", "--steps", "100000"]);
+    let mut job = Command::new("mpirun")
+        .current_dir(&dir)
+        .args(["--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(&args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn mpirun");
+    // Both ranks started and past the plan: wait for two children, then a moment of training.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ranks = loop {
+        let c = children(job.id());
+        if c.len() == 2 {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mpirun started {} processes",
+            c.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: `kill` on a child of the mpirun this test started.
+    unsafe {
+        libc::kill(ranks[1], libc::SIGKILL);
+    }
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(s) = job.try_wait().expect("wait for mpirun") {
+            break s;
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            let _ = job.kill();
+            for pid in children(job.id()) {
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+            panic!("the job still runs 30 s after one rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = job.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(!status.success(), "{err}");
+    // mpirun names the rank that died and takes the other one down with it.
+    assert!(
+        err.contains("process rank") && err.contains("signal 9"),
+        "{err}"
+    );
+    let gone = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{}", ranks[0])).exists() {
+        assert!(
+            Instant::now() < gone,
+            "the other rank outlived the job: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
