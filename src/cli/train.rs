@@ -22,7 +22,7 @@ use std::io::IsTerminal;
 use pipefill_host::cost::CostFile;
 use pipefill_host::plan::{plan_families, plan_schedule, Plan, PlanError, PlanReport};
 use pipefill_host::profile::ProfileOptions;
-use pipefill_host::runtime::{Executor, StepReport};
+use pipefill_host::runtime::{Executor, Stage, StepReport};
 use pipefill_host::schedule::Params;
 use pipefill_host::sim::simulate;
 use pipefill_host::timeline::Timeline;
@@ -76,7 +76,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     report(&setup, &plans.plans, &chosen, &outcome)
 }
 
-/// Times every layer briefly on one microbatch, on the CPU backend (the cost file carries its
+/// Times every layer briefly on one microbatch, on the chosen backend (the cost file carries its
 /// overlap share).
 pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
     let rows = setup.spec.batch / setup.args.microbatches;
@@ -86,7 +86,7 @@ pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
     };
     // Train runs at this microbatch size and never rescales: one size is enough.
     let measure = Measure {
-        backend: Backend::Cpu,
+        backend: setup.backend,
         rows,
         fit_rows: None,
         sizes: Vec::new(),
@@ -147,24 +147,19 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
             a.seed,
         )
         .map_err(|e| failed(e.0))?;
-    let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
-    ex.set_exclusive(a.replay);
-    let teacher = Teacher::new(&setup.spec, a.seed);
-    let loss = setup.spec.loss;
-    let mut progress = output::Progress::new(
-        a.steps,
-        a.format == Format::Text && std::io::stderr().is_terminal(),
-    );
-    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps);
-    for step in 0..a.steps {
-        let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
-        let r = ex
-            .step(x, &t, &loss)
-            .map_err(|e| failed(format!("step {step}: {e}")))?;
-        progress.step(step, r.loss, r.seconds, a.format == Format::Text);
-        reports.push(r);
-    }
-    progress.finish();
+    let reports = match setup.backend {
+        Backend::Cpu => run_steps(setup, plan, stages)?,
+        Backend::Cuda => {
+            let cuda = |e: crate::cuda::CudaError| failed(format!("--backend cuda: {e}"));
+            let gpu = crate::cuda::Gpu::open(0).map_err(cuda)?;
+            let on_gpu = stages
+                .iter()
+                .map(|s| crate::cuda::CudaStage::from_host(&gpu, s))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(cuda)?;
+            run_steps(setup, plan, on_gpu)?
+        }
+    };
     let losses = reports.iter().map(|r| r.loss).collect();
     let step_seconds: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
     let median_step = median_index(&step_seconds);
@@ -189,6 +184,35 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         resimulated,
         work_seconds,
     })
+}
+
+/// Runs `--steps` steps of `stages` with the threaded executor, showing progress.
+fn run_steps<S: Stage>(
+    setup: &Setup,
+    plan: &Plan,
+    stages: Vec<S>,
+) -> Result<Vec<StepReport>, CliError> {
+    let a = &setup.args;
+    let failed = |e: String| CliError::Failed(e);
+    let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
+    ex.set_exclusive(a.replay);
+    let teacher = Teacher::new(&setup.spec, a.seed);
+    let loss = setup.spec.loss;
+    let mut progress = output::Progress::new(
+        a.steps,
+        a.format == Format::Text && std::io::stderr().is_terminal(),
+    );
+    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps);
+    for step in 0..a.steps {
+        let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
+        let r = ex
+            .step(x, &t, &loss)
+            .map_err(|e| failed(format!("step {step}: {e}")))?;
+        progress.step(step, r.loss, r.seconds, a.format == Format::Text);
+        reports.push(r);
+    }
+    progress.finish();
+    Ok(reports)
 }
 
 /// Index of the median of `v`.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use pipefill_host::plan::Split;
 use pipefill_host::schedule::{families, Schedule};
 
+use crate::cli::profile::{cuda_or_usage, Backend};
 use crate::cli::CliError;
 use crate::layers::gemm::GemmBackend;
 use crate::layers::Optimizer;
@@ -38,6 +39,18 @@ impl TrainPlan {
             TrainPlan::Uniform => "uniform",
         }
     }
+}
+
+/// Where `pipefill train` runs the layers (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TrainBackend {
+    /// CPU threads, one per rank.
+    #[default]
+    Cpu,
+    /// The CUDA backend on device 0 (a usage error where there is no driver or device).
+    Cuda,
+    /// CUDA when a device is usable, else the CPU; says which it chose.
+    Auto,
 }
 
 /// How results are printed.
@@ -108,6 +121,10 @@ pub struct Args {
     /// GEMM crate for the matrix products: matrixmultiply or gemm.
     #[arg(long, default_value = "matrixmultiply")]
     pub gemm: String,
+    /// Where the layers run: cpu, cuda (device 0; the Rust kernels as PTX) or auto (CUDA when a
+    /// device is usable, else the CPU).
+    #[arg(long, value_enum, default_value_t = TrainBackend::Cpu)]
+    pub backend: TrainBackend,
 }
 
 /// Everything checked and ready to run.
@@ -126,6 +143,8 @@ pub struct Setup {
     /// The schedule read from `--schedule-file` (then `args.ranks`, `microbatches` and `chunks`
     /// are its `P`, `M` and `V`).
     pub schedule_file: Option<Schedule>,
+    /// Where the layers run (`--backend`, `auto` resolved).
+    pub backend: Backend,
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
@@ -149,6 +168,7 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let backend = resolve_backend(args.backend)?;
     Ok(Setup {
         args,
         spec,
@@ -156,7 +176,31 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         gemm,
         cores,
         schedule_file,
+        backend,
     })
+}
+
+/// `--backend`: `cuda` must find a device (else a usage error saying what is missing); `auto` takes
+/// CUDA when a device is usable, else the CPU, and says on stderr which it chose and why.
+fn resolve_backend(flag: TrainBackend) -> Result<Backend, CliError> {
+    match flag {
+        TrainBackend::Cpu => Ok(Backend::Cpu),
+        TrainBackend::Cuda => cuda_or_usage("--backend cuda").map(|_| Backend::Cuda),
+        TrainBackend::Auto => match crate::cuda::probe() {
+            Ok(info) => {
+                eprintln!(
+                    "--backend auto: using cuda (device 0 of {}: {})",
+                    info.count, info.name
+                );
+                Ok(Backend::Cuda)
+            }
+            Err(e) if e.is_unavailable() => {
+                eprintln!("--backend auto: using cpu ({e})");
+                Ok(Backend::Cpu)
+            }
+            Err(e) => Err(CliError::Failed(format!("--backend auto: {e}"))),
+        },
+    }
 }
 
 fn usage(m: String) -> CliError {
