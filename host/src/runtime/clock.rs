@@ -1,5 +1,5 @@
 //! Timing and guarding a worker's layer calls: the [`Clock`] that turns call boundaries into span
-//! and action times, and [`guarded`], which turns a layer's error or panic into a [`Stop`] naming
+//! and action times, and [`guarded`], which turns a layer's error or panic into a [`RankStop`] naming
 //! the rank and the action.
 //!
 //! The hot functions are `#[inline]`: in a module of their own they may land in another codegen
@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::worker::Stop;
+use super::worker::RankStop;
 use super::{RuntimeError, StageError};
 use crate::schedule::Action;
 
@@ -50,7 +50,7 @@ impl<'c> Clock<'c> {
         action: Action,
         times: &mut Vec<(Action, f64)>,
         f: impl FnOnce() -> Result<T, StageError>,
-    ) -> Result<T, Stop> {
+    ) -> Result<T, RankStop> {
         let _turn = self
             .exclusive
             .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()));
@@ -71,15 +71,15 @@ pub(super) fn guarded<T>(
     rank: usize,
     action: Action,
     f: impl FnOnce() -> Result<T, StageError>,
-) -> Result<T, Stop> {
+) -> Result<T, RankStop> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(Stop::Failed(RuntimeError::ActionFailed {
+        Ok(Err(e)) => Err(RankStop::Failed(RuntimeError::ActionFailed {
             rank,
             action,
             message: e.to_string(),
         })),
-        Err(p) => Err(Stop::Failed(RuntimeError::ActionPanicked {
+        Err(p) => Err(RankStop::Failed(RuntimeError::ActionPanicked {
             rank,
             action,
             message: panic_message(&*p),

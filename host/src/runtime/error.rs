@@ -56,6 +56,15 @@ pub enum RuntimeError {
         /// The panic's message.
         message: String,
     },
+    /// The schedule has no device program, or its program fails the static check.
+    #[error("the schedule cannot run on streams: {0}")]
+    Streams(super::streams::StreamError),
+    /// The device reported an error (a launch, a copy, or a failure found at synchronisation).
+    #[error("the device failed: {message}")]
+    Device {
+        /// What the device reported.
+        message: String,
+    },
     /// The runtime itself failed outside any layer call (a bug in pipefill, not in the layers).
     #[error("the runtime failed on rank {rank}: {message}")]
     Internal {

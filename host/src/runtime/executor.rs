@@ -1,16 +1,13 @@
 //! [`Executor`]: runs a schedule's training steps on one OS thread per rank.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{self, Sender};
-use std::sync::{Barrier, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::report::{lost_worker, report};
-use super::worker::{Message, StepContext, Worker, WorkerOutput};
+use super::report::{assemble, lost_worker};
+use super::transport::Channels;
+use super::worker::{run_rank, RankOutcome, RankProgram, RankStep};
 use super::{Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
-use crate::schedule::lower::lowered_items;
-use crate::schedule::validate::has_transfers;
-use crate::schedule::{Item, Schedule};
+use crate::schedule::Schedule;
 
 /// Runs training steps of a [`Schedule`] over a trainer's [`Stage`]s, one OS thread per rank.
 ///
@@ -89,30 +86,11 @@ use crate::schedule::{Item, Schedule};
 /// ```
 pub struct Executor<S: Stage> {
     schedule: Schedule,
-    /// What the ranks execute: the schedule lowered, with its sends and receives
-    /// ([`lowered_items`]).
-    program: Program,
+    /// What the ranks execute: the schedule lowered, with its sends and receives.
+    program: RankProgram,
     stages: Vec<S>,
     exclusive: bool,
     poll: Duration,
-}
-
-/// Each rank's list as the workers run it: the lowered schedule, and whether the schedule carried
-/// its transfers itself (then every item gets a span; otherwise only the schedule's own items do).
-pub(super) struct Program {
-    pub lists: Vec<Vec<Item>>,
-    pub explicit: bool,
-}
-
-impl Program {
-    fn of(schedule: &Schedule) -> Self {
-        Program {
-            lists: (0..schedule.ranks)
-                .map(|r| lowered_items(schedule, r).collect())
-                .collect(),
-            explicit: has_transfers(schedule),
-        }
-    }
 }
 
 impl<S: Stage> Executor<S> {
@@ -131,7 +109,7 @@ impl<S: Stage> Executor<S> {
         }
         let poll = default_poll(schedule.ranks);
         Ok(Executor {
-            program: Program::of(&schedule),
+            program: RankProgram::of(&schedule),
             schedule,
             stages,
             exclusive: false,
@@ -260,38 +238,52 @@ impl<S: Stage> Executor<S> {
             });
         }
         let p = self.schedule.ranks;
-        let failed = AtomicBool::new(false);
-        let barrier = Barrier::new(p);
         let lock = Mutex::new(());
-        let ctx = StepContext {
-            schedule: &self.schedule,
-            program: &self.program,
-            targets,
-            loss,
-            epoch: Instant::now(),
-            failed: &failed,
-            barrier: &barrier,
-            exclusive: self.exclusive.then_some(&lock),
-            poll: self.poll,
-            hook,
-        };
+        let epoch = Instant::now();
         let first_rank = self.schedule.rank_of(0);
-        let workers = make_workers(&self.schedule, &mut self.stages, inputs);
-        let outputs: Vec<WorkerOutput> = std::thread::scope(|scope| {
+        let mut transports = Channels::connect(p, self.poll);
+        let mut local: Vec<Vec<(usize, &mut S)>> = (0..p).map(|_| Vec::new()).collect();
+        for (s, stage) in self.stages.iter_mut().enumerate() {
+            local[self.schedule.rank_of(s)].push((s, stage));
+        }
+        let mut inputs = Some(inputs);
+        let (schedule, program) = (&self.schedule, &self.program);
+        let exclusive = self.exclusive.then_some(&lock);
+        let steps: Vec<RankStep<'_, S, L>> = local
+            .into_iter()
+            .enumerate()
+            .map(|(rank, stages)| RankStep {
+                schedule,
+                program,
+                rank,
+                stages,
+                inputs: if rank == first_rank {
+                    inputs.take().unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+                targets,
+                loss,
+                epoch,
+                exclusive,
+                hook,
+            })
+            .collect();
+        let outputs: Vec<RankOutcome> = std::thread::scope(|scope| {
             // The other ranks start first; the rank holding stage 0 (whose list starts with work
             // that waits for nobody) runs here, which saves starting and joining one thread.
             let mut here = None;
             let mut handles = Vec::with_capacity(p);
-            for w in workers {
-                if w.rank == first_rank {
-                    here = Some(w);
+            for (step, transport) in steps.into_iter().zip(transports.iter_mut()) {
+                let rank = step.rank;
+                if rank == first_rank {
+                    here = Some((step, transport));
                 } else {
-                    let ctx = &ctx;
-                    handles.push((w.rank, scope.spawn(move || w.run(ctx))));
+                    handles.push((rank, scope.spawn(move || run_rank(step, transport))));
                 }
             }
-            let mine = here.map(|w| (w.rank, w.run(&ctx)));
-            let mut outputs: Vec<(usize, WorkerOutput)> = handles
+            let mine = here.map(|(step, t)| (step.rank, run_rank(step, t)));
+            let mut outputs: Vec<(usize, RankOutcome)> = handles
                 .into_iter()
                 .map(|(r, h)| (r, h.join().unwrap_or_else(|_| lost_worker(r))))
                 .chain(mine)
@@ -299,8 +291,8 @@ impl<S: Stage> Executor<S> {
             outputs.sort_by_key(|(r, _)| *r);
             outputs.into_iter().map(|(_, o)| o).collect()
         });
-        let seconds = ctx.epoch.elapsed().as_secs_f64();
-        report(&self.schedule, outputs, seconds)
+        let seconds = epoch.elapsed().as_secs_f64();
+        assemble(&self.schedule, outputs, seconds)
     }
 }
 
@@ -318,41 +310,4 @@ pub fn default_poll(ranks: usize) -> Duration {
     } else {
         Duration::from_micros(30)
     }
-}
-
-/// Splits the stages by rank and wires one channel per rank.
-fn make_workers<'s, S: Stage>(
-    schedule: &Schedule,
-    stages: &'s mut [S],
-    inputs: Vec<Tensor>,
-) -> Vec<Worker<'s, S>> {
-    let p = schedule.ranks;
-    let (senders, receivers): (Vec<Sender<Message>>, Vec<_>) =
-        (0..p).map(|_| mpsc::channel()).unzip();
-    let mut local: Vec<Vec<(usize, &'s mut S)>> = (0..p).map(|_| Vec::new()).collect();
-    for (s, stage) in stages.iter_mut().enumerate() {
-        local[schedule.rank_of(s)].push((s, stage));
-    }
-    let first_rank = schedule.rank_of(0);
-    let mut inputs = Some(inputs.into_iter().map(Some).collect::<Vec<_>>());
-    receivers
-        .into_iter()
-        .zip(local)
-        .enumerate()
-        .map(|(rank, (rx, stages))| Worker {
-            rank,
-            stages,
-            inputs: if rank == first_rank {
-                inputs.take().unwrap_or_default()
-            } else {
-                Vec::new()
-            },
-            rx,
-            peers: senders
-                .iter()
-                .enumerate()
-                .map(|(r, tx)| (r != rank).then(|| tx.clone()))
-                .collect(),
-        })
-        .collect()
 }

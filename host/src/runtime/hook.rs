@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use serde::{Deserialize, Serialize};
 
 use super::clock::panic_message;
-use super::worker::Stop;
+use super::worker::RankStop;
 use super::RuntimeError;
 use crate::schedule::{Action, Op, Schedule};
 
@@ -96,7 +96,7 @@ impl<'h> Hooked<'h> {
     /// Tells the hook that `action` ran on `rank` from `start` to `end` and, if it was the stage's
     /// last gradient action of the step, that the stage's gradients are ready. A panic in the hook
     /// stops the step.
-    pub fn done(&self, rank: usize, action: Action, start: f64, end: f64) -> Result<(), Stop> {
+    pub fn done(&self, rank: usize, action: Action, start: f64, end: f64) -> Result<(), RankStop> {
         self.tell(
             rank,
             action,
@@ -118,9 +118,9 @@ impl<'h> Hooked<'h> {
         Ok(())
     }
 
-    fn tell(&self, rank: usize, action: Action, event: StepEvent) -> Result<(), Stop> {
+    fn tell(&self, rank: usize, action: Action, event: StepEvent) -> Result<(), RankStop> {
         catch_unwind(AssertUnwindSafe(|| (self.hook)(event))).map_err(|p| {
-            Stop::Failed(RuntimeError::HookPanicked {
+            RankStop::Failed(RuntimeError::HookPanicked {
                 rank,
                 action,
                 message: panic_message(&*p),

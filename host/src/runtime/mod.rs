@@ -15,6 +15,13 @@
 //!   [`StepReport`] with the losses and the measured [`Timeline`](crate::timeline::Timeline).
 //!   [`Executor::step_with`] also tells a trainer's hook of each completed action and of each
 //!   stage whose gradients are ready ([`StepEvent`]).
+//! - [`run_rank`]: one rank's part of a step over a [`Transport`] (the per-rank runner). The
+//!   `Executor` runs one per thread over [`Channels`]; a multi-process launcher runs one per process
+//!   over its own transport, and [`assemble`] merges the ranks' [`RankOutcome`]s into a report.
+//! - [`streams`]: the device path: the lowered schedule as one enqueue order over streams and
+//!   events ([`streams::StreamProgram`]), its static check, the [`streams::Device`] trait, the
+//!   one-thread [`streams::StreamExecutor`] and the CPU reference device. [`Stage`] and [`Loss`] are
+//!   generic over the [`Payload`] a device exchanges (host [`Tensor`] by default).
 //! - [`sequential_step`]: the same step done plainly on one thread (the reference and the
 //!   baseline).
 //! - [`RuntimeError`]: why a step failed (naming the rank and the action).
@@ -28,14 +35,18 @@ mod hook;
 mod report;
 mod sequential;
 mod stage;
+pub mod streams;
 mod tensor;
+mod transport;
 mod worker;
 
 pub use dyn_stage::{AnyStash, BoxedStage, DynStage};
 pub use error::RuntimeError;
 pub use executor::{default_poll, Executor};
 pub use hook::{last_gradient_actions, StepEvent};
-pub use report::StepReport;
+pub use report::{assemble, StepReport};
 pub use sequential::{sequential_step, SequentialReport};
-pub use stage::{Loss, Stage, StageError};
+pub use stage::{Loss, Payload, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};
+pub use transport::{Channels, Parcel, Transport, TransportError};
+pub use worker::{run_rank, RankOutcome, RankProgram, RankStep, RankStop};

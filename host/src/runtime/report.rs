@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::worker::{Stop, WorkerOutput};
+use super::worker::{RankOutcome, RankStop};
 use super::RuntimeError;
 use crate::schedule::{Action, Schedule};
 use crate::timeline::{Source, Timeline};
@@ -62,30 +62,32 @@ mod action_times {
 
 /// The output of a worker whose thread died outside any guarded call (cannot happen unless the
 /// runtime itself has a bug); reported rather than propagated as a panic.
-pub(super) fn lost_worker(rank: usize) -> WorkerOutput {
-    WorkerOutput {
+pub(super) fn lost_worker(rank: usize) -> RankOutcome {
+    RankOutcome {
         spans: Vec::new(),
         transfers: Vec::new(),
         losses: Vec::new(),
         peak_held: 0,
         action_seconds: Vec::new(),
-        result: Err(Stop::Failed(RuntimeError::Internal {
+        result: Err(RankStop::Failed(RuntimeError::Internal {
             rank,
             message: "a worker thread panicked outside a layer call".into(),
         })),
     }
 }
 
-/// Gathers the workers' outputs into a step report, or the error that stopped the step.
-pub(super) fn report(
+/// Gathers the outcomes of every rank's [`run_rank`](super::run_rank) (in rank order) into a step
+/// report, or the error that stopped the step (the first rank that failed by itself is the cause;
+/// the others were told to stop). `seconds` is the step's wall-clock time.
+pub fn assemble(
     schedule: &Schedule,
-    outputs: Vec<WorkerOutput>,
+    outputs: Vec<RankOutcome>,
     seconds: f64,
 ) -> Result<StepReport, RuntimeError> {
     // The first rank that failed by itself is the cause; the others were told to stop.
     let mut first_error = None;
     for o in &outputs {
-        if let Err(Stop::Failed(e)) = &o.result {
+        if let Err(RankStop::Failed(e)) = &o.result {
             first_error.get_or_insert_with(|| e.clone());
         }
     }

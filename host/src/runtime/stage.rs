@@ -128,23 +128,19 @@ impl From<super::ShapeError> for StageError {
 /// # Ok(())
 /// # }
 /// ```
-pub trait Stage: Send {
+pub trait Stage<T: Payload = Tensor>: Send {
     /// What the forward pass keeps for the backward passes of one microbatch.
     type Stash: Send;
 
     /// `F`: computes this stage's output for one microbatch and the stash its backward needs.
-    fn forward(&mut self, input: Tensor) -> Result<(Tensor, Self::Stash), StageError>;
+    fn forward(&mut self, input: T) -> Result<(T, Self::Stash), StageError>;
 
     /// `I`: computes the gradient of the input from the gradient of the output, and keeps in the
     /// stash what [`backward_weight`](Stage::backward_weight) will need (releasing the rest).
     ///
     /// The first stage's input gradient is discarded by the runtime; a stage that knows it is first
     /// may return [`Tensor::empty`] instead of computing it.
-    fn backward_input(
-        &mut self,
-        stash: &mut Self::Stash,
-        grad_output: Tensor,
-    ) -> Result<Tensor, StageError>;
+    fn backward_input(&mut self, stash: &mut Self::Stash, grad_output: T) -> Result<T, StageError>;
 
     /// `W`: adds this microbatch's weight gradients to the accumulated ones; consumes the stash.
     fn backward_weight(&mut self, stash: Self::Stash) -> Result<(), StageError>;
@@ -152,11 +148,7 @@ pub trait Stage: Send {
     /// `B`: the full backward. Must equal [`backward_input`](Stage::backward_input) then
     /// [`backward_weight`](Stage::backward_weight), which is the default; override it only to fuse
     /// the two for speed.
-    fn backward(
-        &mut self,
-        mut stash: Self::Stash,
-        grad_output: Tensor,
-    ) -> Result<Tensor, StageError> {
+    fn backward(&mut self, mut stash: Self::Stash, grad_output: T) -> Result<T, StageError> {
         let grad_input = self.backward_input(&mut stash, grad_output)?;
         self.backward_weight(stash)?;
         Ok(grad_input)
@@ -194,16 +186,61 @@ pub trait Stage: Send {
 /// let (v, g) = half_sse.loss(&y, &t).unwrap();
 /// assert_eq!((v, g.data()), (2.5, &[1.0, 2.0][..]));
 /// ```
-pub trait Loss: Sync {
-    /// Loss value and its gradient with respect to `output`.
-    fn loss(&self, output: &Tensor, target: &Tensor) -> Result<(f32, Tensor), StageError>;
+pub trait Loss<T: Payload = Tensor>: Sync {
+    /// Loss value and its gradient with respect to `output` (for a host [`Tensor`], the value is
+    /// an `f32`; a device payload returns it where the device holds it, read after the step).
+    fn loss(&self, output: &T, target: &T) -> Result<(T::Loss, T), StageError>;
 }
 
-impl<F> Loss for F
+impl<T: Payload, F> Loss<T> for F
 where
-    F: Fn(&Tensor, &Tensor) -> Result<(f32, Tensor), StageError> + Sync,
+    F: Fn(&T, &T) -> Result<(T::Loss, T), StageError> + Sync,
 {
-    fn loss(&self, output: &Tensor, target: &Tensor) -> Result<(f32, Tensor), StageError> {
+    fn loss(&self, output: &T, target: &T) -> Result<(T::Loss, T), StageError> {
         self(output, target)
+    }
+}
+
+/// What stages exchange: a host [`Tensor`] on the CPU path, a device buffer on a device backend.
+///
+/// The runtime moves payloads between stages and ranks without looking inside; it needs only their
+/// size (for the transfers it reports), a way to scale the loss gradient by `1 / M`, and how to read
+/// a loss value once the step is over (a device computes losses asynchronously).
+///
+/// ```
+/// use pipefill_host::runtime::{Payload, Tensor};
+/// let mut t = Tensor::new(vec![1, 2], vec![1.0, 2.0]).unwrap();
+/// t.scale_by(0.5).unwrap();
+/// assert_eq!((t.data(), Payload::bytes(&t)), (&[0.5, 1.0][..], 8));
+/// assert_eq!(Tensor::loss_value(0.25).unwrap(), 0.25);
+/// ```
+pub trait Payload: Send + Sized + 'static {
+    /// A loss value as this payload's device holds it.
+    type Loss: Send;
+
+    /// Bytes of data it carries.
+    fn bytes(&self) -> usize;
+
+    /// Multiplies every value by `by` (enqueued, on a device).
+    fn scale_by(&mut self, by: f32) -> Result<(), StageError>;
+
+    /// The value of a loss, once the step that computed it has finished.
+    fn loss_value(loss: Self::Loss) -> Result<f32, StageError>;
+}
+
+impl Payload for Tensor {
+    type Loss = f32;
+
+    fn bytes(&self) -> usize {
+        Tensor::bytes(self)
+    }
+
+    fn scale_by(&mut self, by: f32) -> Result<(), StageError> {
+        self.scale(by);
+        Ok(())
+    }
+
+    fn loss_value(loss: f32) -> Result<f32, StageError> {
+        Ok(loss)
     }
 }

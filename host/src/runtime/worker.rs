@@ -6,52 +6,47 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError};
-use std::sync::{Barrier, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use super::clock::{panic_message, Clock};
-use super::executor::Program;
 use super::hook::{Hooked, StepEvent};
+use super::transport::{Parcel, Transport, TransportError};
 use super::{Loss, RuntimeError, Stage, Tensor};
 use crate::schedule::deps::{Edge, Flow};
+use crate::schedule::lower::lowered_items;
+use crate::schedule::validate::has_transfers;
 use crate::schedule::{Action, Comm, Item, Op, Schedule};
 use crate::timeline::{Span, Transfer};
 
-/// What a tensor in flight is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Kind {
-    /// The input activation of `F(stage, microbatch)`.
-    Input,
-    /// The output gradient that `I`/`B` of `(stage, microbatch)` starts from.
-    GradOutput,
+/// Each rank's list as the runners execute it: the schedule [lowered](crate::schedule::lower), with
+/// its sends and receives, and whether the schedule carried its transfers itself (then every item
+/// gets a span; otherwise only the schedule's own items do). Built once per schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankProgram {
+    lists: Vec<Vec<Item>>,
+    explicit: bool,
 }
 
-/// Which tensor: its kind and the `(stage, microbatch)` that consumes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct Key {
-    kind: Kind,
-    stage: usize,
-    microbatch: usize,
-}
+impl RankProgram {
+    /// The lowered lists of `schedule`.
+    pub fn of(schedule: &Schedule) -> Self {
+        RankProgram {
+            lists: (0..schedule.ranks)
+                .map(|r| lowered_items(schedule, r).collect())
+                .collect(),
+            explicit: has_transfers(schedule),
+        }
+    }
 
-/// What travels between ranks.
-pub(super) enum Message {
-    /// A tensor produced by `producer` on rank `from`, sent at `sent_at` (seconds since the epoch).
-    Data {
-        key: Key,
-        tensor: Tensor,
-        producer: Action,
-        from: usize,
-        sent_at: f64,
-    },
-    /// Another rank failed: stop now.
-    Abort,
+    /// Rank `rank`'s lowered list.
+    pub fn list(&self, rank: usize) -> &[Item] {
+        self.lists.get(rank).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// A tensor waiting in a rank's mailbox, with where it came from if it crossed ranks.
-struct Parcel {
+struct Held {
     tensor: Tensor,
     arrival: Option<Arrival>,
 }
@@ -72,137 +67,148 @@ struct Stashed<T> {
     bytes: usize,
 }
 
-/// Why a worker stopped early.
-pub(super) enum Stop {
+/// Why a rank stopped early.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RankStop {
     /// This rank failed.
     Failed(RuntimeError),
-    /// Another rank failed and told us to stop.
+    /// Another rank failed and told this one to stop.
     Aborted,
 }
 
-/// What all workers of one step share (read-only, or atomics).
-pub(super) struct StepContext<'a, L> {
+/// One rank's part of a training step, as [`run_rank`] takes it.
+pub struct RankStep<'a, S, L> {
+    /// The schedule.
     pub schedule: &'a Schedule,
-    /// The lowered lists the ranks run.
-    pub program: &'a Program,
+    /// Its lowered lists ([`RankProgram::of`] the schedule).
+    pub program: &'a RankProgram,
+    /// Which rank this is.
+    pub rank: usize,
+    /// `(global stage index, stage)` for the stages this rank holds.
+    pub stages: Vec<(usize, &'a mut S)>,
+    /// Stage 0's microbatch inputs on the rank that holds stage 0 (empty elsewhere).
+    pub inputs: Vec<Tensor>,
+    /// The microbatch targets (read on the rank of the last stage).
     pub targets: &'a [Tensor],
+    /// The loss after the last stage.
     pub loss: &'a L,
+    /// Time zero of the step's timeline.
     pub epoch: Instant,
-    pub failed: &'a AtomicBool,
-    pub barrier: &'a Barrier,
-    /// When set, every layer call holds this lock: one action at a time over all ranks.
+    /// When set, every layer call holds this lock: one action at a time over all ranks of a process.
     pub exclusive: Option<&'a Mutex<()>>,
-    /// How long a waiting rank polls its channel (yielding its core between polls) before it
-    /// blocks; see [`Executor::set_poll`](super::Executor::set_poll).
-    pub poll: Duration,
     /// The trainer's step hook, if any: told of every action as it completes.
     pub hook: Option<&'a (dyn Fn(StepEvent) + Sync)>,
 }
 
-/// What a worker hands back at the end of a step.
-pub(super) struct WorkerOutput {
+/// What one rank's runner hands back at the end of a step; [`assemble`](super::assemble) turns the
+/// outcomes of all ranks into a [`StepReport`](super::StepReport).
+#[derive(Debug, Clone)]
+pub struct RankOutcome {
+    /// Rank's items as they ran.
     pub spans: Vec<Span>,
+    /// Transfers this rank received.
     pub transfers: Vec<Transfer>,
+    /// `(microbatch, loss)` computed here (on the last stage's rank).
     pub losses: Vec<(usize, f32)>,
+    /// The most activation bytes this rank's stashes held at once.
     pub peak_held: usize,
     /// Seconds spent in layer calls, per action, in execution order.
     pub action_seconds: Vec<(Action, f64)>,
-    pub result: Result<(), Stop>,
+    /// How the rank ended.
+    pub result: Result<(), RankStop>,
 }
 
-/// The channel ends and local stages of one rank.
-pub(super) struct Worker<'s, S: Stage> {
-    pub rank: usize,
-    /// `(global stage index, stage)` for the stages this rank holds.
-    pub stages: Vec<(usize, &'s mut S)>,
-    /// Microbatch inputs of stage 0 (only on the rank that holds it).
-    pub inputs: Vec<Option<Tensor>>,
-    pub rx: Receiver<Message>,
-    /// Senders to the other ranks (`None` for this rank).
-    pub peers: Vec<Option<Sender<Message>>>,
-}
-
-/// The mutable state of a running worker.
-struct RankRun<'c, 's, S: Stage, L> {
-    ctx: &'c StepContext<'c, L>,
+/// The mutable state of a running rank.
+struct RankRun<'c, S: Stage, L, T> {
+    schedule: &'c Schedule,
+    program: &'c RankProgram,
+    targets: &'c [Tensor],
+    loss: &'c L,
+    epoch: Instant,
+    transport: &'c mut T,
     rank: usize,
-    stages: Vec<(usize, &'s mut S)>,
+    stages: Vec<(usize, &'c mut S)>,
     inputs: Vec<Option<Tensor>>,
-    rx: Receiver<Message>,
-    peers: Vec<Option<Sender<Message>>>,
-    mailbox: HashMap<Key, Parcel>,
+    mailbox: HashMap<Edge, Held>,
     /// Outputs for another rank, waiting for their send.
-    outbox: HashMap<Key, (Tensor, Action)>,
+    outbox: HashMap<Edge, (Tensor, Action)>,
     stashes: HashMap<(usize, usize), Stashed<S::Stash>>,
     held: usize,
     clock: Clock<'c>,
     hook: Option<Hooked<'c>>,
-    out: WorkerOutput,
+    out: RankOutcome,
 }
 
-impl<'s, S: Stage> Worker<'s, S> {
-    /// Runs this rank's part of one step: zero-grad, the items in order, then (once every rank is
-    /// done and none failed) the optimizer step.
-    pub(super) fn run<L: Loss>(self, ctx: &StepContext<'_, L>) -> WorkerOutput {
-        let rank = self.rank;
-        let mut run = RankRun {
-            ctx,
-            rank: self.rank,
-            stages: self.stages,
-            inputs: self.inputs,
-            rx: self.rx,
-            peers: self.peers,
-            mailbox: HashMap::new(),
-            outbox: HashMap::new(),
-            stashes: HashMap::new(),
-            held: 0,
-            clock: Clock::new(ctx.epoch, ctx.exclusive),
-            hook: ctx.hook.map(|h| Hooked::new(h, ctx.schedule, rank)),
-            out: WorkerOutput {
-                spans: Vec::new(),
-                transfers: Vec::new(),
-                losses: Vec::new(),
-                peak_held: 0,
-                action_seconds: Vec::new(),
-                result: Ok(()),
-            },
-        };
-        // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
-        // itself from leaving the other ranks waiting at the barrier.
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            run.zero_grad().and_then(|()| run.items())
+/// Runs one rank's part of a step over `transport`: zero-grad, the rank's lowered list strictly in
+/// order, then (once [`Transport::finish`] says every rank finished its list and none failed) the
+/// optimizer step. The in-process [`Executor`](super::Executor) runs one per thread over
+/// [`Channels`](super::Channels); a multi-process launcher runs one per process over its own transport.
+pub fn run_rank<S: Stage, L: Loss, T: Transport>(
+    step: RankStep<'_, S, L>,
+    transport: &mut T,
+) -> RankOutcome {
+    let rank = step.rank;
+    let mut run = RankRun {
+        schedule: step.schedule,
+        program: step.program,
+        targets: step.targets,
+        loss: step.loss,
+        epoch: step.epoch,
+        transport,
+        rank,
+        stages: step.stages,
+        inputs: step.inputs.into_iter().map(Some).collect(),
+        mailbox: HashMap::new(),
+        outbox: HashMap::new(),
+        stashes: HashMap::new(),
+        held: 0,
+        clock: Clock::new(step.epoch, step.exclusive),
+        hook: step.hook.map(|h| Hooked::new(h, step.schedule, rank)),
+        out: RankOutcome {
+            spans: Vec::new(),
+            transfers: Vec::new(),
+            losses: Vec::new(),
+            peak_held: 0,
+            action_seconds: Vec::new(),
+            result: Ok(()),
+        },
+    };
+    // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
+    // itself from leaving the other ranks waiting at the barrier.
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        run.zero_grad().and_then(|()| run.items())
+    }))
+    .unwrap_or_else(|p| {
+        Err(RankStop::Failed(RuntimeError::Internal {
+            rank,
+            message: format!("the runtime panicked: {}", panic_message(&*p)),
         }))
-        .unwrap_or_else(|p| {
-            Err(Stop::Failed(RuntimeError::Internal {
-                rank,
-                message: format!("the runtime panicked: {}", panic_message(&*p)),
-            }))
-        });
-        if let Err(Stop::Failed(_)) = result {
-            run.abort_others();
-        }
-        // Everybody waits here, failed or not, so that no rank steps its optimizer unless all
-        // ranks finished their lists.
-        ctx.barrier.wait();
-        let result = match result {
-            Ok(()) if !ctx.failed.load(Ordering::SeqCst) => run.optimizer_step(),
-            other => other,
-        };
-        run.out.result = result;
-        run.out
+    });
+    if let Err(RankStop::Failed(_)) = result {
+        run.transport.abort();
     }
+    // Everybody waits here, failed or not, so that no rank steps its optimizer unless all
+    // ranks finished their lists.
+    let all_ok = run.transport.finish(result.is_ok());
+    let result = match result {
+        Ok(()) if all_ok => run.optimizer_step(),
+        Ok(()) => Err(RankStop::Aborted),
+        other => other,
+    };
+    run.out.result = result;
+    run.out
 }
 
-impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
+impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
     fn now(&self) -> f64 {
-        self.ctx.epoch.elapsed().as_secs_f64()
+        self.epoch.elapsed().as_secs_f64()
     }
 
-    fn zero_grad(&mut self) -> Result<(), Stop> {
+    fn zero_grad(&mut self) -> Result<(), RankStop> {
         let rank = self.rank;
         for (s, stage) in self.stages.iter_mut() {
             catch_unwind(AssertUnwindSafe(|| stage.zero_grad())).map_err(|p| {
-                Stop::Failed(RuntimeError::OptimizerFailed {
+                RankStop::Failed(RuntimeError::OptimizerFailed {
                     rank,
                     stage: *s,
                     message: format!("zero_grad panicked: {}", panic_message(&*p)),
@@ -212,7 +218,7 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
         Ok(())
     }
 
-    fn optimizer_step(&mut self) -> Result<(), Stop> {
+    fn optimizer_step(&mut self) -> Result<(), RankStop> {
         let rank = self.rank;
         for (s, stage) in self.stages.iter_mut() {
             let message = match catch_unwind(AssertUnwindSafe(|| stage.optimizer_step())) {
@@ -220,7 +226,7 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
                 Ok(Err(e)) => e.to_string(),
                 Err(p) => format!("panicked: {}", panic_message(&*p)),
             };
-            return Err(Stop::Failed(RuntimeError::OptimizerFailed {
+            return Err(RankStop::Failed(RuntimeError::OptimizerFailed {
                 rank,
                 stage: *s,
                 message,
@@ -229,20 +235,11 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
         Ok(())
     }
 
-    /// Tells every other rank to stop.
-    fn abort_others(&self) {
-        self.ctx.failed.store(true, Ordering::SeqCst);
-        for tx in self.peers.iter().flatten() {
-            // A rank that already left does not need telling.
-            let _ = tx.send(Message::Abort);
-        }
-    }
-
-    fn items(&mut self) -> Result<(), Stop> {
-        let program = self.ctx.program;
-        for item in &program.lists[self.rank] {
-            if self.ctx.failed.load(Ordering::Relaxed) {
-                return Err(Stop::Aborted);
+    fn items(&mut self) -> Result<(), RankStop> {
+        let program = self.program;
+        for item in program.list(self.rank) {
+            if self.transport.aborted() {
+                return Err(RankStop::Aborted);
             }
             self.clock.first_start = None;
             match *item {
@@ -277,47 +274,62 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
     }
 
     /// A send hands the output waiting in the outbox to its rank; a receive waits for its data.
-    fn transfer(&mut self, c: Comm) -> Result<(), Stop> {
-        let Some(e) = Edge::of(c, self.ctx.schedule.stages()) else {
+    fn transfer(&mut self, c: Comm) -> Result<(), RankStop> {
+        let Some(e) = Edge::of(c, self.schedule.stages()) else {
             return Err(self.internal(format!("`{c}` names no boundary")));
         };
-        let key = Key::consuming(&e);
         if c.op.is_send() {
-            let (tensor, producer) = self.outbox.remove(&key).ok_or_else(|| {
+            let (tensor, producer) = self.outbox.remove(&e).ok_or_else(|| {
                 self.internal(format!(
                     "`{c}` has nothing to send: its producer has not run"
                 ))
             })?;
-            self.send(key, tensor, producer);
-            return Ok(());
+            return self.send(e, tensor, producer);
         }
-        if !self.mailbox.contains_key(&key) {
+        if !self.mailbox.contains_key(&e) {
             let op = match e.flow {
                 Flow::Activation => Op::F,
                 Flow::Gradient => Op::I,
             };
-            let parcel = self.receive_until(key, Action::new(op, e.to(), e.microbatch))?;
-            self.mailbox.insert(key, parcel);
+            let consumer = Action::new(op, e.to(), e.microbatch);
+            let from = self.schedule.rank_of(e.from);
+            let parcel = match self.transport.recv(e, from) {
+                Ok(p) => p,
+                Err(TransportError::Aborted) => return Err(RankStop::Aborted),
+                Err(TransportError::Lost { message }) => return Err(self.fail(consumer, message)),
+            };
+            let received_at = self.now();
+            let held = Held {
+                arrival: Some(Arrival {
+                    from: parcel.from,
+                    producer: parcel.producer,
+                    sent_at: parcel.sent_at,
+                    received_at,
+                    bytes: parcel.tensor.bytes(),
+                }),
+                tensor: parcel.tensor,
+            };
+            self.mailbox.insert(e, held);
         }
         Ok(())
     }
 
-    fn internal(&self, message: String) -> Stop {
-        Stop::Failed(RuntimeError::Internal {
+    fn internal(&self, message: String) -> RankStop {
+        RankStop::Failed(RuntimeError::Internal {
             rank: self.rank,
             message,
         })
     }
 
-    fn fail(&self, action: Action, message: impl Into<String>) -> Stop {
-        Stop::Failed(RuntimeError::ActionFailed {
+    fn fail(&self, action: Action, message: impl Into<String>) -> RankStop {
+        RankStop::Failed(RuntimeError::ActionFailed {
             rank: self.rank,
             action,
             message: message.into(),
         })
     }
 
-    fn action(&mut self, a: Action) -> Result<(), Stop> {
+    fn action(&mut self, a: Action) -> Result<(), RankStop> {
         self.clock.action_start = None;
         match a.op {
             Op::F => self.forward(a),
@@ -332,14 +344,14 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
         Ok(())
     }
 
-    fn forward(&mut self, a: Action) -> Result<(), Stop> {
+    fn forward(&mut self, a: Action) -> Result<(), RankStop> {
         let input = if a.stage == 0 {
             self.inputs
                 .get_mut(a.microbatch)
                 .and_then(Option::take)
                 .ok_or_else(|| self.fail(a, "no input for this microbatch (run twice?)"))?
         } else {
-            self.take(Key::new(Kind::Input, a), a)?
+            self.take(input_edge(a), a)?
         };
         if self.stashes.contains_key(&(a.stage, a.microbatch)) {
             return Err(self.fail(a, "this forward already ran and its stash is still held"));
@@ -361,34 +373,33 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
                 bytes,
             },
         );
-        let last = self.ctx.schedule.stages() - 1;
+        let last = self.schedule.stages() - 1;
         if a.stage == last {
             let target = self
-                .ctx
                 .targets
                 .get(a.microbatch)
                 .ok_or_else(|| self.fail(a, "no target for this microbatch"))?;
-            let loss = self.ctx.loss;
+            let loss = self.loss;
             let (value, mut grad) =
                 self.clock.call(rank, a, &mut self.out.action_seconds, || {
                     loss.loss(&output, target)
                 })?;
-            grad.scale(1.0 / self.ctx.schedule.microbatches as f32);
+            grad.scale(1.0 / self.schedule.microbatches as f32);
             self.out.losses.push((a.microbatch, value));
-            self.deliver(Key::new(Kind::GradOutput, a), grad, a);
+            self.deliver(grad_edge(a), grad, a);
         } else {
-            let key = Key {
-                kind: Kind::Input,
-                stage: a.stage + 1,
+            let edge = Edge {
+                flow: Flow::Activation,
+                from: a.stage,
                 microbatch: a.microbatch,
             };
-            self.deliver(key, output, a);
+            self.deliver(edge, output, a);
         }
         Ok(())
     }
 
-    fn backward_input(&mut self, a: Action) -> Result<(), Stop> {
-        let grad = self.take(Key::new(Kind::GradOutput, a), a)?;
+    fn backward_input(&mut self, a: Action) -> Result<(), RankStop> {
+        let grad = self.take(grad_edge(a), a)?;
         let rank = self.rank;
         let slot = self
             .stashes
@@ -411,7 +422,7 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
         Ok(())
     }
 
-    fn backward_weight(&mut self, a: Action) -> Result<(), Stop> {
+    fn backward_weight(&mut self, a: Action) -> Result<(), RankStop> {
         let rank = self.rank;
         let slot = self
             .stashes
@@ -427,8 +438,8 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
         })
     }
 
-    fn backward(&mut self, a: Action) -> Result<(), Stop> {
-        let grad = self.take(Key::new(Kind::GradOutput, a), a)?;
+    fn backward(&mut self, a: Action) -> Result<(), RankStop> {
+        let grad = self.take(grad_edge(a), a)?;
         let rank = self.rank;
         let slot = self
             .stashes
@@ -449,12 +460,12 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
     /// Passes an input gradient to the previous stage; the first stage's is dropped.
     fn send_grad_input(&mut self, a: Action, grad_input: Tensor) {
         if a.stage > 0 {
-            let key = Key {
-                kind: Kind::GradOutput,
-                stage: a.stage - 1,
+            let edge = Edge {
+                flow: Flow::Gradient,
+                from: a.stage,
                 microbatch: a.microbatch,
             };
-            self.deliver(key, grad_input, a);
+            self.deliver(edge, grad_input, a);
         }
     }
 
@@ -465,48 +476,47 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
     }
 
     /// Hands a tensor to its consumer: directly on this rank, else into the outbox until its send.
-    fn deliver(&mut self, key: Key, tensor: Tensor, producer: Action) {
-        let dest = self.ctx.schedule.rank_of(key.stage);
+    fn deliver(&mut self, edge: Edge, tensor: Tensor, producer: Action) {
+        let dest = self.schedule.rank_of(edge.to());
         if dest == self.rank {
-            self.mailbox.insert(
-                key,
-                Parcel {
-                    tensor,
-                    arrival: None,
-                },
-            );
+            let held = Held {
+                tensor,
+                arrival: None,
+            };
+            self.mailbox.insert(edge, held);
         } else {
-            self.outbox.insert(key, (tensor, producer));
+            self.outbox.insert(edge, (tensor, producer));
         }
     }
 
     /// Sends a tensor to the rank holding its consumer.
-    fn send(&mut self, key: Key, tensor: Tensor, producer: Action) {
-        let dest = self.ctx.schedule.rank_of(key.stage);
-        if let Some(Some(tx)) = self.peers.get(dest) {
-            let sent_at = self.now();
-            // If the receiver already left, it failed (and we will be told) or did not need this.
-            let _ = tx.send(Message::Data {
-                key,
-                tensor,
-                producer,
-                from: self.rank,
-                sent_at,
-            });
+    fn send(&mut self, edge: Edge, tensor: Tensor, producer: Action) -> Result<(), RankStop> {
+        let dest = self.schedule.rank_of(edge.to());
+        let parcel = Parcel {
+            edge,
+            producer,
+            from: self.rank,
+            sent_at: self.now(),
+            tensor,
+        };
+        match self.transport.send(dest, parcel) {
+            Ok(()) => Ok(()),
+            Err(TransportError::Aborted) => Err(RankStop::Aborted),
+            Err(TransportError::Lost { message }) => Err(self.internal(message)),
         }
     }
 
-    /// Takes the tensor `key` for `consumer`: produced on this rank, or received by an earlier
+    /// Takes the tensor of `edge` for `consumer`: produced on this rank, or received by an earlier
     /// receive of the lowered list.
-    fn take(&mut self, key: Key, consumer: Action) -> Result<Tensor, Stop> {
-        let parcel = self.mailbox.remove(&key).ok_or_else(|| {
+    fn take(&mut self, edge: Edge, consumer: Action) -> Result<Tensor, RankStop> {
+        let held = self.mailbox.remove(&edge).ok_or_else(|| {
             self.fail(
                 consumer,
                 "its input was neither produced on this rank nor received before it (does the \
                  schedule validate?)",
             )
         })?;
-        if let Some(a) = parcel.arrival {
+        if let Some(a) = held.arrival {
             self.out.transfers.push(Transfer::new(
                 a.from,
                 self.rank,
@@ -517,81 +527,26 @@ impl<S: Stage, L: Loss> RankRun<'_, '_, S, L> {
                 a.bytes as f64,
             ));
         }
-        Ok(parcel.tensor)
-    }
-
-    /// The next message: polled for up to `ctx.poll`, yielding the core between polls (a
-    /// hand-off that arrives meanwhile costs neither side a sleep and a wake-up), then blocking.
-    fn next_message(&self) -> Result<Message, RecvError> {
-        let start = Instant::now();
-        while start.elapsed() < self.ctx.poll {
-            match self.rx.try_recv() {
-                Ok(m) => return Ok(m),
-                Err(TryRecvError::Disconnected) => return Err(RecvError),
-                Err(TryRecvError::Empty) => std::thread::yield_now(),
-            }
-        }
-        self.rx.recv()
-    }
-
-    fn receive_until(&mut self, want: Key, consumer: Action) -> Result<Parcel, Stop> {
-        loop {
-            let message = self.next_message().map_err(|_| {
-                self.fail(
-                    consumer,
-                    "waits for data that no rank will send (does the schedule validate?)",
-                )
-            })?;
-            match message {
-                Message::Abort => return Err(Stop::Aborted),
-                Message::Data {
-                    key,
-                    tensor,
-                    producer,
-                    from,
-                    sent_at,
-                } => {
-                    let parcel = Parcel {
-                        arrival: Some(Arrival {
-                            from,
-                            producer,
-                            sent_at,
-                            received_at: self.now(),
-                            bytes: tensor.bytes(),
-                        }),
-                        tensor,
-                    };
-                    if key == want {
-                        return Ok(parcel);
-                    }
-                    self.mailbox.insert(key, parcel);
-                }
-            }
-        }
+        Ok(held.tensor)
     }
 }
 
-impl Key {
-    /// The tensor an edge delivers: the input of `F` on the next stage, or the output gradient of
-    /// the previous stage's backward.
-    fn consuming(e: &Edge) -> Self {
-        let kind = match e.flow {
-            Flow::Activation => Kind::Input,
-            Flow::Gradient => Kind::GradOutput,
-        };
-        Key {
-            kind,
-            stage: e.to(),
-            microbatch: e.microbatch,
-        }
+/// The edge that delivers `F(s, k)`'s input (from `F(s-1, k)`).
+fn input_edge(a: Action) -> Edge {
+    Edge {
+        flow: Flow::Activation,
+        from: a.stage.wrapping_sub(1),
+        microbatch: a.microbatch,
     }
+}
 
-    fn new(kind: Kind, a: Action) -> Self {
-        Key {
-            kind,
-            stage: a.stage,
-            microbatch: a.microbatch,
-        }
+/// The edge that delivers the output gradient of `I/B(s, k)`: from stage `s+1`, or, on the last
+/// stage, from the loss (named as a gradient from one stage past the last).
+fn grad_edge(a: Action) -> Edge {
+    Edge {
+        flow: Flow::Gradient,
+        from: a.stage + 1,
+        microbatch: a.microbatch,
     }
 }
 
@@ -603,16 +558,16 @@ fn local_stage<'a, S>(stages: &'a mut [(usize, &mut S)], stage: usize) -> Option
         .map(|(_, st)| &mut **st)
 }
 
-fn not_here(rank: usize, a: Action) -> Stop {
-    Stop::Failed(RuntimeError::ActionFailed {
+fn not_here(rank: usize, a: Action) -> RankStop {
+    RankStop::Failed(RuntimeError::ActionFailed {
         rank,
         action: a,
         message: format!("stage {} is not held by rank {rank}", a.stage),
     })
 }
 
-fn no_stash(rank: usize, a: Action) -> Stop {
-    Stop::Failed(RuntimeError::ActionFailed {
+fn no_stash(rank: usize, a: Action) -> RankStop {
+    RankStop::Failed(RuntimeError::ActionFailed {
         rank,
         action: a,
         message: "no stash: the forward of this stage and microbatch has not run".into(),

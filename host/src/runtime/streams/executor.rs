@@ -1,0 +1,429 @@
+//! [`StreamExecutor`]: runs training steps of a schedule on a [`Device`] from one host thread.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::program::lanes;
+use super::{check, Device, EventRole, StreamOp, StreamProgram};
+use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError, StepReport};
+use crate::schedule::deps::{output, Edge, Flow};
+use crate::schedule::{Action, Op, Schedule};
+use crate::timeline::{Source, Timeline, Transfer};
+
+/// Runs training steps of a [`Schedule`] over stages whose work a [`Device`] runs on streams.
+///
+/// Built once per schedule: the [`StreamProgram`] is built and [`check`]ed, the device makes the
+/// streams. Each [`step`](StreamExecutor::step) then enqueues the whole step from the calling thread
+/// (stage calls, records, waits and timing marks), synchronises once, applies the optimizer steps
+/// and returns the same [`StepReport`] as the threaded [`Executor`](crate::runtime::Executor), with the
+/// timeline measured by the device's marks.
+///
+/// ```
+/// use pipefill_host::runtime::streams::{CpuStreams, Pending, StreamExecutor};
+/// use pipefill_host::runtime::{Stage, StageError, Tensor};
+/// use pipefill_host::schedule::{families, Params};
+/// # struct Twice;
+/// # impl Stage for Twice {
+/// #     type Stash = ();
+/// #     fn forward(&mut self, mut x: Tensor) -> Result<(Tensor, ()), StageError> { x.scale(2.0); Ok((x, ())) }
+/// #     fn backward_input(&mut self, _: &mut (), mut g: Tensor) -> Result<Tensor, StageError> { g.scale(2.0); Ok(g) }
+/// #     fn backward_weight(&mut self, _: ()) -> Result<(), StageError> { Ok(()) }
+/// #     fn held_bytes(&self, _: &()) -> usize { 0 }
+/// #     fn zero_grad(&mut self) {}
+/// #     fn optimizer_step(&mut self) -> Result<(), StageError> { Ok(()) }
+/// # }
+/// let schedule = families::generate("1f1b", &Params::new(2, 2)).unwrap();
+/// let device = CpuStreams::new();
+/// let stages = vec![device.stage(Twice), device.stage(Twice)];
+/// let mut ex = StreamExecutor::new(schedule, stages, device).unwrap();
+/// let loss = ex.device().loss(|y: &Tensor, _: &Tensor| Ok((y.data()[0], y.clone())));
+/// let x = || Pending::ready(Tensor::new(vec![1, 1], vec![1.5]).unwrap());
+/// let report = ex.step(vec![x(), x()], &[x(), x()], &loss).unwrap();
+/// assert_eq!(report.losses, vec![6.0, 6.0]); // 1.5 * 2 * 2
+/// ```
+pub struct StreamExecutor<D: Device, S: Stage<D::Payload>> {
+    schedule: Schedule,
+    program: StreamProgram,
+    device: D,
+    stages: Vec<S>,
+}
+
+/// A stash and whether `I` has run on it.
+struct Held<T> {
+    stash: T,
+    input_done: bool,
+    bytes: usize,
+}
+
+/// The state of one step while it is enqueued.
+struct Step<D: Device, T> {
+    stashes: HashMap<(usize, usize), Held<T>>,
+    /// Data waiting for its consumer: `(edge, payload)` by edge.
+    mailbox: HashMap<Edge, D::Payload>,
+    inputs: Vec<Option<D::Payload>>,
+    losses: Vec<Option<<D::Payload as Payload>::Loss>>,
+    held: Vec<usize>,
+    peak: Vec<usize>,
+    /// Start and end marks of each action, in enqueue order.
+    marks: Vec<(Action, D::Mark, D::Mark)>,
+    bytes: HashMap<Edge, usize>,
+}
+
+impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
+    /// An executor for `schedule` over `stages` (global order) on `device`. Refuses a schedule that
+    /// does not validate, a stage count that does not fit, and a program [`check`] refuses.
+    pub fn new(schedule: Schedule, stages: Vec<S>, mut device: D) -> Result<Self, RuntimeError> {
+        crate::runtime::check::check_schedule(&schedule)?;
+        if stages.len() != schedule.stages() {
+            return Err(RuntimeError::StageCount {
+                schedule: schedule.name.clone(),
+                expected: schedule.stages(),
+                ranks: schedule.ranks,
+                chunks: schedule.chunks,
+                got: stages.len(),
+            });
+        }
+        let program = StreamProgram::build(&schedule).map_err(RuntimeError::Streams)?;
+        check(&program, &schedule).map_err(RuntimeError::Streams)?;
+        device
+            .make_streams(&program.streams)
+            .map_err(device_error)?;
+        Ok(StreamExecutor {
+            schedule,
+            program,
+            device,
+            stages,
+        })
+    }
+
+    /// The program each step enqueues.
+    pub fn program(&self) -> &StreamProgram {
+        &self.program
+    }
+
+    /// The stages, in global order.
+    pub fn stages(&self) -> &[S] {
+        &self.stages
+    }
+
+    /// The stages, in global order, for changing between steps.
+    pub fn stages_mut(&mut self) -> &mut [S] {
+        &mut self.stages
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// Runs one training step: `inputs[k]` and `targets[k]` are microbatch `k`'s input and target.
+    pub fn step<L: Loss<D::Payload>>(
+        &mut self,
+        inputs: Vec<D::Payload>,
+        targets: &[D::Payload],
+        loss: &L,
+    ) -> Result<StepReport, RuntimeError> {
+        let m = self.schedule.microbatches;
+        if inputs.len() != m || targets.len() != m {
+            return Err(RuntimeError::BatchCount {
+                microbatches: m,
+                inputs: inputs.len(),
+                targets: targets.len(),
+            });
+        }
+        let wall = Instant::now();
+        for stage in &mut self.stages {
+            stage.zero_grad();
+        }
+        let p = self.schedule.ranks;
+        let mut step: Step<D, S::Stash> = Step {
+            stashes: HashMap::new(),
+            mailbox: HashMap::new(),
+            inputs: inputs.into_iter().map(Some).collect(),
+            losses: (0..m).map(|_| None).collect(),
+            held: vec![0; p],
+            peak: vec![0; p],
+            marks: Vec::new(),
+            bytes: HashMap::new(),
+        };
+        let origin = self.device.mark(0).map_err(device_error)?;
+        let mut events = Vec::with_capacity(self.program.events.len());
+        for i in 0..self.program.ops.len() {
+            match self.program.ops[i] {
+                StreamOp::Run { stream, action } => {
+                    self.device.bind(stream).map_err(device_error)?;
+                    let start = self.device.mark(stream).map_err(device_error)?;
+                    self.run(&mut step, action, targets, loss)?;
+                    let end = self.device.mark(stream).map_err(device_error)?;
+                    step.marks.push((action, start, end));
+                }
+                StreamOp::Record { stream, .. } => {
+                    events.push(self.device.record(stream).map_err(device_error)?);
+                }
+                StreamOp::Wait { stream, event } => {
+                    let e = events.get(event).ok_or_else(|| RuntimeError::Internal {
+                        rank: self.program.streams[stream].rank,
+                        message: format!("event {event} waited on before it was recorded"),
+                    })?;
+                    self.device.wait(stream, e).map_err(device_error)?;
+                }
+            }
+        }
+        self.device.synchronize().map_err(device_error)?;
+        for (s, stage) in self.stages.iter_mut().enumerate() {
+            stage
+                .optimizer_step()
+                .map_err(|e| RuntimeError::OptimizerFailed {
+                    rank: self.schedule.rank_of(s),
+                    stage: s,
+                    message: e.to_string(),
+                })?;
+        }
+        self.report(step, &origin, wall.elapsed().as_secs_f64())
+    }
+
+    /// Enqueues one action: takes its input, calls the stage, holds the stash, hands on the output.
+    fn run<L: Loss<D::Payload>>(
+        &mut self,
+        step: &mut Step<D, S::Stash>,
+        a: Action,
+        targets: &[D::Payload],
+        loss: &L,
+    ) -> Result<(), RuntimeError> {
+        let rank = self.schedule.rank_of(a.stage);
+        let key = (a.stage, a.microbatch);
+        let last = self.schedule.stages() - 1;
+        let stage = &mut self.stages[a.stage];
+        let handed: Option<D::Payload> = match a.op {
+            Op::F => {
+                let input = if a.stage == 0 {
+                    step.inputs.get_mut(a.microbatch).and_then(Option::take)
+                } else {
+                    step.mailbox.remove(&edge_into(a))
+                };
+                let input = input.ok_or_else(|| no_input(rank, a))?;
+                let (out, stash) = stage.forward(input).map_err(|e| act(rank, a, e))?;
+                let bytes = stage.held_bytes(&stash);
+                let stashed = Held {
+                    stash,
+                    input_done: false,
+                    bytes,
+                };
+                step.hold(rank, bytes, 0);
+                if step.stashes.insert(key, stashed).is_some() {
+                    return Err(act(rank, a, "this forward already ran"));
+                }
+                if a.stage == last {
+                    let target = targets.get(a.microbatch).ok_or_else(|| no_input(rank, a))?;
+                    let (value, mut grad) = loss.loss(&out, target).map_err(|e| act(rank, a, e))?;
+                    grad.scale_by(1.0 / self.schedule.microbatches as f32)
+                        .map_err(|e| act(rank, a, e))?;
+                    step.losses[a.microbatch] = Some(value);
+                    step.mailbox.insert(loss_edge(a), grad);
+                    None
+                } else {
+                    Some(out)
+                }
+            }
+            Op::I | Op::B => {
+                let grad = step
+                    .mailbox
+                    .remove(&grad_into(a))
+                    .ok_or_else(|| no_input(rank, a))?;
+                let held = if a.op == Op::I {
+                    step.stashes.get_mut(&key)
+                } else {
+                    None
+                };
+                match held {
+                    Some(h) if !h.input_done => {
+                        let gi = stage
+                            .backward_input(&mut h.stash, grad)
+                            .map_err(|e| act(rank, a, e))?;
+                        let (before, after) = (h.bytes, stage.held_bytes(&h.stash));
+                        h.bytes = after;
+                        h.input_done = true;
+                        step.hold(rank, after, before);
+                        Some(gi)
+                    }
+                    Some(_) => return Err(act(rank, a, "I already ran for this microbatch")),
+                    None => {
+                        let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
+                        step.hold(rank, 0, h.bytes);
+                        if h.input_done {
+                            return Err(act(rank, a, "B after I for this microbatch"));
+                        }
+                        Some(stage.backward(h.stash, grad).map_err(|e| act(rank, a, e))?)
+                    }
+                }
+            }
+            Op::W => {
+                let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
+                if !h.input_done {
+                    return Err(act(rank, a, "W before I for this microbatch"));
+                }
+                step.hold(rank, 0, h.bytes);
+                stage
+                    .backward_weight(h.stash)
+                    .map_err(|e| act(rank, a, e))?;
+                None
+            }
+        };
+        if let (Some(data), Some(edge)) = (handed, output(a, self.schedule.stages())) {
+            step.bytes.insert(edge, data.bytes());
+            step.mailbox.insert(edge, data);
+        }
+        Ok(())
+    }
+
+    /// The step report: losses read back, the timeline from the marks.
+    fn report(
+        &self,
+        step: Step<D, S::Stash>,
+        origin: &D::Mark,
+        seconds: f64,
+    ) -> Result<StepReport, RuntimeError> {
+        let mut losses = Vec::with_capacity(step.losses.len());
+        for (k, l) in step.losses.into_iter().enumerate() {
+            let l = l.ok_or_else(|| RuntimeError::Internal {
+                rank: self.schedule.rank_of(self.schedule.stages() - 1),
+                message: format!("no loss for microbatch {k}"),
+            })?;
+            losses.push(D::Payload::loss_value(l).map_err(|e| device_error(e.into()))?);
+        }
+        let mut times: HashMap<Action, (f64, f64)> = HashMap::new();
+        let mut action_seconds = Vec::with_capacity(step.marks.len());
+        for (a, start, end) in &step.marks {
+            let s = self.device.seconds(origin, start).map_err(device_error)?;
+            let e = self.device.seconds(origin, end).map_err(device_error)?;
+            times.insert(*a, (s, e));
+            action_seconds.push((*a, e - s));
+        }
+        let timeline = self.timeline(&times, &step.bytes);
+        let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
+        Ok(StepReport {
+            loss,
+            losses,
+            timeline,
+            peak_held_bytes: step.peak,
+            seconds,
+            action_seconds,
+        })
+    }
+
+    fn timeline(
+        &self,
+        times: &HashMap<Action, (f64, f64)>,
+        bytes: &HashMap<Edge, usize>,
+    ) -> Timeline {
+        let mut t = Timeline::new(
+            self.schedule.name.clone(),
+            Source::Measured,
+            self.schedule.ranks,
+        );
+        for (rank, list) in self.schedule.actions.iter().enumerate() {
+            for item in list.iter().filter(|i| i.is_compute()) {
+                let (mut s, mut e) = (f64::INFINITY, 0.0f64);
+                for a in item.actions() {
+                    if let Some(&(a0, a1)) = times.get(&a) {
+                        s = s.min(a0);
+                        e = e.max(a1);
+                    }
+                }
+                if s.is_finite() {
+                    t.push(rank, *item, s, e);
+                }
+            }
+        }
+        let lanes = lanes(&self.schedule);
+        for role in &self.program.events {
+            let EventRole::Transfer(edge) = role else {
+                continue;
+            };
+            let consumer = super::program::consumer(edge, &lanes);
+            let producer = match edge.flow {
+                Flow::Activation => edge.producer(),
+                Flow::Gradient if times.contains_key(&edge.producer()) => edge.producer(),
+                Flow::Gradient => Action::new(Op::B, edge.from, edge.microbatch),
+            };
+            if let (Some(&(_, sent)), Some(&(got, _))) =
+                (times.get(&producer), times.get(&consumer))
+            {
+                t.transfers.push(Transfer::new(
+                    self.schedule.rank_of(edge.from),
+                    self.schedule.rank_of(edge.to()),
+                    producer,
+                    consumer,
+                    sent,
+                    got.max(sent),
+                    bytes.get(edge).copied().unwrap_or(0) as f64,
+                ));
+            }
+        }
+        t
+    }
+}
+
+impl<D: Device, T> Step<D, T> {
+    fn hold(&mut self, rank: usize, add: usize, remove: usize) {
+        self.held[rank] = (self.held[rank] + add).saturating_sub(remove);
+        self.peak[rank] = self.peak[rank].max(self.held[rank]);
+    }
+}
+
+/// The edge that delivers `F(s, k)`'s input.
+fn edge_into(a: Action) -> Edge {
+    Edge {
+        flow: Flow::Activation,
+        from: a.stage - 1,
+        microbatch: a.microbatch,
+    }
+}
+
+/// The mailbox key of the last stage's loss gradient (an edge from a stage past the last).
+fn loss_edge(a: Action) -> Edge {
+    Edge {
+        flow: Flow::Gradient,
+        from: a.stage + 1,
+        microbatch: a.microbatch,
+    }
+}
+
+/// The edge that delivers the output gradient of `I/B(s, k)` (for the last stage: the loss's).
+fn grad_into(a: Action) -> Edge {
+    loss_edge(a)
+}
+
+fn act(rank: usize, action: Action, e: impl ToString) -> RuntimeError {
+    RuntimeError::ActionFailed {
+        rank,
+        action,
+        message: e.to_string(),
+    }
+}
+
+fn no_input(rank: usize, a: Action) -> RuntimeError {
+    act(
+        rank,
+        a,
+        "its input was not produced before it (does the program check?)",
+    )
+}
+
+fn no_stash(rank: usize, a: Action) -> RuntimeError {
+    act(
+        rank,
+        a,
+        "no stash: the forward of this stage and microbatch has not run",
+    )
+}
+
+fn device_error(e: super::DeviceError) -> RuntimeError {
+    RuntimeError::Device { message: e.message }
+}
+
+impl From<StageError> for super::DeviceError {
+    fn from(e: StageError) -> Self {
+        super::DeviceError::new(e.message())
+    }
+}

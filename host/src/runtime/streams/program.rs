@@ -1,0 +1,305 @@
+//! [`StreamProgram`]: a lowered schedule turned into one enqueue order of stream operations.
+
+use std::collections::HashMap;
+
+use crate::schedule::deps::{Edge, Flow};
+use crate::schedule::lower::lowered_items;
+use crate::schedule::{Action, Comm, Item, Op, Schedule};
+
+use super::StreamError;
+
+/// A stream of the device: lane 0 of a rank runs its list in order; lane 1 exists only on ranks whose
+/// list overlaps a forward with a backward (`Item::Overlap`, as DualPipeV does) and runs the backward
+/// halves, so that the pair really runs at the same time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId {
+    /// The rank whose work the stream runs.
+    pub rank: usize,
+    /// 0: the rank's main lane; 1: the backward halves of its overlapped pairs.
+    pub lane: usize,
+}
+
+/// Why an event is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventRole {
+    /// A lowered schedule's send: recorded after the producer, waited on by the receiving rank's
+    /// stream before the consumer.
+    Transfer(Edge),
+    /// Lane 1 starts an overlapped pair only after lane 0's earlier work.
+    Fork {
+        /// The rank.
+        rank: usize,
+    },
+    /// Lane 0 goes on after an overlapped pair only once lane 1's half is done.
+    Join {
+        /// The rank.
+        rank: usize,
+    },
+}
+
+/// One operation, enqueued by the one host thread that drives a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamOp {
+    /// Enqueue `action`'s work on stream `stream` (an index into [`StreamProgram::streams`]).
+    Run {
+        /// The stream.
+        stream: usize,
+        /// The compute action.
+        action: Action,
+    },
+    /// Record event `event` on `stream`: it completes when everything enqueued on `stream` before
+    /// it has completed.
+    Record {
+        /// The stream.
+        stream: usize,
+        /// The event (an index into [`StreamProgram::events`]).
+        event: usize,
+    },
+    /// Make `stream` wait, on the device, for event `event` before it runs what comes next. A wait
+    /// must be enqueued after its record (a wait on an event not yet recorded waits for nothing).
+    Wait {
+        /// The stream.
+        stream: usize,
+        /// The event.
+        event: usize,
+    },
+}
+
+/// A schedule as the device backends execute it: the streams, the events, and one enqueue order of
+/// [`StreamOp`]s for the whole step.
+///
+/// Built from the [lowered](crate::schedule::lower) schedule: each rank's compute items become `Run`s on
+/// the rank's stream in list order; a `SEND` becomes a `Record` on the producer's stream right after the
+/// producer; the matching `RECV` becomes a `Wait` on the consumer's stream before the consumer. An
+/// overlapped pair forks lane 1 from lane 0 before it and joins it back after it. The order interleaves
+/// the ranks as a dry run does (a rank stops at a receive whose send is not enqueued yet), so every
+/// wait comes after its record: one host thread can enqueue the whole step (as CUDA graph capture
+/// needs), and the device orders the work.
+///
+/// [`check`](super::check) verifies these properties for any program, so a program edited by hand or
+/// produced by another pass is checked before it runs.
+///
+/// ```
+/// use pipefill_host::runtime::streams::{check, StreamOp, StreamProgram};
+/// use pipefill_host::schedule::{families, Params};
+/// let schedule = families::generate("1f1b", &Params::new(2, 2)).unwrap();
+/// let program = StreamProgram::build(&schedule).unwrap();
+/// assert_eq!(program.streams.len(), 2); // one per rank: 1F1B overlaps nothing
+/// // 8 actions; 2 activations and 2 gradients cross ranks: a record and a wait each.
+/// let runs = program.ops.iter().filter(|o| matches!(o, StreamOp::Run { .. })).count();
+/// assert_eq!((runs, program.events.len()), (8, 4));
+/// check(&program, &schedule).unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamProgram {
+    /// The streams, rank by rank (lane 0 first).
+    pub streams: Vec<StreamId>,
+    /// What each event is for.
+    pub events: Vec<EventRole>,
+    /// The enqueue order.
+    pub ops: Vec<StreamOp>,
+}
+
+impl StreamProgram {
+    /// The program of `schedule` (which must validate: a schedule that deadlocks has no enqueue
+    /// order, and gets [`StreamError::Stuck`]).
+    pub fn build(schedule: &Schedule) -> Result<Self, StreamError> {
+        Builder::new(schedule).run()
+    }
+
+    /// The stream index of `id`, if the program has that stream.
+    pub fn stream(&self, id: StreamId) -> Option<usize> {
+        self.streams.iter().position(|s| *s == id)
+    }
+}
+
+/// Which lane each compute action of each rank runs on: lane 1 for the backward half of an
+/// overlapped pair, else 0.
+pub(super) fn lanes(schedule: &Schedule) -> HashMap<Action, usize> {
+    let mut lanes = HashMap::new();
+    for list in &schedule.actions {
+        for item in list {
+            match *item {
+                Item::One(a) => {
+                    lanes.insert(a, 0);
+                }
+                Item::Overlap { forward, backward } => {
+                    lanes.insert(forward, 0);
+                    lanes.insert(backward, 1);
+                }
+                Item::Comm(_) | Item::Param(_) => {}
+            }
+        }
+    }
+    lanes
+}
+
+/// The action that consumes `e`'s data in `lanes` (for a gradient: the `I` or the `B`, whichever
+/// the schedule has).
+pub(super) fn consumer(e: &Edge, lanes: &HashMap<Action, usize>) -> Action {
+    match e.flow {
+        Flow::Activation => Action::new(Op::F, e.to(), e.microbatch),
+        Flow::Gradient => {
+            let i = Action::new(Op::I, e.to(), e.microbatch);
+            if lanes.contains_key(&i) {
+                i
+            } else {
+                Action::new(Op::B, e.to(), e.microbatch)
+            }
+        }
+    }
+}
+
+struct Builder<'a> {
+    schedule: &'a Schedule,
+    lists: Vec<Vec<Item>>,
+    lanes: HashMap<Action, usize>,
+    index: HashMap<StreamId, usize>,
+    sent: HashMap<Edge, usize>,
+    program: StreamProgram,
+}
+
+impl<'a> Builder<'a> {
+    fn new(schedule: &'a Schedule) -> Self {
+        let lists: Vec<Vec<Item>> = (0..schedule.ranks)
+            .map(|r| lowered_items(schedule, r).collect())
+            .collect();
+        let mut streams = Vec::new();
+        for (rank, list) in schedule.actions.iter().enumerate() {
+            streams.push(StreamId { rank, lane: 0 });
+            if list.iter().any(|i| matches!(i, Item::Overlap { .. })) {
+                streams.push(StreamId { rank, lane: 1 });
+            }
+        }
+        let index = streams.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+        Builder {
+            schedule,
+            lists,
+            lanes: lanes(schedule),
+            index,
+            sent: HashMap::new(),
+            program: StreamProgram {
+                streams,
+                events: Vec::new(),
+                ops: Vec::new(),
+            },
+        }
+    }
+
+    /// Round robin over the ranks, each going as far as it can: the validator's dry run, emitting.
+    fn run(mut self) -> Result<StreamProgram, StreamError> {
+        let mut pos = vec![0usize; self.lists.len()];
+        loop {
+            let mut progress = false;
+            for (rank, at) in pos.iter_mut().enumerate() {
+                while let Some(&item) = self.lists[rank].get(*at) {
+                    if !self.emit(rank, item)? {
+                        break;
+                    }
+                    *at += 1;
+                    progress = true;
+                }
+            }
+            if pos.iter().zip(&self.lists).all(|(p, l)| *p == l.len()) {
+                return Ok(self.program);
+            }
+            if !progress {
+                let (rank, at) = pos
+                    .iter()
+                    .zip(&self.lists)
+                    .enumerate()
+                    .find(|(_, (p, l))| **p < l.len())
+                    .map(|(r, (p, _))| (r, *p))
+                    .unwrap_or((0, 0));
+                return Err(StreamError::Stuck {
+                    rank,
+                    item: self.lists[rank][at].to_string(),
+                });
+            }
+        }
+    }
+
+    fn stream(&self, rank: usize, lane: usize) -> Result<usize, StreamError> {
+        self.index
+            .get(&StreamId { rank, lane })
+            .copied()
+            .ok_or(StreamError::NoStream { rank, lane })
+    }
+
+    fn event(&mut self, stream: usize, role: EventRole) -> usize {
+        let event = self.program.events.len();
+        self.program.events.push(role);
+        self.program.ops.push(StreamOp::Record { stream, event });
+        event
+    }
+
+    /// Emits `item` of `rank`; `false` when it is a receive whose send is not enqueued yet.
+    fn emit(&mut self, rank: usize, item: Item) -> Result<bool, StreamError> {
+        match item {
+            Item::One(action) => {
+                let stream = self.stream(rank, 0)?;
+                self.program.ops.push(StreamOp::Run { stream, action });
+            }
+            Item::Overlap { forward, backward } => {
+                let (main, second) = (self.stream(rank, 0)?, self.stream(rank, 1)?);
+                let fork = self.event(main, EventRole::Fork { rank });
+                let ops = &mut self.program.ops;
+                ops.push(StreamOp::Wait {
+                    stream: second,
+                    event: fork,
+                });
+                ops.push(StreamOp::Run {
+                    stream: main,
+                    action: forward,
+                });
+                ops.push(StreamOp::Run {
+                    stream: second,
+                    action: backward,
+                });
+                let join = self.event(second, EventRole::Join { rank });
+                self.program.ops.push(StreamOp::Wait {
+                    stream: main,
+                    event: join,
+                });
+            }
+            Item::Comm(c) => return self.transfer(rank, c),
+            // Parameter operations move no data within one device program.
+            Item::Param(_) => {}
+        }
+        Ok(true)
+    }
+
+    fn transfer(&mut self, rank: usize, c: Comm) -> Result<bool, StreamError> {
+        let stages = self.schedule.stages();
+        let e = Edge::of(c, stages).ok_or(StreamError::NoBoundary {
+            rank,
+            item: c.to_string(),
+        })?;
+        if c.op.is_send() {
+            // The producer of a gradient is the I or the B, whichever this rank runs.
+            let producer = e.producer();
+            let b = Action::new(Op::B, producer.stage, producer.microbatch);
+            let lane = self
+                .lanes
+                .get(&producer)
+                .or_else(|| self.lanes.get(&b))
+                .copied()
+                .unwrap_or(0);
+            let stream = self.stream(rank, lane)?;
+            let event = self.event(stream, EventRole::Transfer(e));
+            self.sent.insert(e, event);
+            return Ok(true);
+        }
+        let Some(&event) = self.sent.get(&e) else {
+            return Ok(false);
+        };
+        let lane = self
+            .lanes
+            .get(&consumer(&e, &self.lanes))
+            .copied()
+            .unwrap_or(0);
+        let stream = self.stream(rank, lane)?;
+        self.program.ops.push(StreamOp::Wait { stream, event });
+        Ok(true)
+    }
+}

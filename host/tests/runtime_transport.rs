@@ -1,0 +1,199 @@
+//! The per-rank runner over a transport: ranks run by hand with `run_rank` over `Channels` (or a
+//! transport wrapping it) give the threaded `Executor`'s step, and every crossing goes through the
+//! transport exactly at the lowered schedule's sends and receives.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use pipefill_host::runtime::{
+    assemble, run_rank, Channels, Executor, Parcel, RankProgram, RankStep, Stage, StageError,
+    Tensor, Transport, TransportError,
+};
+use pipefill_host::schedule::deps::Edge;
+use pipefill_host::schedule::lower::lower;
+use pipefill_host::schedule::{families, Item, Params, Schedule};
+
+/// `y = w x` per element with a learnable `w`.
+struct Scale {
+    w: f32,
+    grad: f32,
+}
+
+impl Stage for Scale {
+    type Stash = (Tensor, Option<Tensor>);
+    fn forward(&mut self, x: Tensor) -> Result<(Tensor, Self::Stash), StageError> {
+        let mut y = x.clone();
+        y.scale(self.w);
+        Ok((y, (x, None)))
+    }
+    fn backward_input(&mut self, st: &mut Self::Stash, dy: Tensor) -> Result<Tensor, StageError> {
+        let mut dx = dy.clone();
+        dx.scale(self.w);
+        st.1 = Some(dy);
+        Ok(dx)
+    }
+    fn backward_weight(&mut self, st: Self::Stash) -> Result<(), StageError> {
+        let dy = st.1.ok_or_else(|| StageError::new("W before I"))?;
+        self.grad +=
+            st.0.data()
+                .iter()
+                .zip(dy.data())
+                .map(|(x, d)| x * d)
+                .sum::<f32>();
+        Ok(())
+    }
+    fn held_bytes(&self, st: &Self::Stash) -> usize {
+        st.0.bytes()
+    }
+    fn zero_grad(&mut self) {
+        self.grad = 0.0;
+    }
+    fn optimizer_step(&mut self) -> Result<(), StageError> {
+        self.w -= 0.1 * self.grad;
+        Ok(())
+    }
+}
+
+/// Counts what goes through the transport.
+struct Counted<'a> {
+    inner: &'a mut Channels,
+    sends: &'a AtomicUsize,
+    recvs: &'a AtomicUsize,
+}
+
+impl Transport for Counted<'_> {
+    fn send(&mut self, to: usize, parcel: Parcel) -> Result<(), TransportError> {
+        self.sends.fetch_add(1, Ordering::SeqCst);
+        self.inner.send(to, parcel)
+    }
+    fn recv(&mut self, edge: Edge, from: usize) -> Result<Parcel, TransportError> {
+        self.recvs.fetch_add(1, Ordering::SeqCst);
+        self.inner.recv(edge, from)
+    }
+    fn abort(&mut self) {
+        self.inner.abort();
+    }
+    fn aborted(&self) -> bool {
+        self.inner.aborted()
+    }
+    fn finish(&mut self, ok: bool) -> bool {
+        self.inner.finish(ok)
+    }
+}
+
+fn stages(n: usize) -> Vec<Scale> {
+    (0..n)
+        .map(|s| Scale {
+            w: 1.0 + 0.05 * s as f32,
+            grad: 0.0,
+        })
+        .collect()
+}
+
+fn mse(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
+    let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
+    Ok((
+        0.5 * d.iter().map(|x| x * x).sum::<f32>(),
+        Tensor::new(y.shape().to_vec(), d)?,
+    ))
+}
+
+fn data(m: usize) -> (Vec<Tensor>, Vec<Tensor>) {
+    let x = |k: usize| Tensor::new(vec![1, 2], vec![0.3 + 0.1 * k as f32, -0.5]).unwrap();
+    let t = |k: usize| Tensor::new(vec![1, 2], vec![0.1, 0.02 * k as f32]).unwrap();
+    ((0..m).map(x).collect(), (0..m).map(t).collect())
+}
+
+/// One step run rank by rank with `run_rank` on threads of our own; losses, weights and counts.
+fn by_hand(schedule: &Schedule, sends: &AtomicUsize, recvs: &AtomicUsize) -> (Vec<f32>, Vec<f32>) {
+    let p = schedule.ranks;
+    let program = RankProgram::of(schedule);
+    let (xs, ts) = data(schedule.microbatches);
+    let mut all = stages(schedule.stages());
+    let mut channels = Channels::connect(p, Duration::from_micros(50));
+    let mut local: Vec<Vec<(usize, &mut Scale)>> = (0..p).map(|_| Vec::new()).collect();
+    for (s, st) in all.iter_mut().enumerate() {
+        local[schedule.rank_of(s)].push((s, st));
+    }
+    let epoch = Instant::now();
+    let first = schedule.rank_of(0);
+    let mut inputs = Some(xs);
+    let outcomes = std::thread::scope(|scope| {
+        let handles: Vec<_> = local
+            .into_iter()
+            .zip(channels.iter_mut())
+            .enumerate()
+            .map(|(rank, (stages, ch))| {
+                let step = RankStep {
+                    schedule,
+                    program: &program,
+                    rank,
+                    stages,
+                    inputs: if rank == first {
+                        inputs.take().unwrap()
+                    } else {
+                        Vec::new()
+                    },
+                    targets: &ts,
+                    loss: &mse,
+                    epoch,
+                    exclusive: None,
+                    hook: None,
+                };
+                let mut t = Counted {
+                    inner: ch,
+                    sends,
+                    recvs,
+                };
+                scope.spawn(move || run_rank(step, &mut t))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let report = assemble(schedule, outcomes, epoch.elapsed().as_secs_f64()).unwrap();
+    (report.losses, all.iter().map(|s| s.w).collect())
+}
+
+#[test]
+fn ranks_run_by_hand_over_a_transport_equal_the_executor() {
+    for name in [
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zb-h1",
+        "zbv",
+        "dualpipev",
+    ] {
+        let Ok(schedule) = families::generate(name, &Params::new(3, 6)) else {
+            let schedule = families::generate(name, &Params::new(2, 4)).unwrap();
+            check(schedule);
+            continue;
+        };
+        check(schedule);
+    }
+}
+
+fn check(schedule: Schedule) {
+    let (sends, recvs) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (losses, weights) = by_hand(&schedule, &sends, &recvs);
+    let (xs, ts) = data(schedule.microbatches);
+    let mut ex = Executor::new(schedule.clone(), stages(schedule.stages())).unwrap();
+    let report = ex.step(xs, &ts, &mse).unwrap();
+    assert_eq!(losses, report.losses, "{}", schedule.name);
+    let ex_w: Vec<f32> = ex.stages().iter().map(|s| s.w).collect();
+    assert_eq!(weights, ex_w, "{}", schedule.name);
+    // One send and one receive per crossing of the lowered schedule.
+    let lowered = lower(&schedule).unwrap();
+    let comms = lowered
+        .actions
+        .iter()
+        .flatten()
+        .filter(|i| matches!(i, Item::Comm(_)))
+        .count();
+    assert!(comms > 0, "{}", schedule.name);
+    assert_eq!(sends.load(Ordering::SeqCst) * 2, comms, "{}", schedule.name);
+    assert_eq!(recvs.load(Ordering::SeqCst) * 2, comms, "{}", schedule.name);
+}
