@@ -20,7 +20,7 @@ set -euo pipefail
 
 LIMIT_BYTES=$((64 * 1024 * 1024))
 RUN_SECONDS=480
-GPU_TESTS=(gpu_kernels gpu_stage gpu_cli)
+GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli)
 GPU_BENCHES=(gpu_sync)
 
 usage() {

@@ -11,9 +11,11 @@
 //!    `--plan uniform`: equal layer counts) simulated under the profile
 //!    ([`pipefill_host::plan::plan_families`], [`pipefill_host::plan::plan_schedule`]); the best
 //!    predicted step time is chosen;
-//! 4. [`train`]: run the steps with the executor, showing progress;
+//! 4. [`train`]: run the steps with the executor (CPU: one thread per rank; `--backend cuda`: the
+//!    stream runtime on GPU 0, one host thread enqueuing per-rank streams), showing progress;
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
+mod cuda;
 mod output;
 mod setup;
 
@@ -149,16 +151,7 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         .map_err(|e| failed(e.0))?;
     let reports = match setup.backend {
         Backend::Cpu => run_steps(setup, plan, stages)?,
-        Backend::Cuda => {
-            let cuda = |e: crate::cuda::CudaError| failed(format!("--backend cuda: {e}"));
-            let gpu = crate::cuda::Gpu::open(0).map_err(cuda)?;
-            let on_gpu = stages
-                .iter()
-                .map(|s| crate::cuda::CudaStage::from_host(&gpu, s))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(cuda)?;
-            run_steps(setup, plan, on_gpu)?
-        }
+        Backend::Cuda => cuda::run_steps(setup, plan, &stages)?,
     };
     let losses = reports.iter().map(|r| r.loss).collect();
     let step_seconds: Vec<f64> = reports.iter().map(|r| r.seconds).collect();

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 
 use super::error::CudaError;
@@ -74,6 +74,9 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     module: OnceLock<Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Read-only zeros for [`Gpu::zeros`]: every buffer ever made (a smaller one may still be in use
+    /// by enqueued work when a larger one is needed), the largest last.
+    zeros: Mutex<Vec<CudaSlice<f32>>>,
 }
 
 /// The process's `Gpu` per device ordinal.
@@ -107,6 +110,7 @@ impl Gpu {
             ctx,
             module: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
+            zeros: Mutex::new(Vec::new()),
         });
         opened.push((ordinal, gpu.clone()));
         Ok(gpu)
@@ -155,6 +159,27 @@ impl Gpu {
             .map_err(CudaError::driver(format!("cuModuleGetFunction {name}")))?;
         functions.insert(name, f.clone());
         Ok(f)
+    }
+
+    /// The device address of at least `n` zeros that stay allocated and unwritten for the life of the
+    /// device (a constant operand for kernels). The first call for a larger `n` allocates and waits
+    /// for the zeroing; later calls are a lookup.
+    pub fn zeros(&self, n: usize) -> Result<u64, CudaError> {
+        let mut zeros = self.zeros.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(z) = zeros.last().filter(|z| z.len() >= n) {
+            return Ok(z.device_ptr(z.stream()).0);
+        }
+        let stream = self.new_stream()?;
+        let size = n.max(1).next_power_of_two();
+        let z = stream
+            .alloc_zeros::<f32>(size)
+            .map_err(CudaError::driver("cuMemAllocAsync (zeros)"))?;
+        stream
+            .synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))?;
+        let at = z.device_ptr(&stream).0;
+        zeros.push(z);
+        Ok(at)
     }
 
     /// Waits for all work on the device.

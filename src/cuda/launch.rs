@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use pipefill_kernels::{elementwise_grid, gemm_grid, Activation, AdamWStep, SgdMomentum, THREADS};
 
 use super::device::Gpu;
@@ -326,14 +326,14 @@ impl Launcher {
     pub fn softmax_ce_forward(
         &self,
         logits: &CudaSlice<f32>,
-        targets: &CudaSlice<u32>,
+        targets: &impl DevicePtr<u32>,
         classes: usize,
         row_loss: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let rows = targets.len();
         need("cross-entropy logits", Some(logits), rows * classes)?;
         need("cross-entropy row losses", Some(row_loss), rows)?;
-        let targets_at = Arg::Ptr(cudarc::driver::DevicePtr::device_ptr(targets, &self.stream).0);
+        let targets_at = Arg::Ptr(targets.device_ptr(&self.stream).0);
         let args = [
             self.ptr(Some(logits)),
             targets_at,
@@ -349,7 +349,7 @@ impl Launcher {
     pub fn softmax_ce_grad(
         &self,
         logits: &CudaSlice<f32>,
-        targets: &CudaSlice<u32>,
+        targets: &impl DevicePtr<u32>,
         grad: &mut CudaSlice<f32>,
         classes: usize,
         scale: f32,
@@ -357,7 +357,7 @@ impl Launcher {
         let rows = targets.len();
         need("cross-entropy logits", Some(logits), rows * classes)?;
         need("cross-entropy gradient", Some(grad), rows * classes)?;
-        let targets_at = Arg::Ptr(cudarc::driver::DevicePtr::device_ptr(targets, &self.stream).0);
+        let targets_at = Arg::Ptr(targets.device_ptr(&self.stream).0);
         let args = [
             self.ptr(Some(logits)),
             targets_at,
@@ -368,6 +368,30 @@ impl Launcher {
         ];
         // SAFETY: as in `linear_forward`.
         unsafe { self.launch(entry::SOFTMAX_CE_GRAD, elementwise_grid(rows), &args) }
+    }
+
+    /// `out = s x` over `x.len()` values, exactly as the host's `Tensor::scale` rounds (the MSE
+    /// gradient kernel against the device's cached zeros with `inv_norm = s / 2`:
+    /// `2 (x - 0) (s / 2)` is the one rounding of `x s` when `s / 2` is exact, as for `1 / M`).
+    pub fn scale(
+        &self,
+        x: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        s: f32,
+    ) -> Result<(), CudaError> {
+        let n = x.len();
+        need("scaled output", Some(out), n)?;
+        let zeros = self.gpu.zeros(n)?;
+        let args = [
+            self.ptr(Some(x)),
+            Arg::Ptr(zeros),
+            self.ptr(Some(out)),
+            Arg::U32(arg_u32("n", n)?),
+            Arg::F32(s / 2.0),
+        ];
+        // SAFETY: MSE_GRAD's argument list; `zeros` holds at least `n` zeros for the life of the
+        // device (never freed, never written).
+        unsafe { self.launch(entry::MSE_GRAD, elementwise_grid(n), &args) }
     }
 
     /// One SGD-with-momentum update of `p` and its velocity `v` ([`entry::SGD_MOMENTUM`]).

@@ -12,6 +12,7 @@
 //! | [`launch`] | [`Launcher`]: one typed, size-checked launch per kernel of [`crate::ptx::entry`] |
 //! | [`layer`] | [`DeviceLinear`]: `Y = act(X W + b)` with gradients and optimizer state on the device |
 //! | [`stage`] | [`CudaStage`]: a run of layers on a stream; device methods plus the runtime's `Stage` trait |
+//! | [`streams`] | [`CudaStreams`]: the stream runtime's `Device` on CUDA (streams, events, timing marks), its stage and loss wrappers, [`DeviceTensor`] as the payload |
 //! | [`loss`] | MSE and softmax cross-entropy on the device |
 //! | [`timing`] | [`Span`]: device time between two timing events |
 //! | [`profile`](mod@profile) | the per-layer F/I/W profile timed with events (`pipefill profile --backend cuda`) |
@@ -27,6 +28,7 @@ pub mod overlap;
 pub mod profile;
 pub mod skip;
 pub mod stage;
+pub mod streams;
 pub mod tensor;
 pub mod timing;
 
@@ -37,5 +39,6 @@ pub use layer::DeviceLinear;
 pub use loss::{loss_and_grad, DeviceTarget};
 pub use skip::{gpu_or_skip, SKIP_LINE};
 pub use stage::{CudaStage, CudaStash};
+pub use streams::{CudaLoss, CudaStreams, DeviceLoss, OnCudaStreams};
 pub use tensor::DeviceTensor;
 pub use timing::Span;

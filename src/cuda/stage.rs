@@ -17,7 +17,7 @@ use super::device::Gpu;
 use super::error::CudaError;
 use super::launch::Launcher;
 use super::layer::DeviceLinear;
-use super::tensor::DeviceTensor;
+use super::tensor::{rehome, DeviceTensor};
 use crate::layers::{LinearStage, Optimizer};
 
 /// A stage of the built-in model on a device.
@@ -46,6 +46,23 @@ pub struct CudaStash {
 }
 
 impl CudaStash {
+    /// Hands every buffer to `stream` ([`rehome`]): a backward running on another stream than its
+    /// forward (the second lane of an overlapped pair) frees them in its own order.
+    pub fn rehome(&mut self, stream: &Arc<CudaStream>) {
+        let take = |v: &mut Vec<CudaSlice<f32>>| {
+            std::mem::take(v)
+                .into_iter()
+                .map(|s| rehome(s, stream))
+                .collect()
+        };
+        self.inputs = take(&mut self.inputs);
+        self.grads = take(&mut self.grads);
+        self.pre = std::mem::take(&mut self.pre)
+            .into_iter()
+            .map(|p| p.map(|s| rehome(s, stream)))
+            .collect();
+    }
+
     /// Bytes of device memory it holds.
     pub fn bytes(&self) -> usize {
         let values: usize = self.inputs.iter().map(CudaSlice::len).sum::<usize>()
@@ -92,6 +109,14 @@ impl CudaStage {
         self.launcher.stream()
     }
 
+    /// Enqueues on `stream` from now on (the stream runtime binds each action's stream). Buffers the
+    /// stage already holds stay owned by the stream that made them.
+    pub fn set_stream(&mut self, stream: Arc<CudaStream>) {
+        if self.launcher.stream() != &stream {
+            self.launcher = Launcher::new(self.launcher.gpu().clone(), stream);
+        }
+    }
+
     /// Width of the stage's input.
     pub fn inputs(&self) -> usize {
         self.layers.first().map_or(0, |l| l.inputs)
@@ -127,7 +152,7 @@ impl CudaStage {
             pre: Vec::with_capacity(n),
             grads: Vec::new(),
         };
-        let mut x = input.into_slice().ok_or(CudaError::Shape {
+        let mut x = input.into_scaled(&self.launcher)?.ok_or(CudaError::Shape {
             what: "stage input".into(),
             expected: 1,
             got: 0,
@@ -158,11 +183,14 @@ impl CudaStage {
             });
         }
         let mut grads = Vec::with_capacity(self.layers.len());
-        let mut g = grad_output.into_slice().ok_or(CudaError::Shape {
-            what: "output gradient".into(),
-            expected: 1,
-            got: 0,
-        })?;
+        stash.rehome(self.launcher.stream());
+        let mut g = grad_output
+            .into_scaled(&self.launcher)?
+            .ok_or(CudaError::Shape {
+                what: "output gradient".into(),
+                expected: 1,
+                got: 0,
+            })?;
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let want_input = l > 0 || !self.first;
             let out =
@@ -183,7 +211,8 @@ impl CudaStage {
     }
 
     /// `W`, enqueued: adds this microbatch's weight gradients; consumes the stash.
-    pub fn backward_weight_device(&mut self, stash: CudaStash) -> Result<(), CudaError> {
+    pub fn backward_weight_device(&mut self, mut stash: CudaStash) -> Result<(), CudaError> {
+        stash.rehome(self.launcher.stream());
         if stash.grads.len() != self.layers.len() {
             return Err(CudaError::Shape {
                 what: "output gradients in the stash (W before I?)".into(),

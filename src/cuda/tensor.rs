@@ -12,10 +12,30 @@ use super::error::CudaError;
 ///
 /// Its memory belongs to the stream it was made on: it is freed on that stream (stream-ordered) when
 /// dropped, so work on another stream that reads it must be ordered before the drop by the caller.
+///
+/// A pending scale factor ([`DeviceTensor::scale_later`], what the runtime's `Payload::scale_by` does)
+/// is applied on the consumer's stream by [`DeviceTensor::into_scaled`].
 #[derive(Debug)]
 pub struct DeviceTensor {
     shape: Vec<usize>,
     data: Option<CudaSlice<f32>>,
+    scale: f32,
+}
+
+/// `slice` owned by `stream` from now on: freed there, in that stream's order, when dropped.
+///
+/// A buffer made on one stream and consumed on another must be re-homed to the consumer before the
+/// consumer drops it; otherwise it would be freed in the producer's stream order, possibly while the
+/// consumer's kernels still read it (cudarc's event tracking, which would order this, is off).
+pub fn rehome(slice: CudaSlice<f32>, stream: &Arc<CudaStream>) -> CudaSlice<f32> {
+    if slice.stream() == stream {
+        return slice;
+    }
+    let len = slice.len();
+    // SAFETY: `leak` gives up the allocation without freeing it; `upgrade_device_ptr` takes it over
+    // with its length. The consumer stream is ordered after the producer's work (it waited on the
+    // transfer's event), so the stream-ordered free on it comes after every use.
+    unsafe { stream.upgrade_device_ptr(slice.leak(), len) }
 }
 
 /// A zeroed device buffer of `n` values on `stream` (`None` for `n == 0`: CUDA refuses empty
@@ -45,6 +65,7 @@ impl DeviceTensor {
         Ok(DeviceTensor {
             data: zeros(stream, n)?,
             shape,
+            scale: 1.0,
         })
     }
 
@@ -71,7 +92,18 @@ impl DeviceTensor {
                     .map_err(CudaError::driver("memcpy to device"))?,
             )
         };
-        Ok(DeviceTensor { shape, data })
+        Ok(DeviceTensor {
+            shape,
+            data,
+            scale: 1.0,
+        })
+    }
+
+    /// Class indices (`rows x 1`) for the cross-entropy loss of the stream runtime, stored as the
+    /// bits of `u32`s in the `f32` buffer (the loss reads them as `u32`).
+    pub fn labels(stream: &Arc<CudaStream>, classes: &[u32]) -> Result<Self, CudaError> {
+        let bits: Vec<f32> = classes.iter().map(|&c| f32::from_bits(c)).collect();
+        Self::from_values(stream, vec![classes.len(), 1], &bits)
     }
 
     /// The host tensor `t` copied to the device on `stream`.
@@ -90,7 +122,43 @@ impl DeviceTensor {
                 got,
             });
         }
-        Ok(DeviceTensor { shape, data })
+        Ok(DeviceTensor {
+            shape,
+            data,
+            scale: 1.0,
+        })
+    }
+
+    /// Multiplies the values by `by` when next consumed ([`DeviceTensor::into_scaled`]); nothing is
+    /// enqueued now.
+    pub fn scale_later(&mut self, by: f32) {
+        self.scale *= by;
+    }
+
+    /// The pending scale factor (1 when none).
+    pub fn pending_scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The buffer, owned by the launcher's stream ([`rehome`]) and with any pending scale applied
+    /// there (`None` when empty).
+    pub fn into_scaled(
+        self,
+        la: &super::launch::Launcher,
+    ) -> Result<Option<CudaSlice<f32>>, CudaError> {
+        let Some(data) = self.data else {
+            return Ok(None);
+        };
+        let data = rehome(data, la.stream());
+        if self.scale == 1.0 {
+            return Ok(Some(data));
+        }
+        let mut out = la
+            .stream()
+            .alloc_zeros::<f32>(data.len())
+            .map_err(CudaError::driver("cuMemAllocAsync"))?;
+        la.scale(&data, &mut out, self.scale)?;
+        Ok(Some(out))
     }
 
     /// The values copied back to the host on `stream` (waits for the stream).
