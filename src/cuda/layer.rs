@@ -66,6 +66,9 @@ impl DeviceParam {
     }
 }
 
+/// A layer's `(W, b)`-shaped pair of host buffers: weights then biases (or their gradients).
+pub type HostPair = (Vec<f32>, Vec<f32>);
+
 /// The built-in layer on a device.
 #[derive(Debug)]
 pub struct DeviceLinear {
@@ -222,7 +225,7 @@ impl DeviceLinear {
     }
 
     /// Copies `(W, b)` back to the host (waits for the stream).
-    pub fn parameters_to_host(&self, la: &Launcher) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+    pub fn parameters_to_host(&self, la: &Launcher) -> Result<HostPair, CudaError> {
         let get = |s: &CudaSlice<f32>| {
             la.stream()
                 .clone_dtoh(s)
@@ -233,7 +236,7 @@ impl DeviceLinear {
 
     /// Copies the accumulated `(dW, db)` back to the host, or `None` when nothing accumulated since
     /// [`zero_grad`](Self::zero_grad) (waits for the stream).
-    pub fn grads_to_host(&self, la: &Launcher) -> Result<Option<(Vec<f32>, Vec<f32>)>, CudaError> {
+    pub fn grads_to_host(&self, la: &Launcher) -> Result<Option<HostPair>, CudaError> {
         if self.fresh {
             return Ok(None);
         }
