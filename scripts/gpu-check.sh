@@ -7,7 +7,8 @@
 #                                      stay under 64 MiB (what travels to the GPU machine).
 #   DIR/gpu-check.sh run               there (NVIDIA driver, no Rust): from DIR only, at most 8 minutes,
 #                                      everything written to $OUT (or ./gpu-results when unset):
-#                                      nvidia-smi and the driver version, the GPU tests with
+#                                      nvidia-smi and the driver version, a CuPy check of the PTX
+#                                      against NumPy (independent of Rust), the GPU tests with
 #                                      PIPEFILL_REQUIRE_GPU=1, bench overlap, the gpu_sync bench, a CUDA
 #                                      profile, and train --backend cuda for four families at P = 4.
 #                                      Exit 1 when any step failed or ran out of time.
@@ -55,6 +56,12 @@ build() {
         name="$(basename "$exe")"
         cp "$exe" "$dir/benches/${name%-*}"
     done < <(cargo bench --no-run --message-format=json "${args[@]}" | executables)
+    local ptx
+    ptx=$(ls -t target/release/build/pipefill-*/out/kernels.ptx 2>/dev/null | while read -r f; do
+        [[ -s "$f" ]] && { echo "$f"; break; }; done)
+    [[ -n "$ptx" ]] || { echo "error: no built PTX under target/release/build (is rust-src installed?)" >&2; exit 1; }
+    cp "$ptx" "$dir/kernels.ptx"
+    ptx_check > "$dir/ptx-check.py"
     cp "$0" "$dir/gpu-check.sh"
     git rev-parse HEAD > "$dir/commit.txt" 2>/dev/null || echo unknown > "$dir/commit.txt"
     for name in "${GPU_TESTS[@]}"; do
@@ -73,6 +80,49 @@ build() {
     fi
     echo "gpu bundle: $dir ($((size / 1024 / 1024)) MiB, commit $(cat "$dir/commit.txt"))"
     ls -l "$dir" "$dir/tests" "$dir/benches"
+}
+
+# An independent check of the PTX with CuPy (no Rust on the GPU machine): the forward GEMM kernel with
+# ReLU, and the AdamW kernel, on random data against NumPy.
+ptx_check() {
+    cat <<'PY'
+import sys
+import numpy as np
+import cupy as cp
+
+mod = cp.RawModule(path=sys.argv[1])
+rng = np.random.default_rng(0)
+rows, inputs, outputs = 37, 70, 45
+x = rng.uniform(-1, 1, (rows, inputs)).astype(np.float32)
+w = rng.uniform(-1, 1, (inputs, outputs)).astype(np.float32)
+b = rng.uniform(-1, 1, outputs).astype(np.float32)
+dx, dw, db = cp.asarray(x), cp.asarray(w), cp.asarray(b)
+y = cp.zeros((rows, outputs), dtype=cp.float32)
+z = cp.zeros((rows, outputs), dtype=cp.float32)
+grid = ((outputs + 63) // 64, (rows + 63) // 64, 1)
+f = mod.get_function("pf_linear_forward")
+f(grid, (256, 1, 1), (dx, dw, db, y, z, np.uint32(rows), np.uint32(inputs), np.uint32(outputs), np.uint32(1)))
+want_z = x.astype(np.float64) @ w.astype(np.float64) + b
+err_z = np.abs(cp.asnumpy(z) - want_z).max()
+err_y = np.abs(cp.asnumpy(y) - np.maximum(want_z, 0)).max()
+print(f"pf_linear_forward relu {rows}x{inputs}x{outputs}: max |Z - ref| {err_z:.2e}, max |Y - ref| {err_y:.2e}")
+n = 100_003
+p, g = rng.uniform(-1, 1, n).astype(np.float32), rng.uniform(-1, 1, n).astype(np.float32)
+lr, b1, b2, eps, wd = 0.01, 0.9, 0.999, 1e-8, 0.01
+dp, dg = cp.asarray(p), cp.asarray(g)
+dm, dv = cp.zeros(n, dtype=cp.float32), cp.zeros(n, dtype=cp.float32)
+a = mod.get_function("pf_adamw")
+blocks = min((n + 255) // 256, 1024)
+a((blocks, 1, 1), (256, 1, 1), (dp, dg, dm, dv, np.uint32(n), np.float32(lr), np.float32(b1), np.float32(b2),
+    np.float32(eps), np.float32(1 - lr * wd), np.float32(1 / (1 - b1)), np.float32(1 / (1 - b2))))
+m, v = (1 - b1) * g, (1 - b2) * g * g
+want_p = p * (1 - lr * wd) - lr * (m / (1 - b1)) / (np.sqrt(v / (1 - b2)) + eps)
+err_p = np.abs(cp.asnumpy(dp) - want_p).max()
+print(f"pf_adamw step 1 over {n}: max |p - ref| {err_p:.2e}")
+ok = err_z < 5e-4 and err_y < 5e-4 and err_p < 1e-5
+print("ptx-check:", "ok" if ok else "MISMATCH")
+sys.exit(0 if ok else 1)
+PY
 }
 
 # A folder of symlinks named as cudarc looks for them, for each CUDA library found.
@@ -137,6 +187,7 @@ run() {
     link_libraries "$links" > "$OUT/libraries.txt" 2>&1 || true
     export LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export PIPEFILL_REQUIRE_GPU=1 PIPEFILL_BIN="$PWD/pipefill"
+    step ptx-check-cupy python3 ./ptx-check.py ./kernels.ptx
     local t
     for t in "${GPU_TESTS[@]}"; do
         step "test-$t" "./tests/$t" --test-threads=1 --nocapture
