@@ -15,6 +15,10 @@
 //! overlapped F/B pair ([`Backend::pair_execution`]): the file's `overlap_share` (1 on CPU, whose
 //! ranks run a pair's halves one after the other). The file records the microbatch sizes, backend,
 //! pair execution and repeats in `meta`, and is written atomically.
+//!
+//! `--backend cuda` runs the same passes on CUDA device 0 with the layers' device build
+//! ([`crate::cuda::profile`]), each call timed with CUDA events; the rest (fit, samples, file) is
+//! shared. Without a driver or device it is a usage error (exit code 2) naming what is missing.
 
 use std::path::PathBuf;
 

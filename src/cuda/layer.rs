@@ -25,7 +25,7 @@ struct DeviceParam {
 
 /// A zeroed buffer of `n > 0` values.
 fn alloc(la: &Launcher, n: usize) -> Result<CudaSlice<f32>, CudaError> {
-    zeros(la.stream(), n)?.ok_or(CudaError::Shape {
+    zeros(la.stream(), n)?.ok_or_else(|| CudaError::Shape {
         what: "a layer buffer (must not be empty)".into(),
         expected: 1,
         got: 0,

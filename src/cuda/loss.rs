@@ -39,7 +39,7 @@ impl DeviceTarget {
                     .iter()
                     .map(|&c| {
                         let ok = c >= 0.0 && c.fract() == 0.0 && (c as usize) < classes;
-                        ok.then_some(c as u32).ok_or(CudaError::Shape {
+                        ok.then_some(c as u32).ok_or_else(|| CudaError::Shape {
                             what: format!("cross-entropy class {c} (must be in 0..{classes})"),
                             expected: classes,
                             got: c as usize,
@@ -56,7 +56,7 @@ impl DeviceTarget {
 }
 
 fn nonempty<'a>(t: &'a DeviceTensor, what: &str) -> Result<&'a CudaSlice<f32>, CudaError> {
-    t.slice().ok_or(CudaError::Shape {
+    t.slice().ok_or_else(|| CudaError::Shape {
         what: what.to_string(),
         expected: 1,
         got: 0,
@@ -84,7 +84,7 @@ pub fn loss_and_grad(
 ) -> Result<(f32, DeviceTensor), CudaError> {
     let out = nonempty(output, "loss input")?;
     let n = output.len();
-    let mut grad = zeros(la.stream(), n)?.ok_or(CudaError::Shape {
+    let mut grad = zeros(la.stream(), n)?.ok_or_else(|| CudaError::Shape {
         what: "loss gradient".into(),
         expected: 1,
         got: 0,
@@ -93,7 +93,7 @@ pub fn loss_and_grad(
         DeviceTarget::Values(t) => {
             let t = nonempty(t, "MSE target")?;
             let mut partial =
-                zeros(la.stream(), Launcher::mse_partials(n))?.ok_or(CudaError::Shape {
+                zeros(la.stream(), Launcher::mse_partials(n))?.ok_or_else(|| CudaError::Shape {
                     what: "MSE partials".into(),
                     expected: 1,
                     got: 0,
@@ -105,7 +105,7 @@ pub fn loss_and_grad(
         DeviceTarget::Classes(labels) => {
             let rows = labels.len();
             let classes = output.cols();
-            let mut row_loss = zeros(la.stream(), rows)?.ok_or(CudaError::Shape {
+            let mut row_loss = zeros(la.stream(), rows)?.ok_or_else(|| CudaError::Shape {
                 what: "cross-entropy rows".into(),
                 expected: 1,
                 got: 0,

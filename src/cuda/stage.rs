@@ -152,11 +152,13 @@ impl CudaStage {
             pre: Vec::with_capacity(n),
             grads: Vec::new(),
         };
-        let mut x = input.into_scaled(&self.launcher)?.ok_or(CudaError::Shape {
-            what: "stage input".into(),
-            expected: 1,
-            got: 0,
-        })?;
+        let mut x = input
+            .into_scaled(&self.launcher)?
+            .ok_or_else(|| CudaError::Shape {
+                what: "stage input".into(),
+                expected: 1,
+                got: 0,
+            })?;
         for layer in &self.layers {
             let (y, z) = layer.forward(&self.launcher, &x, rows)?;
             stash.inputs.push(std::mem::replace(&mut x, y));
@@ -186,7 +188,7 @@ impl CudaStage {
         stash.rehome(self.launcher.stream());
         let mut g = grad_output
             .into_scaled(&self.launcher)?
-            .ok_or(CudaError::Shape {
+            .ok_or_else(|| CudaError::Shape {
                 what: "output gradient".into(),
                 expected: 1,
                 got: 0,

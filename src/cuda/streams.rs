@@ -36,10 +36,11 @@ impl Link {
     }
 
     fn stream(&self, i: usize) -> Result<Arc<CudaStream>, CudaError> {
-        self.streams().get(i).cloned().ok_or(CudaError::Shape {
+        let streams = self.streams();
+        streams.get(i).cloned().ok_or_else(|| CudaError::Shape {
             what: format!("stream {i} (make_streams not called, or too few streams)"),
             expected: i + 1,
-            got: self.streams().len(),
+            got: streams.len(),
         })
     }
 
