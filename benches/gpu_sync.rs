@@ -2,7 +2,7 @@
 //! idle primary context of device 0 (median of single calls), the least a host wait on the GPU
 //! costs the stream runtime.
 //!
-//! Without a CUDA driver it prints `skipped: gpu_sync: no CUDA driver found (...)` and exits 0;
+//! Without a CUDA driver it prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail instead)` and exits 0;
 //! with `PIPEFILL_REQUIRE_GPU=1` it fails instead (`support/gpu.rs`).
 //!
 //! ```sh

@@ -1,5 +1,6 @@
 //! The convention for benches that need a GPU: call [`gpu_or_skip`] first. Without a CUDA driver
-//! and device it prints `skipped: <bench>: no CUDA driver found (...)` and exits with status 0, so a
+//! and device it prints the GPU tests' skip line (`skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1
+//! to fail instead)`) with the reason and exits with status 0, so a
 //! `cargo bench` on a machine without a GPU passes; with `PIPEFILL_REQUIRE_GPU=1` (a GPU runner in
 //! CI) it fails with status 1 instead.
 //!
@@ -97,26 +98,22 @@ fn dl_error() -> String {
     }
 }
 
-/// Whether `PIPEFILL_REQUIRE_GPU` asks for a GPU (`1`, or any value but `0` and empty).
-pub fn gpu_required(value: Option<&str>) -> bool {
-    matches!(value, Some(v) if !v.is_empty() && v != "0")
-}
-
-/// The driver, or the end of the process: `skipped: <bench>: <why>` and status 0, or with
-/// `PIPEFILL_REQUIRE_GPU=1` an error and status 1.
+/// The driver, or the end of the process: the shared skip line (`pipefill::cuda::SKIP_LINE`, as
+/// the GPU tests print it) and status 0, or with `PIPEFILL_REQUIRE_GPU=1` an error and status 1.
 pub fn gpu_or_skip(bench: &str) -> Driver {
+    use pipefill::cuda::skip::{gpu_required, REQUIRE_GPU_VAR, SKIP_LINE};
     match probe() {
         Ok(d) => d,
         Err(why) => {
-            let required = std::env::var("PIPEFILL_REQUIRE_GPU").ok();
+            let required = std::env::var(REQUIRE_GPU_VAR).ok();
             if gpu_required(required.as_deref()) {
                 eprintln!(
-                    "error: bench {bench}: {why}, and PIPEFILL_REQUIRE_GPU=1 asks for a GPU: \
-                     run on a machine with the NVIDIA driver, or unset PIPEFILL_REQUIRE_GPU"
+                    "error: bench {bench}: {why}, and {REQUIRE_GPU_VAR}=1 asks for a GPU: \
+                     run on a machine with the NVIDIA driver, or unset {REQUIRE_GPU_VAR}"
                 );
                 std::process::exit(1);
             }
-            println!("skipped: {bench}: {why}");
+            println!("{SKIP_LINE}\n  ({bench}: {why})");
             std::process::exit(0);
         }
     }

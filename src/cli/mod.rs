@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod bench;
 pub mod model_flags;
 pub mod output;
 pub mod partition;
@@ -56,6 +57,8 @@ pub enum Command {
     Partition(partition::Args),
     /// Search partition x schedule x V x M for the best plan.
     Plan(plan::Args),
+    /// Measurements as commands (`bench overlap`).
+    Bench(bench::Args),
 }
 
 /// Parses the arguments, runs the subcommand and returns the exit code.
@@ -68,6 +71,7 @@ pub fn main() -> i32 {
         Command::Profile(a) => profile::run(a),
         Command::Partition(a) => partition::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => 0,

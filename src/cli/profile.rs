@@ -1,7 +1,7 @@
 //! `pipefill profile`: measure the built-in model's per-layer costs and write the cost file.
 //!
 //! ```text
-//! pipefill profile [--backend cpu] [--model FILE | --layers 8 --hidden 256 --outputs 16 ...]
+//! pipefill profile [--backend cpu|cuda] [--model FILE | --layers 8 --hidden 256 --outputs 16 ...]
 //!     [--batch 256 --microbatches 8] [--fit-rows R] [--sizes auto|none|ROWS,...]
 //!     [--warmup 2 --repeats 7] --out costs.json
 //! ```
@@ -15,6 +15,10 @@
 //! overlapped F/B pair ([`Backend::pair_execution`]): the file's `overlap_share` (1 on CPU, whose
 //! ranks run a pair's halves one after the other). The file records the microbatch sizes, backend,
 //! pair execution and repeats in `meta`, and is written atomically.
+//!
+//! `--backend cuda` runs the same passes on CUDA device 0 with the layers' device build
+//! ([`crate::cuda::profile`]), each call timed with CUDA events; the rest (fit, samples, file) is
+//! shared. Without a driver or device it is a usage error (exit code 2) naming what is missing.
 
 use std::path::PathBuf;
 
@@ -35,6 +39,8 @@ use crate::model::ModelSpec;
 pub enum Backend {
     /// CPU threads (the built-in layers' host build), monotonic clock.
     Cpu,
+    /// CUDA device 0 (the kernels' PTX), timed with CUDA events.
+    Cuda,
 }
 
 impl Backend {
@@ -42,16 +48,42 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
         }
     }
 
     /// How this backend's runtime runs an overlapped F/B pair: on CPU each rank is one thread,
-    /// which runs the forward half and then the backward half.
+    /// which runs the forward half and then the backward half. The CUDA backend runs each rank's
+    /// stages through the same per-rank threads (one stream per stage, synchronous per action),
+    /// so its pairs are sequential too; `pipefill bench overlap` measures what two streams of
+    /// one GPU would hide.
     pub fn pair_execution(self) -> PairExecution {
         match self {
-            Backend::Cpu => PairExecution::Sequential,
+            Backend::Cpu | Backend::Cuda => PairExecution::Sequential,
         }
     }
+
+    /// How the times were taken (the cost file's `meta.clock`).
+    fn clock(self) -> &'static str {
+        match self {
+            Backend::Cpu => "std::time::Instant (monotonic), median of repeats",
+            Backend::Cuda => "CUDA events (cuEventElapsedTime) around each call, median of repeats",
+        }
+    }
+}
+
+/// CUDA device 0, or a usage error (exit code 2) naming `flag` and what is missing: "no CUDA
+/// driver found" or "no CUDA device".
+pub fn cuda_or_usage(flag: &str) -> Result<crate::cuda::DeviceInfo, CliError> {
+    crate::cuda::probe().map_err(|e| {
+        if e.is_unavailable() {
+            CliError::Usage(format!(
+                "{flag}: {e}; run on a machine with an NVIDIA GPU and driver, or use --backend cpu"
+            ))
+        } else {
+            CliError::Failed(format!("{flag}: {e}"))
+        }
+    })
 }
 
 /// Flags of `pipefill profile`.
@@ -178,17 +210,21 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
         seed,
     } = *m;
     let failed = |e: ProfileError| CliError::Failed(e.to_string());
-    let mut costs = profile_rows(spec, rows, gemm, options, seed)?;
+    let at = |rows| match backend {
+        Backend::Cpu => profile_rows(spec, rows, gemm, options, seed),
+        Backend::Cuda => profile_rows_cuda(spec, rows, options, seed),
+    };
+    let mut costs = at(rows)?;
     let mut sampled: Vec<(usize, Vec<LayerCost>)> = Vec::new();
     for &size in sizes.iter() {
         if size != rows && size > 0 && !sampled.iter().any(|(s, _)| *s == size) {
-            sampled.push((size, profile_rows(spec, size, gemm, options, seed)?));
+            sampled.push((size, at(size)?));
         }
     }
     if let Some(small) = fit_rows {
         let at_small = match sampled.iter().find(|(s, _)| *s == small) {
             Some((_, c)) => c.clone(),
-            None => profile_rows(spec, small, gemm, options, seed)?,
+            None => at(small)?,
         };
         fit_fixed(&mut costs, rows, &at_small, small).map_err(failed)?;
     }
@@ -214,24 +250,24 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
             "microbatch_size": rows,
             "fit_microbatch_size": fit_rows,
             "sample_microbatch_sizes": sample_rows,
-            "gemm": gemm.name(),
+            "gemm": match backend {
+                Backend::Cpu => gemm.name(),
+                Backend::Cuda => "pipefill-kernels (PTX)",
+            },
             "warmup": options.warmup,
             "repeats": options.repeats,
-            "clock": "std::time::Instant (monotonic), median of repeats",
+            "clock": backend.clock(),
         }),
     })
 }
 
-/// Every layer of `spec` profiled on `rows` rows, in passes over the whole model.
-fn profile_rows(
+/// Every layer of `spec` as a one-layer stage: name, stage, parameter bytes.
+fn one_layer_stages(
     spec: &ModelSpec,
-    rows: usize,
     gemm: GemmBackend,
-    options: ProfileOptions,
     seed: u64,
-) -> Result<Vec<LayerCost>, CliError> {
-    let mut stages: Vec<(String, LinearStage, f64)> = spec
-        .init_layers(seed)
+) -> Vec<(String, LinearStage, f64)> {
+    spec.init_layers(seed)
         .into_iter()
         .enumerate()
         .map(|(l, layer)| {
@@ -241,7 +277,24 @@ fn profile_rows(
             let stage = LinearStage::new(vec![layer], Optimizer::sgd(0.0), gemm, l == 0);
             (format!("linear{l}"), stage, bytes)
         })
-        .collect();
+        .collect()
+}
+
+/// The profile's input: `rows` rows of `0.5`.
+fn profile_input(spec: &ModelSpec, rows: usize) -> Result<Tensor, CliError> {
+    Tensor::matrix(rows, spec.input, vec![0.5; rows * spec.input])
+        .map_err(|e| CliError::Failed(e.to_string()))
+}
+
+/// Every layer of `spec` profiled on `rows` rows on the CPU, in passes over the whole model.
+fn profile_rows(
+    spec: &ModelSpec,
+    rows: usize,
+    gemm: GemmBackend,
+    options: ProfileOptions,
+    seed: u64,
+) -> Result<Vec<LayerCost>, CliError> {
+    let mut stages = one_layer_stages(spec, gemm, seed);
     let layers = stages
         .iter_mut()
         .map(|(name, stage, bytes)| ProfiledLayer {
@@ -250,14 +303,33 @@ fn profile_rows(
             parameter_bytes: *bytes,
         })
         .collect();
-    let input = Tensor::matrix(rows, spec.input, vec![0.5; rows * spec.input])
-        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let input = profile_input(spec, rows)?;
     profile_layers(layers, input, options).map_err(|e| CliError::Failed(e.to_string()))
+}
+
+/// Every layer of `spec` profiled on `rows` rows on CUDA device 0, timed with CUDA events, in the
+/// same passes as on the CPU ([`crate::cuda::profile`]).
+fn profile_rows_cuda(
+    spec: &ModelSpec,
+    rows: usize,
+    options: ProfileOptions,
+    seed: u64,
+) -> Result<Vec<LayerCost>, CliError> {
+    use crate::cuda::profile::{device_layers, profile_device_layers};
+    let failed = |e: crate::cuda::CudaError| CliError::Failed(e.to_string());
+    let gpu = crate::cuda::Gpu::open(0).map_err(failed)?;
+    let stages = one_layer_stages(spec, GemmBackend::default(), seed);
+    let mut layers = device_layers(&gpu, stages).map_err(failed)?;
+    let input = profile_input(spec, rows)?;
+    profile_device_layers(&mut layers, &input, options).map_err(failed)
 }
 
 /// Runs `pipefill profile`.
 pub fn run(args: Args) -> Result<(), CliError> {
     let spec = model_from_flags(&args)?;
+    if args.backend == Backend::Cuda {
+        cuda_or_usage("--backend cuda")?;
+    }
     let gemm: GemmBackend = args
         .gemm
         .parse()

@@ -11,10 +11,12 @@
 //!    `--plan uniform`: equal layer counts) simulated under the profile
 //!    ([`pipefill_host::plan::plan_families`], [`pipefill_host::plan::plan_schedule`]); the best
 //!    predicted step time is chosen;
-//! 4. [`train`]: run the steps with the executor, showing progress;
+//! 4. [`train`]: run the steps with the executor (CPU: one thread per rank; `--backend cuda`: the
+//!    stream runtime on GPU 0, one host thread enqueuing per-rank streams), showing progress;
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
 mod checkpoint;
+mod cuda;
 #[cfg(feature = "mpi")]
 mod launch;
 mod output;
@@ -102,7 +104,7 @@ pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
     Ok(Chosen { plan, predicted })
 }
 
-/// Times every layer briefly on one microbatch, on the CPU backend (the cost file carries its
+/// Times every layer briefly on one microbatch, on the chosen backend (the cost file carries its
 /// overlap share).
 pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
     // A replica's microbatch: the global batch over replicas and microbatches.
@@ -113,7 +115,7 @@ pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
     };
     // Train runs at this microbatch size and never rescales: one size is enough.
     let measure = Measure {
-        backend: Backend::Cpu,
+        backend: setup.backend,
         rows,
         fit_rows: None,
         sizes: Vec::new(),
@@ -202,6 +204,10 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let failed = |e: String| CliError::Failed(e);
     let plan = &chosen.plan;
     let (stages, first_step) = build(setup, plan)?;
+    if setup.backend == Backend::Cuda {
+        let reports = cuda::run_steps(setup, plan, &stages)?;
+        return outcome(setup, plan, first_step, &reports);
+    }
     let saver = checkpoint::Saver::new(setup, plan);
     let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
     ex.set_exclusive(a.replay);

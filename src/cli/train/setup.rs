@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use pipefill_host::plan::Split;
 use pipefill_host::schedule::{families, Schedule};
 
+use crate::cli::profile::{cuda_or_usage, Backend};
 use crate::cli::CliError;
 use crate::layers::gemm::GemmBackend;
 use crate::layers::Optimizer;
@@ -48,6 +49,18 @@ pub enum Launcher {
     Threads,
     /// One process per rank under `mpirun` (a build with the `mpi` feature).
     Mpi,
+}
+
+/// Where `pipefill train` runs the layers (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TrainBackend {
+    /// CPU threads, one per rank.
+    #[default]
+    Cpu,
+    /// The CUDA backend on device 0 (a usage error where there is no driver or device).
+    Cuda,
+    /// CUDA when a device is usable, else the CPU; says which it chose.
+    Auto,
 }
 
 /// How results are printed.
@@ -130,6 +143,10 @@ pub struct Args {
     /// Checkpoints: `--checkpoint`, `--checkpoint-every`, `--resume`.
     #[command(flatten)]
     pub checkpoint: super::checkpoint::CheckpointArgs,
+    /// Where the layers run: cpu, cuda (device 0; the Rust kernels as PTX) or auto (CUDA when a
+    /// device is usable, else the CPU).
+    #[arg(long, value_enum, default_value_t = TrainBackend::Cpu)]
+    pub backend: TrainBackend,
 }
 
 /// Everything checked and ready to run.
@@ -150,6 +167,8 @@ pub struct Setup {
     pub schedule_file: Option<Schedule>,
     /// The `--resume` checkpoint, loaded and checked against the run.
     pub resume: Option<super::checkpoint::Resume>,
+    /// Where the layers run (`--backend`, `auto` resolved).
+    pub backend: Backend,
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
@@ -173,6 +192,10 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let backend = resolve_backend(args.backend)?;
+    if backend == Backend::Cuda {
+        check_cuda_run(&args)?;
+    }
     let mut setup = Setup {
         args,
         spec,
@@ -181,9 +204,52 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         cores,
         schedule_file,
         resume: None,
+        backend,
     };
     setup.resume = super::checkpoint::prepare(&setup)?;
     Ok(setup)
+}
+
+/// What the CUDA path does not do yet, refused before anything runs.
+fn check_cuda_run(args: &Args) -> Result<(), CliError> {
+    let with = if args.data_parallel > 1 {
+        Some("--data-parallel")
+    } else if args.checkpoint.checkpoint.is_some() || args.checkpoint.resume.is_some() {
+        Some("--checkpoint/--resume")
+    } else if args.launcher == Launcher::Mpi {
+        Some("--launcher mpi")
+    } else {
+        None
+    };
+    match with {
+        Some(flag) => Err(usage(format!(
+            "{flag} runs on the CPU path only for now: give it with --backend cpu, or drop it"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `--backend`: `cuda` must find a device (else a usage error saying what is missing); `auto` takes
+/// CUDA when a device is usable, else the CPU, and says on stderr which it chose and why.
+fn resolve_backend(flag: TrainBackend) -> Result<Backend, CliError> {
+    match flag {
+        TrainBackend::Cpu => Ok(Backend::Cpu),
+        TrainBackend::Cuda => cuda_or_usage("--backend cuda").map(|_| Backend::Cuda),
+        TrainBackend::Auto => match crate::cuda::probe() {
+            Ok(info) => {
+                eprintln!(
+                    "--backend auto: using cuda (device 0 of {}: {})",
+                    info.count, info.name
+                );
+                Ok(Backend::Cuda)
+            }
+            Err(e) if e.is_unavailable() => {
+                eprintln!("--backend auto: using cpu ({e})");
+                Ok(Backend::Cpu)
+            }
+            Err(e) => Err(CliError::Failed(format!("--backend auto: {e}"))),
+        },
+    }
 }
 
 fn usage(m: String) -> CliError {

@@ -1,0 +1,191 @@
+//! Device discovery and the per-device state: [`Gpu`] (a context, the embedded PTX loaded once, and
+//! the kernels found lazily by name).
+//!
+//! Every entry point first checks that the driver library can be loaded
+//! ([`cudarc::driver::sys::is_culib_present`]): cudarc panics inside its first call otherwise. A
+//! machine without the driver gets [`CudaError::NoDriver`], one with the driver and no GPU gets
+//! [`CudaError::NoDevice`]; neither ever panics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::nvrtc::Ptx;
+
+use super::error::CudaError;
+
+/// What [`probe`] found: the device count and the first device's name and compute capability.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Devices the driver reports.
+    pub count: usize,
+    /// Device 0's name.
+    pub name: String,
+    /// Device 0's compute capability `(major, minor)`.
+    pub capability: (i32, i32),
+}
+
+/// Whether the CUDA driver library can be loaded (no driver call is made).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library names cudarc would use; no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// The number of CUDA devices, or why there is none usable.
+pub fn device_count() -> Result<usize, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    let count = CudaContext::device_count().map_err(|e| CudaError::NoDevice {
+        ordinal: 0,
+        count: 0,
+        reason: Some(format!("cuInit or cuDeviceGetCount failed: {e}")),
+    })?;
+    match usize::try_from(count) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(CudaError::NoDevice {
+            ordinal: 0,
+            count: 0,
+            reason: None,
+        }),
+    }
+}
+
+/// Checks that device 0 is usable and describes it.
+pub fn probe() -> Result<DeviceInfo, CudaError> {
+    let gpu = Gpu::open(0)?;
+    let count = device_count()?;
+    let ctx = gpu.context();
+    Ok(DeviceInfo {
+        count,
+        name: ctx.name().map_err(CudaError::driver("cuDeviceGetName"))?,
+        capability: ctx
+            .compute_capability()
+            .map_err(CudaError::driver("compute capability"))?,
+    })
+}
+
+/// One device: its context (event tracking off: the order between streams is the caller's), the
+/// embedded PTX module (loaded on first use, once) and the kernels looked up so far.
+///
+/// [`Gpu::open`] hands out one shared `Gpu` per device for the whole process.
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    module: OnceLock<Arc<CudaModule>>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// Read-only zeros for [`Gpu::zeros`]: every buffer ever made (a smaller one may still be in use
+    /// by enqueued work when a larger one is needed), the largest last.
+    zeros: Mutex<Vec<CudaSlice<f32>>>,
+}
+
+/// The process's `Gpu` per device ordinal.
+static OPENED: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
+
+impl Gpu {
+    /// The device `ordinal`, opened on first use (the same `Arc` afterwards).
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, gpu)) = opened.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(gpu.clone());
+        }
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice {
+                ordinal,
+                count,
+                reason: None,
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::NoDevice {
+            ordinal,
+            count,
+            reason: Some(format!("creating its context failed: {e}")),
+        })?;
+        // SAFETY: done before this context allocates anything; from here on every cross-stream
+        // order is made explicit by the caller with events (the stream program), as graph capture
+        // requires anyway.
+        unsafe { ctx.disable_event_tracking() };
+        let gpu = Arc::new(Gpu {
+            ctx,
+            module: OnceLock::new(),
+            functions: Mutex::new(HashMap::new()),
+            zeros: Mutex::new(Vec::new()),
+        });
+        opened.push((ordinal, gpu.clone()));
+        Ok(gpu)
+    }
+
+    /// The device's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// A new non-blocking stream on this device.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, CudaError> {
+        self.ctx
+            .new_stream()
+            .map_err(CudaError::driver("cuStreamCreate"))
+    }
+
+    /// The embedded PTX module, loaded into this device's context on the first call.
+    pub fn module(&self) -> Result<Arc<CudaModule>, CudaError> {
+        if let Some(m) = self.module.get() {
+            return Ok(m.clone());
+        }
+        let text = crate::ptx::ptx()?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(text))
+            .map_err(CudaError::driver("cuModuleLoadData (the embedded PTX)"))?;
+        // Two threads may both have loaded it; the first one stored wins, the other is dropped.
+        Ok(self.module.get_or_init(|| module).clone())
+    }
+
+    /// The kernel `name` (one of [`crate::ptx::entry`]), looked up on first use.
+    pub fn function(&self, name: &'static str) -> Result<CudaFunction, CudaError> {
+        let mut functions = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = functions.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module()?
+            .load_function(name)
+            .map_err(CudaError::driver(format!("cuModuleGetFunction {name}")))?;
+        functions.insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// The device address of at least `n` zeros that stay allocated and unwritten for the life of the
+    /// device (a constant operand for kernels). The first call for a larger `n` allocates and waits
+    /// for the zeroing; later calls are a lookup.
+    pub fn zeros(&self, n: usize) -> Result<u64, CudaError> {
+        let mut zeros = self.zeros.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(z) = zeros.last().filter(|z| z.len() >= n) {
+            return Ok(z.device_ptr(z.stream()).0);
+        }
+        let stream = self.new_stream()?;
+        let size = n.max(1).next_power_of_two();
+        let z = stream
+            .alloc_zeros::<f32>(size)
+            .map_err(CudaError::driver("cuMemAllocAsync (zeros)"))?;
+        stream
+            .synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))?;
+        let at = z.device_ptr(&stream).0;
+        zeros.push(z);
+        Ok(at)
+    }
+
+    /// Waits for all work on the device.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.ctx
+            .synchronize()
+            .map_err(CudaError::driver("cuCtxSynchronize"))
+    }
+}

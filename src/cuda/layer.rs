@@ -1,0 +1,250 @@
+//! [`DeviceLinear`]: the built-in layer `Y = act(X W + b)` with its parameters, gradients and
+//! optimizer state in device memory, and its F, I, W passes and update as kernel launches.
+//!
+//! Same semantics as the CPU [`Linear`]: gradients accumulate over microbatches, and after
+//! [`DeviceLinear::zero_grad`] the first `W` overwrites them (here: zeroes them on the stream first).
+
+use cudarc::driver::CudaSlice;
+use pipefill_kernels::Activation;
+
+use super::error::CudaError;
+use super::launch::{Launcher, LinearDims};
+use super::tensor::zeros;
+use crate::layers::{Linear, Optimizer};
+
+/// One parameter buffer with its gradient and optimizer state on the device.
+#[derive(Debug)]
+struct DeviceParam {
+    value: CudaSlice<f32>,
+    grad: CudaSlice<f32>,
+    /// Velocity (SGD) or first moment (AdamW), allocated at the first update.
+    first: Option<CudaSlice<f32>>,
+    /// Second moment (AdamW), allocated at the first update.
+    second: Option<CudaSlice<f32>>,
+}
+
+/// A zeroed buffer of `n > 0` values.
+fn alloc(la: &Launcher, n: usize) -> Result<CudaSlice<f32>, CudaError> {
+    zeros(la.stream(), n)?.ok_or_else(|| CudaError::Shape {
+        what: "a layer buffer (must not be empty)".into(),
+        expected: 1,
+        got: 0,
+    })
+}
+
+impl DeviceParam {
+    fn new(la: &Launcher, values: &[f32]) -> Result<Self, CudaError> {
+        let value = la
+            .stream()
+            .clone_htod(values)
+            .map_err(CudaError::driver("memcpy parameters to device"))?;
+        Ok(DeviceParam {
+            grad: alloc(la, values.len())?,
+            value,
+            first: None,
+            second: None,
+        })
+    }
+
+    /// Step `t` of `opt` from the accumulated gradient.
+    fn update(&mut self, la: &Launcher, opt: &Optimizer, t: u32) -> Result<(), CudaError> {
+        let n = self.value.len();
+        let first = match &mut self.first {
+            Some(f) => f,
+            slot => slot.insert(alloc(la, n)?),
+        };
+        match opt {
+            Optimizer::Sgd(s) => la.sgd_momentum(&mut self.value, &self.grad, first, s),
+            Optimizer::AdamW(a) => {
+                let second = match &mut self.second {
+                    Some(s) => s,
+                    slot => slot.insert(alloc(la, n)?),
+                };
+                la.adamw(&mut self.value, &self.grad, first, second, &a.at_step(t))
+            }
+        }
+    }
+}
+
+/// A layer's `(W, b)`-shaped pair of host buffers: weights then biases (or their gradients).
+pub type HostPair = (Vec<f32>, Vec<f32>);
+
+/// The built-in layer on a device.
+#[derive(Debug)]
+pub struct DeviceLinear {
+    /// Input width.
+    pub inputs: usize,
+    /// Output width.
+    pub outputs: usize,
+    /// The fused activation.
+    pub activation: Activation,
+    weight: DeviceParam,
+    bias: DeviceParam,
+    /// `true` after `zero_grad` until the first `W`: the gradient buffers count as zero.
+    fresh: bool,
+}
+
+/// What one layer's `I` produced: `dZ` (kept for `W`) and, when asked, `dX`.
+#[derive(Debug)]
+pub struct InputGrad {
+    /// `dZ = dY act'(Z)`, `rows x outputs`.
+    pub dz: CudaSlice<f32>,
+    /// `dX = dZ W^T`, `rows x inputs`, when asked for.
+    pub dx: Option<CudaSlice<f32>>,
+}
+
+impl DeviceLinear {
+    /// The host layer's weights and biases copied to the device (gradients zero, no optimizer
+    /// state yet).
+    pub fn from_host(la: &Launcher, layer: &Linear) -> Result<Self, CudaError> {
+        Ok(DeviceLinear {
+            inputs: layer.inputs,
+            outputs: layer.outputs,
+            activation: layer.activation,
+            weight: DeviceParam::new(la, &layer.weight)?,
+            bias: DeviceParam::new(la, &layer.bias)?,
+            fresh: true,
+        })
+    }
+
+    fn dims(&self, rows: usize) -> LinearDims {
+        LinearDims {
+            rows,
+            inputs: self.inputs,
+            outputs: self.outputs,
+            act: self.activation,
+        }
+    }
+
+    /// Whether backward needs the pre-activation `Z` (not for the identity).
+    pub fn keeps_pre_activation(&self) -> bool {
+        self.activation != Activation::Identity
+    }
+
+    /// `F` for `rows` rows of `x`: `Y` and, if backward needs it, `Z`.
+    pub fn forward(
+        &self,
+        la: &Launcher,
+        x: &CudaSlice<f32>,
+        rows: usize,
+    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>), CudaError> {
+        let mut y = alloc(la, rows * self.outputs)?;
+        let mut z = match self.keeps_pre_activation() {
+            true => Some(alloc(la, rows * self.outputs)?),
+            false => None,
+        };
+        la.linear_forward(
+            x,
+            &self.weight.value,
+            &self.bias.value,
+            &mut y,
+            z.as_mut(),
+            self.dims(rows),
+        )?;
+        Ok((y, z))
+    }
+
+    /// `I`: `dZ = dY act'(Z)` (consuming `dY` and `Z`) and, if `want_input`, `dX = dZ W^T`.
+    pub fn backward_input(
+        &self,
+        la: &Launcher,
+        dy: CudaSlice<f32>,
+        z: Option<CudaSlice<f32>>,
+        rows: usize,
+        want_input: bool,
+    ) -> Result<InputGrad, CudaError> {
+        let d = self.dims(rows);
+        let z = z.filter(|_| self.keeps_pre_activation());
+        match (z, want_input) {
+            // Identity: dZ is dY.
+            (None, false) => Ok(InputGrad { dz: dy, dx: None }),
+            (None, true) => {
+                let mut dx = alloc(la, rows * self.inputs)?;
+                la.linear_backward_input(&dy, None, &self.weight.value, &mut dx, None, d)?;
+                Ok(InputGrad {
+                    dz: dy,
+                    dx: Some(dx),
+                })
+            }
+            (Some(z), false) => {
+                let mut dz = alloc(la, dy.len())?;
+                la.activation_backward(&dy, &z, &mut dz, self.activation)?;
+                Ok(InputGrad { dz, dx: None })
+            }
+            (Some(z), true) => {
+                let mut dz = alloc(la, dy.len())?;
+                let mut dx = alloc(la, rows * self.inputs)?;
+                la.linear_backward_input(
+                    &dy,
+                    Some(&z),
+                    &self.weight.value,
+                    &mut dx,
+                    Some(&mut dz),
+                    d,
+                )?;
+                Ok(InputGrad { dz, dx: Some(dx) })
+            }
+        }
+    }
+
+    /// `W`: `dW += X^T dZ`, `db += colsum(dZ)` (overwriting after [`zero_grad`](Self::zero_grad)).
+    pub fn backward_weight(
+        &mut self,
+        la: &Launcher,
+        x: &CudaSlice<f32>,
+        dz: &CudaSlice<f32>,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        if self.fresh {
+            self.clear_grads(la)?;
+        }
+        self.fresh = false;
+        let d = self.dims(rows);
+        la.linear_backward_weight(x, dz, &mut self.weight.grad, Some(&mut self.bias.grad), d)
+    }
+
+    fn clear_grads(&mut self, la: &Launcher) -> Result<(), CudaError> {
+        let s = la.stream();
+        s.memset_zeros(&mut self.weight.grad)
+            .and_then(|_| s.memset_zeros(&mut self.bias.grad))
+            .map_err(CudaError::driver("cuMemsetD8Async (gradients)"))
+    }
+
+    /// Starts a new accumulation: the gradients count as zero from now on.
+    pub fn zero_grad(&mut self) {
+        self.fresh = true;
+    }
+
+    /// Applies step `t` (from 1) of `opt` (a layer no microbatch reached has a zero gradient).
+    pub fn update(&mut self, la: &Launcher, opt: &Optimizer, t: u32) -> Result<(), CudaError> {
+        if self.fresh {
+            self.clear_grads(la)?;
+        }
+        self.weight.update(la, opt, t)?;
+        self.bias.update(la, opt, t)
+    }
+
+    /// Copies `(W, b)` back to the host (waits for the stream).
+    pub fn parameters_to_host(&self, la: &Launcher) -> Result<HostPair, CudaError> {
+        let get = |s: &CudaSlice<f32>| {
+            la.stream()
+                .clone_dtoh(s)
+                .map_err(CudaError::driver("memcpy parameters to host"))
+        };
+        Ok((get(&self.weight.value)?, get(&self.bias.value)?))
+    }
+
+    /// Copies the accumulated `(dW, db)` back to the host, or `None` when nothing accumulated since
+    /// [`zero_grad`](Self::zero_grad) (waits for the stream).
+    pub fn grads_to_host(&self, la: &Launcher) -> Result<Option<HostPair>, CudaError> {
+        if self.fresh {
+            return Ok(None);
+        }
+        let get = |s: &CudaSlice<f32>| {
+            la.stream()
+                .clone_dtoh(s)
+                .map_err(CudaError::driver("memcpy gradients to host"))
+        };
+        Ok(Some((get(&self.weight.grad)?, get(&self.bias.grad)?)))
+    }
+}

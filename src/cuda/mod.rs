@@ -1,0 +1,44 @@
+//! The CUDA backend: the built-in layers run by the Rust kernels (`kernels/`, compiled to PTX by
+//! `build.rs`) on an NVIDIA GPU, through cudarc with the driver loaded at run time.
+//!
+//! Nothing here needs CUDA to build: the driver is loaded when first used, after checking it is
+//! there ([`driver_present`]), and a machine without it gets [`CudaError::NoDriver`] or
+//! [`CudaError::NoDevice`] (never a panic). The only thing to install is the NVIDIA driver.
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`device`] | discovery ([`probe`], [`device_count`]) and [`Gpu`]: a context per device, the PTX loaded once, kernels found lazily by name |
+//! | [`tensor`] | [`DeviceTensor`]: a device buffer with a shape, the payload device stages exchange |
+//! | [`launch`] | [`Launcher`]: one typed, size-checked launch per kernel of [`crate::ptx::entry`] |
+//! | [`layer`] | [`DeviceLinear`]: `Y = act(X W + b)` with gradients and optimizer state on the device |
+//! | [`stage`] | [`CudaStage`]: a run of layers on a stream; device methods plus the runtime's `Stage` trait |
+//! | [`streams`] | [`CudaStreams`]: the stream runtime's `Device` on CUDA (streams, events, timing marks), its stage and loss wrappers, [`DeviceTensor`] as the payload |
+//! | [`loss`] | MSE and softmax cross-entropy on the device |
+//! | [`timing`] | [`Span`]: device time between two timing events |
+//! | [`profile`](mod@profile) | the per-layer F/I/W profile timed with events (`pipefill profile --backend cuda`) |
+//! | [`overlap`] | one stage's F and another's B on two streams, alone and together (`pipefill bench overlap`) |
+//! | [`skip`] | [`gpu_or_skip`]: how GPU tests and benches skip on machines without a GPU |
+
+pub mod device;
+pub mod error;
+pub mod launch;
+pub mod layer;
+pub mod loss;
+pub mod overlap;
+pub mod profile;
+pub mod skip;
+pub mod stage;
+pub mod streams;
+pub mod tensor;
+pub mod timing;
+
+pub use device::{device_count, driver_present, probe, DeviceInfo, Gpu};
+pub use error::CudaError;
+pub use launch::{Launcher, LinearDims};
+pub use layer::DeviceLinear;
+pub use loss::{loss_and_grad, DeviceTarget};
+pub use skip::{gpu_or_skip, SKIP_LINE};
+pub use stage::{CudaStage, CudaStash};
+pub use streams::{CudaLoss, CudaStreams, DeviceLoss, OnCudaStreams};
+pub use tensor::DeviceTensor;
+pub use timing::Span;

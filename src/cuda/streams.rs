@@ -1,0 +1,322 @@
+//! The CUDA [`Device`] of the stream runtime ([`pipefill_host::runtime::streams`]): [`CudaStreams`]
+//! (cudarc streams; events with timing disabled for the order between streams, timing-enabled ones
+//! as the per-action marks), the stage and loss wrappers that enqueue on the stream the executor
+//! binds, and [`DeviceTensor`] as the runtime's [`Payload`].
+//!
+//! The context has cudarc's event tracking off ([`Gpu::open`]): the only order between streams is
+//! the program's records and waits. Buffers crossing streams are re-homed to their consumer
+//! ([`super::tensor::rehome`]) so they are freed in its order.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use pipefill_host::runtime::streams::{Device, DeviceError, StreamId};
+use pipefill_host::runtime::{Loss, Payload, Stage, StageError};
+
+use super::device::Gpu;
+use super::error::CudaError;
+use super::launch::Launcher;
+use super::stage::{CudaStage, CudaStash};
+use super::tensor::DeviceTensor;
+use crate::layers::LossKind;
+
+/// The streams and the one bound now, shared by the device and the stage and loss wrappers.
+#[derive(Debug)]
+struct Link {
+    gpu: Arc<Gpu>,
+    streams: Mutex<Vec<Arc<CudaStream>>>,
+    current: AtomicUsize,
+}
+
+impl Link {
+    fn streams(&self) -> MutexGuard<'_, Vec<Arc<CudaStream>>> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stream(&self, i: usize) -> Result<Arc<CudaStream>, CudaError> {
+        let streams = self.streams();
+        streams.get(i).cloned().ok_or_else(|| CudaError::Shape {
+            what: format!("stream {i} (make_streams not called, or too few streams)"),
+            expected: i + 1,
+            got: streams.len(),
+        })
+    }
+
+    /// A launcher on the bound stream.
+    fn launcher(&self) -> Result<Launcher, CudaError> {
+        let s = self.stream(self.current.load(Ordering::SeqCst))?;
+        Ok(Launcher::new(self.gpu.clone(), s))
+    }
+}
+
+fn device_error(e: CudaError) -> DeviceError {
+    DeviceError::new(e.to_string())
+}
+
+fn stage_error(e: CudaError) -> StageError {
+    StageError::new(e.to_string())
+}
+
+/// CUDA streams on one device for the stream runtime: one stream per program stream, all on the
+/// same GPU (ranks share its SMs).
+#[derive(Debug, Clone)]
+pub struct CudaStreams {
+    link: Arc<Link>,
+}
+
+impl CudaStreams {
+    /// Streams on `gpu` (made by the executor through [`Device::make_streams`]).
+    pub fn new(gpu: Arc<Gpu>) -> Self {
+        CudaStreams {
+            link: Arc::new(Link {
+                gpu,
+                streams: Mutex::new(Vec::new()),
+                current: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.link.gpu
+    }
+
+    /// `stage` enqueuing on whichever stream the executor binds.
+    pub fn stage(&self, stage: CudaStage) -> OnCudaStreams {
+        OnCudaStreams {
+            stage,
+            link: self.link.clone(),
+        }
+    }
+
+    /// The built-in loss `kind` computed on the bound stream.
+    pub fn loss(&self, kind: LossKind) -> CudaLoss {
+        CudaLoss {
+            kind,
+            link: self.link.clone(),
+        }
+    }
+}
+
+impl Device for CudaStreams {
+    type Payload = DeviceTensor;
+    type Event = CudaEvent;
+    type Mark = CudaEvent;
+
+    fn make_streams(&mut self, streams: &[StreamId]) -> Result<(), DeviceError> {
+        let made = streams
+            .iter()
+            .map(|_| self.link.gpu.new_stream())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
+        *self.link.streams() = made;
+        Ok(())
+    }
+
+    fn bind(&mut self, stream: usize) -> Result<(), DeviceError> {
+        self.link.stream(stream).map_err(device_error)?;
+        self.link.current.store(stream, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn record(&mut self, stream: usize) -> Result<CudaEvent, DeviceError> {
+        let s = self.link.stream(stream).map_err(device_error)?;
+        s.record_event(None)
+            .map_err(|e| device_error(CudaError::driver("cuEventRecord")(e)))
+    }
+
+    fn wait(&mut self, stream: usize, event: &CudaEvent) -> Result<(), DeviceError> {
+        let s = self.link.stream(stream).map_err(device_error)?;
+        s.wait(event)
+            .map_err(|e| device_error(CudaError::driver("cuStreamWaitEvent")(e)))
+    }
+
+    fn mark(&mut self, stream: usize) -> Result<CudaEvent, DeviceError> {
+        let s = self.link.stream(stream).map_err(device_error)?;
+        s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| device_error(CudaError::driver("cuEventRecord (timing)")(e)))
+    }
+
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.link.gpu.synchronize().map_err(device_error)?;
+        self.link
+            .gpu
+            .context()
+            .check_err()
+            .map_err(|e| device_error(CudaError::driver("an earlier asynchronous call")(e)))
+    }
+
+    fn seconds(&self, origin: &CudaEvent, mark: &CudaEvent) -> Result<f64, DeviceError> {
+        origin
+            .elapsed_ms(mark)
+            .map(|ms| f64::from(ms) / 1e3)
+            .map_err(|e| device_error(CudaError::driver("cuEventElapsedTime")(e)))
+    }
+}
+
+impl Payload for DeviceTensor {
+    type Loss = DeviceLoss;
+
+    fn bytes(&self) -> usize {
+        DeviceTensor::bytes(self)
+    }
+
+    fn scale_by(&mut self, by: f32) -> Result<(), StageError> {
+        self.scale_later(by);
+        Ok(())
+    }
+
+    fn loss_value(loss: DeviceLoss) -> Result<f32, StageError> {
+        loss.value().map_err(stage_error)
+    }
+}
+
+/// A loss value still on the device: per-block or per-row partial sums and what to divide their
+/// sum by. Read after the step ([`DeviceLoss::value`]).
+#[derive(Debug)]
+pub struct DeviceLoss {
+    partial: CudaSlice<f32>,
+    divisor: f64,
+}
+
+impl DeviceLoss {
+    /// The loss: the partials copied back (waits for their stream), summed in `f64`, divided.
+    pub fn value(&self) -> Result<f32, CudaError> {
+        let s = self.partial.stream();
+        let v = s
+            .clone_dtoh(&self.partial)
+            .map_err(CudaError::driver("memcpy loss to host"))?;
+        s.synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))?;
+        let sum: f64 = v.iter().map(|&x| f64::from(x)).sum();
+        Ok((sum / self.divisor) as f32)
+    }
+}
+
+/// A [`CudaStage`] of the stream runtime: each call enqueues on the stream bound at that moment.
+#[derive(Debug)]
+pub struct OnCudaStreams {
+    stage: CudaStage,
+    link: Arc<Link>,
+}
+
+impl OnCudaStreams {
+    /// The stage.
+    pub fn inner(&self) -> &CudaStage {
+        &self.stage
+    }
+
+    fn bound(&mut self) -> Result<&mut CudaStage, StageError> {
+        let la = self.link.launcher().map_err(stage_error)?;
+        self.stage.set_stream(la.stream().clone());
+        Ok(&mut self.stage)
+    }
+}
+
+impl Stage<DeviceTensor> for OnCudaStreams {
+    type Stash = CudaStash;
+
+    fn forward(&mut self, input: DeviceTensor) -> Result<(DeviceTensor, CudaStash), StageError> {
+        self.bound()?.forward_device(input).map_err(stage_error)
+    }
+
+    fn backward_input(
+        &mut self,
+        stash: &mut CudaStash,
+        grad_output: DeviceTensor,
+    ) -> Result<DeviceTensor, StageError> {
+        self.bound()?
+            .backward_input_device(stash, grad_output)
+            .map_err(stage_error)
+    }
+
+    fn backward_weight(&mut self, stash: CudaStash) -> Result<(), StageError> {
+        self.bound()?
+            .backward_weight_device(stash)
+            .map_err(stage_error)
+    }
+
+    fn held_bytes(&self, stash: &CudaStash) -> usize {
+        stash.bytes()
+    }
+
+    fn zero_grad(&mut self) {
+        self.stage.zero_grad_device();
+    }
+
+    /// The update, then a wait for it: the next step's first action may run on another stream,
+    /// which nothing else orders after this update.
+    fn optimizer_step(&mut self) -> Result<(), StageError> {
+        let stage = self.bound()?;
+        stage.optimizer_step_device().map_err(stage_error)?;
+        stage.synchronize().map_err(stage_error)
+    }
+}
+
+/// The built-in loss on the bound stream. Targets are [`DeviceTensor`]s: values of the output's
+/// shape (MSE) or class indices made by [`DeviceTensor::labels`] (cross-entropy).
+#[derive(Debug, Clone)]
+pub struct CudaLoss {
+    kind: LossKind,
+    link: Arc<Link>,
+}
+
+impl CudaLoss {
+    fn compute(
+        &self,
+        output: &DeviceTensor,
+        target: &DeviceTensor,
+    ) -> Result<(DeviceLoss, DeviceTensor), CudaError> {
+        let la = self.link.launcher()?;
+        let empty = |what: &str| CudaError::Shape {
+            what: what.to_string(),
+            expected: 1,
+            got: 0,
+        };
+        if output.pending_scale() != 1.0 || target.pending_scale() != 1.0 {
+            return Err(empty("loss input with a pending scale (not supported)"));
+        }
+        let out = output.slice().ok_or_else(|| empty("loss input"))?;
+        let t = target.slice().ok_or_else(|| empty("loss target"))?;
+        let n = output.len();
+        let alloc = |n: usize| {
+            la.stream()
+                .alloc_zeros::<f32>(n)
+                .map_err(CudaError::driver("cuMemAllocAsync"))
+        };
+        let mut grad = alloc(n)?;
+        let (partial, divisor) = match self.kind {
+            LossKind::Mse => {
+                let mut partial = alloc(Launcher::mse_partials(n))?;
+                la.mse_forward(out, t, &mut partial)?;
+                la.mse_grad(out, t, &mut grad, 1.0 / n as f32)?;
+                (partial, n as f64)
+            }
+            LossKind::CrossEntropy => {
+                let rows = target.len();
+                // SAFETY: the labels' bits are `u32`s (`DeviceTensor::labels`), same size as `f32`.
+                let labels = unsafe { t.transmute::<u32>(rows) }.ok_or_else(|| empty("labels"))?;
+                let mut row_loss = alloc(rows)?;
+                la.softmax_ce_forward(out, &labels, output.cols(), &mut row_loss)?;
+                la.softmax_ce_grad(out, &labels, &mut grad, output.cols(), 1.0 / rows as f32)?;
+                (row_loss, rows as f64)
+            }
+        };
+        Ok((
+            DeviceLoss { partial, divisor },
+            DeviceTensor::from_slice(output.shape().to_vec(), Some(grad))?,
+        ))
+    }
+}
+
+impl Loss<DeviceTensor> for CudaLoss {
+    fn loss(
+        &self,
+        output: &DeviceTensor,
+        target: &DeviceTensor,
+    ) -> Result<(DeviceLoss, DeviceTensor), StageError> {
+        self.compute(output, target).map_err(stage_error)
+    }
+}

@@ -1,0 +1,199 @@
+//! `train --backend cuda`'s runtime: the stream program ([`StreamExecutor`]) on [`CudaStreams`]
+//! (one host thread, per-rank streams, events between them) against sequential CPU training: every
+//! family at P = 2 and 3 with each family's V, one step, losses, gradients and updated weights within
+//! a relative (norm-wise) 1e-4; and a 20-step loss curve within 1e-3 per step.
+//!
+//! Without a GPU every test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
+//! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
+
+use std::sync::Arc;
+
+use pipefill::cuda::{gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams};
+use pipefill::layers::gemm::GemmBackend;
+use pipefill::layers::{LinearStage, LossKind, Optimizer};
+use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill_host::runtime::streams::StreamExecutor;
+use pipefill_host::runtime::{sequential_step, Tensor};
+use pipefill_host::schedule::{families, Params, Schedule};
+use pipefill_kernels::Activation;
+
+const TOL: f64 = 1e-4;
+
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum();
+    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    d.sqrt() / n.sqrt().max(1e-30)
+}
+
+fn spec(stages: usize, loss: LossKind) -> ModelSpec {
+    let layers = stages + 1;
+    ModelSpec {
+        input: 21,
+        layers: (0..layers)
+            .map(|i| LayerSpec {
+                width: if i + 1 == layers { 5 } else { 30 + 3 * i },
+                activation: [Activation::Silu, Activation::Gelu, Activation::Identity][i % 3],
+            })
+            .collect(),
+        loss,
+        batch: 24,
+    }
+}
+
+fn cpu_stages(spec: &ModelSpec, s: &Schedule, opt: Optimizer, seed: u64) -> Vec<LinearStage> {
+    let n = spec.layers.len();
+    let k = s.stages();
+    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
+    spec.build_stages(&stage_ranges(&counts), opt, GemmBackend::default(), seed)
+        .unwrap()
+}
+
+type Ex = StreamExecutor<CudaStreams, OnCudaStreams>;
+
+fn executor(gpu: &Arc<Gpu>, sched: &Schedule, cpu: &[LinearStage]) -> (Ex, CudaStreams) {
+    let device = CudaStreams::new(gpu.clone());
+    let stages = cpu
+        .iter()
+        .map(|s| device.stage(CudaStage::from_host(gpu, s).unwrap()))
+        .collect();
+    gpu.synchronize().unwrap();
+    let ex = StreamExecutor::new(sched.clone(), stages, device.clone()).unwrap();
+    (ex, device)
+}
+
+fn upload(
+    gpu: &Arc<Gpu>,
+    kind: LossKind,
+    x: &[Tensor],
+    t: &[Tensor],
+) -> (Vec<DeviceTensor>, Vec<DeviceTensor>) {
+    let s = gpu.new_stream().unwrap();
+    let inputs = x
+        .iter()
+        .map(|x| DeviceTensor::from_host(&s, x).unwrap())
+        .collect();
+    let targets = t
+        .iter()
+        .map(|t| match kind {
+            LossKind::Mse => DeviceTensor::from_host(&s, t).unwrap(),
+            LossKind::CrossEntropy => {
+                let c: Vec<u32> = t.data().iter().map(|&v| v as u32).collect();
+                DeviceTensor::labels(&s, &c).unwrap()
+            }
+        })
+        .collect();
+    s.synchronize().unwrap();
+    (inputs, targets)
+}
+
+fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt: Optimizer) {
+    let spec = spec(sched.stages(), loss);
+    let what = format!(
+        "{family} P={} V={} M={} {loss} {opt}",
+        sched.ranks, sched.chunks, sched.microbatches
+    );
+    let teacher = Teacher::new(&spec, 9);
+    let (x, t) = teacher.batch(0, spec.batch, sched.microbatches);
+    let mut seq = cpu_stages(&spec, &sched, opt, 9);
+    let (mut ex, device) = executor(gpu, &sched, &seq);
+    let want = sequential_step(&mut seq, x.clone(), &t, &spec.loss).unwrap();
+    let (inputs, targets) = upload(gpu, loss, &x, &t);
+    let got = ex.step(inputs, &targets, &device.loss(loss)).unwrap();
+    assert!(
+        rel(&got.losses, &want.losses) <= TOL,
+        "losses {:?} vs {:?}: {what}",
+        got.losses,
+        want.losses
+    );
+    for (s, (a, b)) in ex.stages().iter().zip(&seq).enumerate() {
+        let a = a.inner();
+        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
+            let (dw, db) = la
+                .grads_to_host(a.launcher())
+                .unwrap()
+                .unwrap_or_else(|| panic!("stage {s} layer {l}: no gradient on the GPU: {what}"));
+            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
+            for (name, r) in [
+                ("dW", rel(&dw, lb.weight_grad().unwrap())),
+                ("db", rel(&db, lb.bias_grad().unwrap())),
+                ("W", rel(&w, &lb.weight)),
+                ("b", rel(&bias, &lb.bias)),
+            ] {
+                assert!(
+                    r <= TOL,
+                    "stage {s} layer {l} {name}: relative difference {r:e}: {what}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_family_through_cuda_streams_matches_sequential_cpu_training() {
+    let Some(gpu) =
+        gpu_or_skip("every_family_through_cuda_streams_matches_sequential_cpu_training")
+    else {
+        return;
+    };
+    for family in families::FAMILIES {
+        for ranks in [2, 3] {
+            let params = Params {
+                ranks,
+                microbatches: 2 * ranks,
+                chunks: None,
+                group_size: None,
+            };
+            let Ok(sched) = families::generate(family.name, &params) else {
+                continue;
+            };
+            check_step(
+                &gpu,
+                family.name,
+                sched.clone(),
+                LossKind::Mse,
+                Optimizer::adamw(0.01),
+            );
+            check_step(
+                &gpu,
+                family.name,
+                sched,
+                LossKind::CrossEntropy,
+                Optimizer::sgd(0.05),
+            );
+        }
+    }
+}
+
+#[test]
+fn twenty_steps_through_cuda_streams_follow_the_cpu() {
+    let Some(gpu) = gpu_or_skip("twenty_steps_through_cuda_streams_follow_the_cpu") else {
+        return;
+    };
+    let params = Params {
+        ranks: 2,
+        microbatches: 4,
+        chunks: None,
+        group_size: None,
+    };
+    let sched = families::generate("zbv", &params).unwrap();
+    let spec = spec(sched.stages(), LossKind::Mse);
+    let opt = Optimizer::adamw(0.01);
+    let teacher = Teacher::new(&spec, 4);
+    let mut seq = cpu_stages(&spec, &sched, opt, 4);
+    let (mut ex, device) = executor(&gpu, &sched, &seq);
+    let loss = device.loss(LossKind::Mse);
+    for step in 0..20 {
+        let (x, t) = teacher.batch(step, spec.batch, params.microbatches);
+        let (inputs, targets) = upload(&gpu, LossKind::Mse, &x, &t);
+        let a = ex.step(inputs, &targets, &loss).unwrap().loss;
+        let b = sequential_step(&mut seq, x, &t, &spec.loss).unwrap().loss;
+        assert!(
+            (a - b).abs() <= 1e-3 * b.abs().max(1e-3),
+            "step {step}: GPU loss {a} vs CPU {b}"
+        );
+    }
+}
