@@ -57,6 +57,13 @@ pub unsafe trait TensorCore: Grid {
     /// `N` must be at most 3.
     fn cp_async_wait<const N: u32>(&self);
 
+    /// Called by the default (host) methods before they touch shared memory: `bytes` at `off`, which must be
+    /// `align`-aligned. The host emulator checks it; the GPU implementation never calls it.
+    #[inline(always)]
+    fn check_shared(&self, off: u32, bytes: u32, align: u32) {
+        let _ = (off, bytes, align);
+    }
+
     /// This thread's lane in its warp.
     #[inline(always)]
     fn lane(&self) -> usize {
@@ -69,6 +76,7 @@ pub unsafe trait TensorCore: Grid {
     /// `off` 4-byte aligned inside the shared memory.
     #[inline(always)]
     unsafe fn lds32(&self, off: u32) -> u32 {
+        self.check_shared(off, 4, 4);
         self.tc_shared().add(off as usize).cast::<u32>().read()
     }
 
@@ -78,6 +86,7 @@ pub unsafe trait TensorCore: Grid {
     /// `off` 4-byte aligned inside the shared memory.
     #[inline(always)]
     unsafe fn sts32(&self, off: u32, v: u32) {
+        self.check_shared(off, 4, 4);
         self.tc_shared().add(off as usize).cast::<u32>().write(v)
     }
 
@@ -87,6 +96,7 @@ pub unsafe trait TensorCore: Grid {
     /// `off` 2-byte aligned inside the shared memory.
     #[inline(always)]
     unsafe fn sts16(&self, off: u32, v: u16) {
+        self.check_shared(off, 2, 2);
         self.tc_shared().add(off as usize).cast::<u16>().write(v)
     }
 
@@ -99,6 +109,7 @@ pub unsafe trait TensorCore: Grid {
     /// Every lane's `row_off` as described, inside the shared memory.
     #[inline(always)]
     unsafe fn ldmatrix_x4<const TRANS: bool>(&self, row_off: u32) -> [u32; 4] {
+        self.check_shared(row_off, 16, 16);
         let all = self.warp_gather([row_off, 0, 0, 0, 0, 0]);
         let (g, t) = (self.lane() >> 2, self.lane() % 4);
         let base = self.tc_shared();
