@@ -3,7 +3,7 @@
 //! buffers, [`Bf16`](crate::tc::Bf16) with `u16` BF16 buffers): the same fused epilogues as the SIMT
 //! kernels of [`super::linear`], on the block GEMM of [`crate::tc::mainloop`].
 //!
-//! Launch each with [`crate::tc::launch`] (grid, [`THREADS`](crate::grid::THREADS) threads, dynamic
+//! Launch each with [`crate::tc::launch`] (grid, [`THREADS`] threads, dynamic
 //! shared memory). `BK` must be [`crate::tc::depth`] of the precision (checked at compile time).
 //! Any sizes work, zero included, none needs to be a multiple of a tile.
 
