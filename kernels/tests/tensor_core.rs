@@ -5,9 +5,12 @@ mod common;
 
 use common::tc::{launch_tc, TcGrid};
 use common::{Rng, Shared};
+use pipefill_kernels::entry;
 use pipefill_kernels::grid::Grid;
 use pipefill_kernels::tc::convert::{bf16_to_f32, f32_to_bf16, pack_bf16, to_tf32};
-use pipefill_kernels::tc::{Launch, TensorCore};
+use pipefill_kernels::tc::{
+    entry_name, launch, Launch, Precision, Product, TensorCore, MAX_SHARED_BYTES,
+};
 
 const EPS: f64 = f32::EPSILON as f64;
 
@@ -240,4 +243,37 @@ fn conversions_round_as_the_cvt_instructions() {
     assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
     assert!(f32::from_bits(to_tf32(f32::NAN)).is_nan());
     assert_eq!(bf16_to_f32(f32_to_bf16(-2.5)), -2.5);
+}
+
+#[test]
+fn launch_shapes_cover_the_output_and_fit_the_gpus() {
+    let products = [
+        Product::Forward,
+        Product::BackwardInput,
+        Product::BackwardWeight,
+    ];
+    let mut names = Vec::new();
+    for precision in [Precision::Tf32, Precision::Bf16] {
+        for product in products {
+            // rows 300, inputs 129, outputs 1000: outputs 300 x 1000, 300 x 129, 129 x 1000.
+            let l = launch(product, precision, 300, 129, 1000);
+            let want = match product {
+                Product::Forward => (8, 3, 1),
+                Product::BackwardInput => (2, 3, 1),
+                Product::BackwardWeight => (8, 3, 1),
+            };
+            assert_eq!(l.grid, want, "{product:?} {precision:?}");
+            assert_eq!(l.block, (256, 1, 1));
+            // Over the 48 KiB default (the launcher must opt in), within sm_80's 163 KiB per block.
+            assert!(l.shared_bytes > 48 << 10 && l.shared_bytes as usize <= MAX_SHARED_BYTES);
+            // Empty sizes still give a launchable grid.
+            assert_eq!(launch(product, precision, 0, 0, 0).grid, (1, 1, 1));
+            names.push(entry_name(product, precision));
+        }
+    }
+    assert!(MAX_SHARED_BYTES <= 163 << 10);
+    names.sort();
+    let mut listed = entry::TENSOR_CORE.to_vec();
+    listed.sort();
+    assert_eq!(names, listed, "entry_name covers entry::TENSOR_CORE");
 }

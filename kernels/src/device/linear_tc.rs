@@ -13,9 +13,13 @@ use crate::grid::{Grid, THREADS};
 use crate::tc::mainloop::{
     block_gemm, for_each_acc, for_each_chunk, pick, put, AsyncCopy, Block, Fill, Operand,
 };
-use crate::tc::{block_tile, warp_tile, MmaType, Product, SmemTile, TensorCore};
+use crate::tc::{block_tile, k_contiguous, warp_tile, MmaType, Product, SmemTile, TensorCore};
 
+// Tiles and operand orientations per product: the same constants `tc::launch` sizes the launch with.
 const FWD: (usize, usize) = block_tile(Product::Forward);
+const FWD_K: (bool, bool) = k_contiguous(Product::Forward);
+const BWI_K: (bool, bool) = k_contiguous(Product::BackwardInput);
+const BWW_K: (bool, bool) = k_contiguous(Product::BackwardWeight);
 const FWD_W: (usize, usize) = warp_tile(Product::Forward);
 const BWI: (usize, usize) = block_tile(Product::BackwardInput);
 const BWI_W: (usize, usize) = warp_tile(Product::BackwardInput);
@@ -116,19 +120,17 @@ pub unsafe fn linear_forward_tc<T: TensorCore, P: MmaType, const BK: usize>(
         ptr: a.x,
         outer: a.rows,
         inner: a.inputs,
-        k_contig: true,
     });
     let mut fb = AsyncCopy::new(Operand {
         ptr: a.w,
         outer: a.inputs,
         inner: a.outputs,
-        k_contig: false,
     });
     let acc = block_gemm::<T, P, { FWD.0 }, { FWD.1 }, BK, { FWD_W.0 }, { FWD_W.1 }>(
         g,
         &blk,
-        true,
-        false,
+        FWD_K.0,
+        FWD_K.1,
         &mut fa,
         &mut fb,
         |_| {},
@@ -240,7 +242,8 @@ pub unsafe fn linear_backward_input_tc<T: TensorCore, P: MmaType, const BK: usiz
     g: &T,
     args: &TcBackwardInput<P::Elem>,
 ) {
-    const { assert!(BK * P::BYTES == 64 && BWI.0 * BK <= DZ_PER_THREAD * THREADS) };
+    // `DzFill` stages `dZ` k-contiguous (`[row][output]`), as it is in memory.
+    const { assert!(BK * P::BYTES == 64 && BWI.0 * BK <= DZ_PER_THREAD * THREADS && BWI_K.0) };
     let a = *args;
     let blk = block_of(g, a.rows, a.inputs, a.outputs, BWI);
     let mut fa = DzFill {
@@ -256,13 +259,12 @@ pub unsafe fn linear_backward_input_tc<T: TensorCore, P: MmaType, const BK: usiz
         ptr: a.w,
         outer: a.inputs,
         inner: a.outputs,
-        k_contig: true,
     });
     let acc = block_gemm::<T, P, { BWI.0 }, { BWI.1 }, BK, { BWI_W.0 }, { BWI_W.1 }>(
         g,
         &blk,
-        true,
-        true,
+        BWI_K.0,
+        BWI_K.1,
         &mut fa,
         &mut fb,
         |_| {},
@@ -292,19 +294,17 @@ pub unsafe fn linear_backward_weight_tc<T: TensorCore, P: MmaType, const BK: usi
         ptr: a.x,
         outer: a.rows,
         inner: a.inputs,
-        k_contig: false,
     });
     let mut fb = AsyncCopy::new(Operand {
         ptr: a.dz,
         outer: a.rows,
         inner: a.outputs,
-        k_contig: false,
     });
     let acc = block_gemm::<T, P, { BWW.0 }, { BWW.1 }, BK, { BWW_W.0 }, { BWW_W.1 }>(
         g,
         &blk,
-        false,
-        false,
+        BWW_K.0,
+        BWW_K.1,
         &mut fa,
         &mut fb,
         |tb| {

@@ -23,7 +23,9 @@ pub const STAGES: usize = 4;
 const WARPS: usize = THREADS / WARP;
 
 /// An operand in global memory: a row-major `outer x inner` matrix (rows contiguous along `inner`), read as
-/// `A` (output index `m`) or `B` (output index `n`) of the GEMM.
+/// `A` (output index `m`) or `B` (output index `n`) of the GEMM. Whether its rows are output indices
+/// (`[mn][k]`) or reduced indices (`[k][mn]`) is the orientation [`block_gemm`] is given for it, which the
+/// stage tiles carry ([`SmemTile::k_contig`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Operand<E> {
     /// The matrix.
@@ -32,8 +34,6 @@ pub struct Operand<E> {
     pub outer: usize,
     /// Row length as stored (also the leading dimension).
     pub inner: usize,
-    /// `true`: stored `[mn][k]` (rows are output indices); `false`: stored `[k][mn]`.
-    pub k_contig: bool,
 }
 
 /// The shape of a block tile: `(rows, row length)` of an operand's stage as stored, and its row stride.
@@ -137,7 +137,7 @@ impl<P: MmaType> Fill<P> for AsyncCopy<P::Elem> {
     #[inline(always)]
     unsafe fn issue<T: TensorCore>(&mut self, g: &T, tile: SmemTile, mn0: usize, k0: usize) {
         let op = self.op;
-        let (outer0, inner0) = if op.k_contig { (mn0, k0) } else { (k0, mn0) };
+        let (outer0, inner0) = if tile.k_contig { (mn0, k0) } else { (k0, mn0) };
         let per_chunk = 16 / P::BYTES;
         let vectorized = self.vectorized;
         for_each_chunk::<P>(g.thread(), tile, |r, c, dst| {
