@@ -116,6 +116,9 @@ pub const MAX_SHARED_BYTES: usize = {
     max
 };
 
+// Every kernel fits an sm_80 block's opt-in maximum (163 KiB; sm_90: 227 KiB).
+const _: () = assert!(MAX_SHARED_BYTES <= 163 << 10);
+
 /// Grid, block and dynamic shared memory of one kernel launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
