@@ -108,12 +108,15 @@ unsafe impl TensorCore for Nvptx {
     #[inline(always)]
     fn mma_tf32(&self, a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         let [mut d0, mut d1, mut d2, mut d3] = c;
-        // SAFETY: register-only warp-collective instruction; every lane of the warp executes it.
+        // SAFETY: register-only warp-collective instruction; every lane of the warp executes it. Not `pure`:
+        // Rust does not mark inline asm `convergent`, and a pure asm could be sunk into a divergent branch
+        // (the epilogue's bounds checks), which `.sync.aligned` forbids; asm with side effects is never moved
+        // across control flow.
         unsafe {
             asm!("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{{0}, {1}, {2}, {3}}}, {{{4}, {5}, {6}, {7}}}, {{{8}, {9}}}, {{{0}, {1}, {2}, {3}}};",
                 inout(reg32) d0, inout(reg32) d1, inout(reg32) d2, inout(reg32) d3,
                 in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3], in(reg32) b[0], in(reg32) b[1],
-                options(pure, nomem, nostack));
+                options(nomem, nostack));
         }
         [d0, d1, d2, d3]
     }
@@ -126,7 +129,7 @@ unsafe impl TensorCore for Nvptx {
             asm!("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{0}, {1}, {2}, {3}}}, {{{4}, {5}, {6}, {7}}}, {{{8}, {9}}}, {{{0}, {1}, {2}, {3}}};",
                 inout(reg32) d0, inout(reg32) d1, inout(reg32) d2, inout(reg32) d3,
                 in(reg32) a[0], in(reg32) a[1], in(reg32) a[2], in(reg32) a[3], in(reg32) b[0], in(reg32) b[1],
-                options(pure, nomem, nostack));
+                options(nomem, nostack));
         }
         [d0, d1, d2, d3]
     }
