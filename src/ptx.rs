@@ -40,3 +40,13 @@ pub fn ptx() -> Result<&'static str, PtxError> {
 pub mod entry {
     pub use pipefill_kernels::entry::*;
 }
+
+/// Launch shapes of the tensor-core kernels (`*_TF32`, `*_BF16` in [`entry`]): [`launch`](tensor_core::launch)
+/// gives grid, block and dynamic shared memory (above 48 KiB: raise the function's
+/// `MAX_DYNAMIC_SHARED_SIZE_BYTES` before the first launch), [`entry_name`](tensor_core::entry_name) the
+/// entry for a product and precision. Documented in `pipefill_kernels::tc`.
+pub mod tensor_core {
+    pub use pipefill_kernels::tc::{
+        entry_name, launch, Launch, Precision, Product, MAX_SHARED_BYTES,
+    };
+}

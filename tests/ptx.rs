@@ -1,6 +1,9 @@
 //! Assembles the embedded PTX with `ptxas` for `sm_80` and `sm_90`: fails on any error, warning or register
-//! spill, checks that every entry point in `pipefill::ptx::entry` is there, and prints registers, shared
-//! memory and spills per entry point (run with `--nocapture` to see the table).
+//! spill (an entry's out-of-line callees count against it), on any local memory (stack frame) in a
+//! tensor-core kernel (their accumulators must stay in registers), checks that every entry point in
+//! `pipefill::ptx::entry` is there, and prints registers, shared memory and spills per entry point (run
+//! with `--nocapture` to see the table). Another test checks that each tensor-core entry holds `mma.sync`,
+//! `cp.async` (and, in BF16, `ldmatrix`) instructions.
 //!
 //! `ptxas` is looked up in `PIPEFILL_PTXAS` (a path), then on `PATH`, then in the Python package of the
 //! PyPI wheel `nvidia-cuda-nvcc-cu12` (`nvidia/cuda_nvcc/bin/ptxas`). When it is missing, or the PTX was
@@ -10,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pipefill::ptx::{entry, ptx};
+use pipefill::ptx::{entry, ptx, tensor_core};
 
 /// The architectures the PTX must assemble for: Ampere (the PTX's own target) and Hopper.
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
@@ -81,10 +84,14 @@ fn parse_verbose(stderr: &str) -> Vec<EntryReport> {
         let Some(report) = reports.last_mut() else {
             continue;
         };
+        // The entry's own properties, then those of each out-of-line function it calls: spills add up,
+        // the stack is the deepest frame.
         if line.contains("bytes stack frame") {
-            report.stack_bytes = number_before(line, "bytes stack frame");
-            report.spill_store_bytes = number_before(line, "bytes spill stores");
-            report.spill_load_bytes = number_before(line, "bytes spill loads");
+            report.stack_bytes = report
+                .stack_bytes
+                .max(number_before(line, "bytes stack frame"));
+            report.spill_store_bytes += number_before(line, "bytes spill stores");
+            report.spill_load_bytes += number_before(line, "bytes spill loads");
         } else if line.contains("registers") {
             report.registers = number_before(line, "registers");
             report.shared_bytes = number_before(line, "bytes smem");
@@ -158,19 +165,25 @@ fn ptx_assembles_without_spills_for_sm80_and_sm90() {
         reports.sort_by(|a, b| a.name.cmp(&b.name));
         println!("ptxas -arch={arch} ({}):", ptxas.display());
         println!(
-            "  {:<28} {:>9} {:>11} {:>11} {:>11}",
+            "  {:<32} {:>9} {:>11} {:>11} {:>11}",
             "entry", "registers", "smem bytes", "stack bytes", "spill bytes"
         );
         for r in &reports {
             let spill = r.spill_store_bytes + r.spill_load_bytes;
             println!(
-                "  {:<28} {:>9} {:>11} {:>11} {:>11}",
+                "  {:<32} {:>9} {:>11} {:>11} {:>11}",
                 r.name, r.registers, r.shared_bytes, r.stack_bytes, spill
             );
             if spill > 0 {
                 failures.push(format!(
                     "{arch} {}: {spill} bytes of register spills",
                     r.name
+                ));
+            }
+            if entry::TENSOR_CORE.contains(&r.name.as_str()) && r.stack_bytes > 0 {
+                failures.push(format!(
+                    "{arch} {}: {} bytes of local memory (accumulators or staged values left registers)",
+                    r.name, r.stack_bytes
                 ));
             }
         }
@@ -181,7 +194,74 @@ fn ptx_assembles_without_spills_for_sm80_and_sm90() {
         }
     }
     let _ = std::fs::remove_file(&file);
+    print_dynamic_shared();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Prints the dynamic shared memory of each tensor-core kernel (`ptxas` reports static shared memory only).
+fn print_dynamic_shared() {
+    use tensor_core::{entry_name, launch, Precision, Product};
+    println!("dynamic shared memory (tensor_core::launch):");
+    for precision in [Precision::Tf32, Precision::Bf16] {
+        for product in [
+            Product::Forward,
+            Product::BackwardInput,
+            Product::BackwardWeight,
+        ] {
+            let l = launch(product, precision, 1, 1, 1);
+            println!(
+                "  {:<32} {:>7} bytes",
+                entry_name(product, precision),
+                l.shared_bytes
+            );
+        }
+    }
+}
+
+/// The body of entry `name` in the PTX text (from its `.entry` line to the next entry or function).
+fn entry_body<'a>(text: &'a str, name: &str) -> &'a str {
+    let start = text
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("entry {name} missing from the PTX"));
+    let rest = &text[start + 1..];
+    let end = [".entry ", ".func "]
+        .iter()
+        .filter_map(|m| rest.find(m))
+        .min()
+        .unwrap_or(rest.len());
+    &text[start..start + 1 + end]
+}
+
+#[test]
+fn tensor_core_entries_use_mma_sync_and_cp_async() {
+    let text = match ptx() {
+        Ok(text) => text,
+        Err(e) => return skip_or_fail(&e.to_string()),
+    };
+    for name in entry::TENSOR_CORE {
+        let body = entry_body(text, name);
+        let (mma, ldmatrix) = if name.ends_with("_tf32") {
+            ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", None)
+        } else {
+            (
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                Some("ldmatrix.sync.aligned.m8n8.x4"),
+            )
+        };
+        assert!(body.contains(mma), "{name} has no `{mma}`");
+        for needed in [
+            "cp.async.cg.shared.global",
+            "cp.async.wait_group",
+            "cp.async.commit_group",
+        ] {
+            assert!(body.contains(needed), "{name} has no `{needed}`");
+        }
+        if let Some(ld) = ldmatrix {
+            assert!(body.contains(ld), "{name} has no `{ld}`");
+        }
+    }
+    // And the SIMT kernels do not (the check above can tell the two apart).
+    assert!(!entry_body(text, entry::LINEAR_FORWARD).contains("mma.sync"));
 }
 
 #[test]
@@ -191,6 +271,8 @@ fn parses_ptxas_verbose_output() {
         ptxas info    : Function properties for pf_a\n    \
         8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
         ptxas info    : Used 94 registers, used 1 barriers, 8704 bytes smem, 408 bytes cmem[0]\n\
+        ptxas info    : Function properties for callee\n    \
+        16 bytes stack frame, 8 bytes spill stores, 0 bytes spill loads\n\
         ptxas info    : Compiling entry function 'pf_b' for 'sm_90'\n    \
         0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
         ptxas info    : Used 22 registers, used 0 barriers\n";
@@ -202,8 +284,8 @@ fn parses_ptxas_verbose_output() {
                 name: "pf_a".into(),
                 registers: 94,
                 shared_bytes: 8704,
-                stack_bytes: 8,
-                spill_store_bytes: 4,
+                stack_bytes: 16,
+                spill_store_bytes: 12,
                 spill_load_bytes: 12
             },
             EntryReport {

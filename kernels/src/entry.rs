@@ -1,6 +1,7 @@
 //! The names of the GPU entry points (the `.entry` symbols of the PTX), one constant per kernel.
 //!
-//! Every kernel is launched with blocks of [`THREADS`](crate::grid::THREADS) threads. Arguments are passed
+//! Every kernel is launched with blocks of [`THREADS`](crate::grid::THREADS) threads. The tensor-core
+//! kernels (`*_TF32`, `*_BF16`) take their grid and dynamic shared memory from [`crate::tc::launch`]. Arguments are passed
 //! in the order listed; pointers are device pointers to `f32` (targets: `u32`), sizes and the activation
 //! code ([`Activation::code`](crate::Activation::code)) are `u32`, scalars are `f32`. A null pointer is
 //! allowed only where marked *optional*. The math of each is documented on its body in [`crate::device`].
@@ -34,8 +35,37 @@ pub const SGD_MOMENTUM: &str = "pf_sgd_momentum";
 /// of [`AdamWStep`](crate::AdamWStep) in order). Grid: `elementwise_grid(n)`.
 pub const ADAMW: &str = "pf_adamw";
 
+/// Tensor-core forward in TF32 (`f32` buffers): the arguments of [`LINEAR_FORWARD`].
+/// Launch: [`crate::tc::launch`]`(Product::Forward, Precision::Tf32, rows, inputs, outputs)`.
+pub const LINEAR_FORWARD_TF32: &str = "pf_linear_forward_tf32";
+/// Tensor-core input gradient in TF32: the arguments of [`LINEAR_BACKWARD_INPUT`].
+/// Launch: [`crate::tc::launch`]`(Product::BackwardInput, Precision::Tf32, ..)`.
+pub const LINEAR_BACKWARD_INPUT_TF32: &str = "pf_linear_backward_input_tf32";
+/// Tensor-core weight gradient in TF32: the arguments of [`LINEAR_BACKWARD_WEIGHT`].
+/// Launch: [`crate::tc::launch`]`(Product::BackwardWeight, Precision::Tf32, ..)`.
+pub const LINEAR_BACKWARD_WEIGHT_TF32: &str = "pf_linear_backward_weight_tf32";
+/// Tensor-core forward in BF16: the arguments of [`LINEAR_FORWARD`], but `x, w, y, z` are BF16 (`u16`
+/// bits) and `b` stays `f32`. Launch: [`crate::tc::launch`]`(Product::Forward, Precision::Bf16, ..)`.
+pub const LINEAR_FORWARD_BF16: &str = "pf_linear_forward_bf16";
+/// Tensor-core input gradient in BF16: the arguments of [`LINEAR_BACKWARD_INPUT`], all five matrices BF16.
+/// Launch: [`crate::tc::launch`]`(Product::BackwardInput, Precision::Bf16, ..)`.
+pub const LINEAR_BACKWARD_INPUT_BF16: &str = "pf_linear_backward_input_bf16";
+/// Tensor-core weight gradient in BF16: the arguments of [`LINEAR_BACKWARD_WEIGHT`], `x` and `dz` BF16,
+/// `dw` and `db` `f32`. Launch: [`crate::tc::launch`]`(Product::BackwardWeight, Precision::Bf16, ..)`.
+pub const LINEAR_BACKWARD_WEIGHT_BF16: &str = "pf_linear_backward_weight_bf16";
+
+/// The tensor-core entry points (dynamic shared memory above 48 KiB: see [`crate::tc`]).
+pub const TENSOR_CORE: [&str; 6] = [
+    LINEAR_FORWARD_TF32,
+    LINEAR_BACKWARD_INPUT_TF32,
+    LINEAR_BACKWARD_WEIGHT_TF32,
+    LINEAR_FORWARD_BF16,
+    LINEAR_BACKWARD_INPUT_BF16,
+    LINEAR_BACKWARD_WEIGHT_BF16,
+];
+
 /// Every entry point, for checks that the PTX has them all.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 17] = [
     LINEAR_FORWARD,
     LINEAR_BACKWARD_INPUT,
     LINEAR_BACKWARD_WEIGHT,
@@ -47,4 +77,10 @@ pub const ALL: [&str; 11] = [
     SOFTMAX_CE_GRAD,
     SGD_MOMENTUM,
     ADAMW,
+    LINEAR_FORWARD_TF32,
+    LINEAR_BACKWARD_INPUT_TF32,
+    LINEAR_BACKWARD_WEIGHT_TF32,
+    LINEAR_FORWARD_BF16,
+    LINEAR_BACKWARD_INPUT_BF16,
+    LINEAR_BACKWARD_WEIGHT_BF16,
 ];

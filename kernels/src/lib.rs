@@ -22,6 +22,7 @@
 //! | [`gemm`] | the reference GEMM (the definition the fast paths are tested against) |
 //! | [`grid`] | [`Grid`]: the thread/block/shared-memory context a kernel body runs in; launch shapes |
 //! | [`tile`] | the shared-memory tiling with register blocking of the GEMM kernels |
+//! | [`tc`] | tensor-core GEMMs (`mma.sync`, `ldmatrix`, `cp.async`; TF32 and BF16): intrinsics with a host emulation, launch shapes |
 //! | [`device`] | the kernel bodies (linear forward / backward-input / backward-weight, elementwise, losses) |
 //! | [`entry`] | the names of the PTX entry points and their argument lists |
 #![no_std]
@@ -43,6 +44,7 @@ pub mod grid;
 pub mod loss;
 pub mod math;
 pub mod optim;
+pub mod tc;
 pub mod tile;
 
 pub use activation::Activation;

@@ -8,7 +8,8 @@
 //! - optimizer state: one more copy for SGD with momentum (velocity), two for AdamW (moments);
 //! - activations: per layer and row in flight, the input `X`, the pre-activation `Z` (not kept
 //!   for the identity) and `dZ`, for every microbatch in flight (a training run counts all `M`:
-//!   GPipe's peak, the most any family holds);
+//!   GPipe's peak, the most any family holds), in the run's [`ActivationDtype`] (`f32` unless the
+//!   run stores activations as BF16, [`RunShape::with_activation_dtype`]: then 2 bytes each);
 //! - data: the rows in flight as inputs and targets, plus the synthetic teacher's two matrices;
 //! - thread stacks: [`THREAD_STACK_BYTES`] per rank (each rank is a thread);
 //! - per-layer bookkeeping: [`LAYER_BYTES`] per layer (checked alone by [`check_layer_count`]
@@ -19,6 +20,8 @@
 //! refuses a total above [`ABSURD_BYTES`] even when the machine's memory cannot be read.
 
 use std::fmt;
+
+use pipefill_host::cost::ActivationDtype;
 
 use super::{ModelSpec, TEACHER_HIDDEN};
 use crate::layers::Optimizer;
@@ -50,6 +53,8 @@ pub struct RunShape {
     pub optimizer: Option<Optimizer>,
     /// Whether the synthetic teacher is built (training runs).
     pub teacher: bool,
+    /// How activations are stored (weights, gradients, optimizer state and data stay `f32`).
+    pub activation_dtype: ActivationDtype,
 }
 
 impl RunShape {
@@ -63,6 +68,7 @@ impl RunShape {
             ranks,
             optimizer: Some(optimizer),
             teacher: true,
+            activation_dtype: ActivationDtype::F32,
         }
     }
 
@@ -75,6 +81,15 @@ impl RunShape {
             ranks: 1,
             optimizer: None,
             teacher: false,
+            activation_dtype: ActivationDtype::F32,
+        }
+    }
+
+    /// The same run with activations stored as `dtype`.
+    pub fn with_activation_dtype(self, dtype: ActivationDtype) -> Self {
+        RunShape {
+            activation_dtype: dtype,
+            ..self
         }
     }
 }
@@ -205,7 +220,7 @@ impl ModelSpec {
         let optimizer = mul(weights, slots, "optimizer state")?;
         let rows = mul(n(run.rows), n(run.microbatches_in_flight), "activations")?;
         let values = mul(rows, per_row, "activations")?;
-        let activations = mul(values, VALUE_BYTES, "activations")?;
+        let activations = mul(values, run.activation_dtype.bytes(), "activations")?;
         let data = self.data_values(rows, run.teacher)?;
         let data = mul(data, VALUE_BYTES, "data")?;
         let threads = mul(n(run.ranks), THREAD_STACK_BYTES, "thread stacks")?;
@@ -357,6 +372,27 @@ mod tests {
             check_memory(&s, &run, Some(f.total - 1)),
             Err(MemoryError::TooLarge { available, .. }) if available == f.total - 1
         ));
+    }
+
+    #[test]
+    fn bf16_activations_halve_the_activation_bytes_only() {
+        let s = spec(3, 4096, 16, 256);
+        let run = RunShape::training(256, 8, 2, Optimizer::adamw(1e-3));
+        let f32_run = s.footprint(&run).unwrap();
+        let bf16_run = s
+            .footprint(&run.with_activation_dtype(ActivationDtype::Bf16))
+            .unwrap();
+        assert_eq!(bf16_run.activations, 256 * (2 * 12_288 + 4112) * 2);
+        assert_eq!(bf16_run.activations * 2, f32_run.activations);
+        assert_eq!(
+            (bf16_run.weights, bf16_run.optimizer, bf16_run.data),
+            (f32_run.weights, f32_run.optimizer, f32_run.data)
+        );
+        assert_eq!(
+            bf16_run.total + bf16_run.activations,
+            f32_run.total,
+            "only the activations shrink"
+        );
     }
 
     #[test]

@@ -41,7 +41,9 @@
 //! (optional, default free: `latency` in seconds and `bandwidth` in bytes per second, both required
 //! when `transfer` is given; `"bandwidth": null` means unlimited); `overlap_share` (optional, default 0,
 //! in `0..=1`: the part of the shorter half of an overlapped F/B pair that does not overlap); `meta`
-//! (optional, anything: where and how the costs were measured). Any other key is refused, so a
+//! (optional, anything: where and how the costs were measured; its `activation_dtype`, when present, must
+//! be `"f32"` or `"bf16"` and says what type the activation byte counts are in, see [`super::dtype`]).
+//! Any other key is refused, so a
 //! misspelled field (`foward`) is an error rather than silently missing.
 
 use std::path::Path;
@@ -183,11 +185,13 @@ impl CostInput {
                         Ok(layer)
                     })
                     .collect::<Result<Vec<_>, CostError>>()?;
+                let meta = top.get("meta").cloned().unwrap_or(Value::Null);
+                super::dtype::check_meta(&meta)?;
                 Ok(CostInput::Layers(CostFile {
                     layers,
                     transfer,
                     overlap_share,
-                    meta: top.get("meta").cloned().unwrap_or(Value::Null),
+                    meta,
                 }))
             }
         }

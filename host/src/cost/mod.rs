@@ -36,6 +36,7 @@
 use serde::{Deserialize, Serialize};
 
 mod check;
+pub mod dtype;
 mod error;
 pub mod file;
 pub mod flag;
@@ -43,6 +44,7 @@ mod measured;
 mod model;
 pub mod scaling;
 
+pub use dtype::ActivationDtype;
 pub use error::CostError;
 pub use file::{CostFile, CostInput};
 pub use flag::parse_cost_flag;

@@ -7,4 +7,5 @@
 
 pub mod elementwise;
 pub mod linear;
+pub mod linear_tc;
 pub mod reduce;

@@ -1,6 +1,8 @@
 //! Test helpers: a small seeded random generator and error measures against `f64` references.
 #![allow(dead_code)]
 
+pub mod tc;
+
 /// SplitMix64: tiny, seeded, good enough to draw test inputs reproducibly.
 pub struct Rng(u64);
 

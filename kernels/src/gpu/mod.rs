@@ -11,6 +11,8 @@ use crate::device::{elementwise, linear, reduce};
 use crate::grid::{Grid, SHARED_FLOATS};
 use crate::optim::{AdamWStep, SgdMomentum};
 
+mod tc;
+
 // The block's shared memory: a static `.shared` array at module scope (ptxas rejects one inside a function).
 global_asm!(".shared .align 16 .b8 pf_shared[{bytes}];", bytes = const SHARED_FLOATS * 4);
 
