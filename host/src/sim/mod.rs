@@ -62,7 +62,9 @@ mod error;
 mod memory;
 mod path;
 
-pub use bound::{bound_for, lower_bound};
+pub use bound::{
+    basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit, BoundError,
+};
 pub use error::SimError;
 pub use memory::{activation_curve, peak_activations};
 
