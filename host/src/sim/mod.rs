@@ -61,6 +61,7 @@ mod engine;
 mod error;
 mod memory;
 mod path;
+mod shared;
 
 pub use bound::{
     basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit, BoundError,
@@ -150,15 +151,30 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Si
     simulate_with(schedule, costs, SimOptions::ALL)
 }
 
-/// What [`simulate_with`] records besides the numbers. Spans are always recorded (a simulation
-/// without them is [`summarize`]).
+/// Where the ranks run, for [`SimOptions::device`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// Each rank on its own device: ranks never slow each other down (the model above).
+    #[default]
+    PerRank,
+    /// All ranks on one device: items of different ranks that run at the same time share it, with
+    /// the cost model's `overlap_share` (module `shared`: two concurrent items of lengths `a` and
+    /// `b` take about `max(a, b) + share * min(a, b)`). Compute-only schedules; no critical path.
+    Shared,
+}
+
+/// What [`simulate_with`] records besides the numbers, and where the ranks run. Spans are always
+/// recorded (a simulation without them is [`summarize`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimOptions {
     /// Record a [`Transfer`](crate::timeline::Transfer) for every input that crosses ranks
     /// (`timeline.transfers`; left empty otherwise). About as much memory as the spans.
     pub transfers: bool,
-    /// Trace the critical path (`critical_path`; left empty otherwise).
+    /// Trace the critical path (`critical_path`; left empty otherwise, and always in the
+    /// shared-device mode).
     pub critical_path: bool,
+    /// One device per rank (the default) or one device for all.
+    pub device: Device,
 }
 
 impl SimOptions {
@@ -166,13 +182,20 @@ impl SimOptions {
     pub const ALL: SimOptions = SimOptions {
         transfers: true,
         critical_path: true,
+        device: Device::PerRank,
     };
 
     /// Spans only.
     pub const SPANS: SimOptions = SimOptions {
         transfers: false,
         critical_path: false,
+        device: Device::PerRank,
     };
+
+    /// The same options on `device`.
+    pub const fn on(self, device: Device) -> SimOptions {
+        SimOptions { device, ..self }
+    }
 }
 
 impl Default for SimOptions {
@@ -201,6 +224,9 @@ pub fn simulate_with(
     options: SimOptions,
 ) -> Result<Simulation, SimError> {
     let lowered = check_shape(schedule, costs)?;
+    if options.device == Device::Shared {
+        return simulate_shared(schedule, costs, lowered, options);
+    }
     let record = engine::Record {
         spans: true,
         transfers: options.transfers,
@@ -218,6 +244,37 @@ pub fn simulate_with(
         peak_activations: engine.memory.into_peak(),
         critical_path,
         lower_bound,
+    })
+}
+
+/// [`simulate_with`] on one shared device (module `shared`).
+fn simulate_shared(
+    schedule: &Schedule,
+    costs: &CostModel,
+    lowered: bool,
+    options: SimOptions,
+) -> Result<Simulation, SimError> {
+    if lowered {
+        return Err(SimError::Shape {
+            schedule: schedule.name.clone(),
+            reason: "carries explicit transfers (SEND/RECV items); the shared-device mode \
+                     simulates compute-only schedules: simulate the schedule without them"
+                .into(),
+        });
+    }
+    let run = shared::run(schedule, costs, options.transfers)?;
+    let per_rank = bound::bound_for(
+        schedule.ranks,
+        schedule.microbatches,
+        schedule.placement,
+        costs,
+        run.overlapped,
+    );
+    Ok(Simulation {
+        timeline: run.timeline,
+        peak_activations: run.peak,
+        critical_path: Vec::new(),
+        lower_bound: shared::bound(per_rank, run.work, schedule.ranks, costs.overlap_share),
     })
 }
 
