@@ -106,7 +106,10 @@ fn closed_form_1f1b_p2_m2() {
         .iter()
         .map(|l| l.iter().map(|sp| sp.end).collect())
         .collect();
-    assert_eq!(ends, vec![vec![1.0, 2.5, 7.5, 10.5], vec![2.5, 4.5, 6.0, 8.5]]);
+    assert_eq!(
+        ends,
+        vec![vec![1.0, 2.5, 7.5, 10.5], vec![2.5, 4.5, 6.0, 8.5]]
+    );
     assert_eq!(simulate(&s, &c).unwrap().timeline.makespan(), 9.0);
     // The throughput bound: P = 3, M = 1, total work 3 * (1 + 2) = 9, share 1/2: the device does
     // at most 3 / (1 + 0.5 * 2) = 1.5 units of work per unit of time, so at least 6.
@@ -185,8 +188,17 @@ fn never_faster_than_per_rank_nor_than_its_bound() {
             let sim = shared(&s, &cost);
             let m = sim.timeline.makespan();
             let tol = 1e-9 * m.max(1.0);
-            prop_assert!(m + tol >= alone, "{}: shared {m} < per-rank {alone}", s.name);
-            prop_assert!(sim.lower_bound <= m + tol, "{}: {m} < bound {}", s.name, sim.lower_bound);
+            prop_assert!(
+                m + tol >= alone,
+                "{}: shared {m} < per-rank {alone}",
+                s.name
+            );
+            prop_assert!(
+                sim.lower_bound <= m + tol,
+                "{}: {m} < bound {}",
+                s.name,
+                sim.lower_bound
+            );
             if c.latency == 0.0 {
                 let sum = serial_sum(&sim, &cost);
                 prop_assert!(m <= sum + tol, "{}: {m} above the serial sum {sum}", s.name);

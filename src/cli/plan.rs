@@ -3,7 +3,7 @@
 //! ```text
 //! pipefill plan --costs costs.json --ranks 4 --global-batch 64 [--memory-limit BYTES]
 //!     [--cost-batch SAMPLES] [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
-//!     [--top 10] [--format table|json] [--svg best.svg]
+//!     [--top 10] [--overlap-share X] [--format table|json] [--svg best.svg]
 //! ```
 //!
 //! Times are scaled to each microbatch size by interpolating between the sizes a layer was measured
@@ -18,7 +18,7 @@
 //! first (each plan as [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
 //!
 //! The overlap share of F/B pairs is the cost file's (`pipefill profile` writes the one of the
-//! backend it measured on).
+//! backend it measured on), or `--overlap-share X` (e.g. what `pipefill bench overlap` measured).
 
 use std::path::PathBuf;
 
@@ -71,6 +71,10 @@ pub struct Args {
     /// Write the best plan's predicted timeline as SVG to this file (atomically).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+    /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none); overrides
+    /// the cost file's `overlap_share`.
+    #[arg(long = "overlap-share", value_parser = super::simulate::parse_share)]
+    pub overlap_share: Option<f64>,
 }
 
 /// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is
@@ -135,6 +139,10 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
         return Err(CliError::Usage(
             "--chunks: every V must be at least 1".into(),
         ));
+    }
+    let mut file = file;
+    if let Some(x) = args.overlap_share {
+        file.overlap_share = x;
     }
     let mut req = PlanRequest::new(file, b0, args.ranks, args.global_batch);
     req.memory_limit = args.memory_limit;
