@@ -74,3 +74,30 @@ fn overlap_share_moves_dualpipev() {
     };
     assert!(run("0") < run("0.5") && run("0.5") < run("1"));
 }
+
+#[test]
+fn plan_takes_the_overlap_share() {
+    let dir = std::env::temp_dir().join(format!("pipefill-cli-shared-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("costs.json");
+    let layer = r#"{"name": "l", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 0, "parameter_bytes": 0}"#;
+    let layers = vec![layer; 8].join(",");
+    std::fs::write(&path, format!(r#"{{"layers": [{layers}]}}"#)).unwrap();
+    let p = path.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "plan", "--costs", p, "--ranks", "4", "--global-batch", "8", "--cost-batch", "1",
+            "--families", "dualpipev", "--format", "json",
+        ];
+        args.extend(extra);
+        let (code, out, err) = pipefill(&args);
+        (code, out, err)
+    };
+    let (code, out, err) = run(&["--overlap-share", "0.75"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["overlap_share"], 0.75);
+    let (code, _, err) = run(&["--overlap-share", "2"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--overlap-share"), "{err}");
+}
