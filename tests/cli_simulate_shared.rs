@@ -81,7 +81,7 @@ fn plan_takes_the_overlap_share() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("costs.json");
     let layer = r#"{"name": "l", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 0, "parameter_bytes": 0}"#;
-    let layers = vec![layer; 8].join(",");
+    let layers = [layer; 8].join(",");
     std::fs::write(&path, format!(r#"{{"layers": [{layers}]}}"#)).unwrap();
     let p = path.to_str().unwrap();
     let run = |extra: &[&str]| {
