@@ -86,8 +86,19 @@ fn plan_takes_the_overlap_share() {
     let p = path.to_str().unwrap();
     let run = |extra: &[&str]| {
         let mut args = vec![
-            "plan", "--costs", p, "--ranks", "4", "--global-batch", "8", "--cost-batch", "1",
-            "--families", "dualpipev", "--format", "json",
+            "plan",
+            "--costs",
+            p,
+            "--ranks",
+            "4",
+            "--global-batch",
+            "8",
+            "--cost-batch",
+            "1",
+            "--families",
+            "dualpipev",
+            "--format",
+            "json",
         ];
         args.extend(extra);
         let (code, out, err) = pipefill(&args);

@@ -31,17 +31,18 @@ fn max(v: &[f64]) -> f64 {
     v.iter().copied().fold(0.0, f64::max)
 }
 
-/// V-Min, P = 2, M = 2. Slots (period 6): rank 0 (stages 0 and 3) takes F0 at 0, F3 at 3, I3 at
-/// 4, I0 at 7; rank 1 (stages 1 and 2) F1 at 1, F2 at 2, I2 at 5, I1 at 6. Free slots take the
-/// oldest pending W.
+/// V-Min, P = 2, M = 2. The grid (period 6): rank 0 (stages 0 and 3) takes F0 at 0, F3 at 3, I3
+/// at 4, I0 at 7; rank 1 (stages 1 and 2) F1 at 1, F2 at 2, I2 at 5, I1 at 6; free slots take the
+/// oldest pending W. Rank 1 then holds up to 4 chunk-microbatches (slots 8 and 9), the cap of the
+/// compaction, which moves, in slot order: 0F1 from 6 to 1 (no input), 1F1 from 7 to 3, 2F1 from
+/// 8 to 4, 3F1 from 9 to 6, 2W0 from 9 to 7, 3I1 to 9, 1W0 to 8, 3W1 to 10, 2I1 to 10, 1I1 to 11,
+/// 0I1 to 12, 2W1 to 12, 0W1 to 13, 1W1 to 13 (each to the first free slot after its inputs).
 #[test]
 fn v_min_golden_p2_m2() {
     let s = gen("v-min", 2, 2).unwrap();
     assert_eq!((s.ranks, s.chunks, s.placement), (2, 2, Placement::Vshape));
-    // Rank 0: 0 F0 | 3 F3 | 4 I3 | 5 W3 | 6 F0' | 7 I0 | 8 W0 | 9 F3' | 10 I3' | 11 W3' | 13 I0' | W0'.
-    assert_rank(&s, 0, "0F0 3F0 3I0 3W0 0F1 0I0 0W0 3F1 3I1 3W1 0I1 0W1");
-    // Rank 1: 1 F1 | 2 F2 | 5 I2 | 6 I1 | 7 F1' | 8 F2' | 9 W2 | 10 W1 | 11 I2' | 12 I1' | W2' W1'.
-    assert_rank(&s, 1, "1F0 2F0 2I0 1I0 1F1 2F1 2W0 1W0 2I1 1I1 2W1 1W1");
+    assert_rank(&s, 0, "0F0 0F1 3F0 3I0 3W0 3F1 0I0 0W0 3I1 3W1 0I1 0W1");
+    assert_rank(&s, 1, "1F0 2F0 1F1 2F1 2I0 1I0 2W0 1W0 2I1 1I1 2W1 1W1");
 }
 
 /// V-Half, P = 2 (d = 3), M = 1. Rank 0: F0 at 0, F3 at 4, I3 at 8, I0 at 13; rank 1: F1 at 2,

@@ -43,16 +43,13 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
     let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=2)?;
     let n = p.ranks;
     let d = if n % 2 == 0 { 3 } else { 0 };
-    let actions = (0..n)
-        .map(|r| {
-            let offsets = [
-                2 * r,
-                3 * n - 2 - r,
-                3 * n + d - 1 + 2 * r,
-                6 * n + d - 2 - r,
-            ];
-            super::v_grid::rank_list(r, n, p.microbatches, offsets)
-        })
-        .collect();
+    let actions = super::v_grid::build(n, p.microbatches, |r| {
+        [
+            2 * r,
+            3 * n - 2 - r,
+            3 * n + d - 1 + 2 * r,
+            6 * n + d - 2 - r,
+        ]
+    });
     Ok(vshape(FAMILY.name, n, v, p.microbatches, actions))
 }

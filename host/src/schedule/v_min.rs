@@ -19,7 +19,8 @@
 //! rank-microbatches (a chunk counts half). The four slots differ modulo 6 (the odd differences
 //! `2r + 1 - 2P`, and `2P + d` which `d` keeps off multiples of 6), so they never collide. The price
 //! is bubble: the tight chain leaves free slots in warm-up and cool-down that the weight-gradient
-//! passes only partly fill.
+//! passes and the grid's compaction only partly fill (the memory cap keeps forwards from moving
+//! far).
 //!
 //! Valid for every `P >= 1`, `M >= 1`, `V = 2`; the memory saving shows once `M` is about `P` or more.
 
@@ -44,11 +45,8 @@ pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
     let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=2)?;
     let n = p.ranks;
     let d = if n % 3 == 0 { 2 } else { 0 };
-    let actions = (0..n)
-        .map(|r| {
-            let offsets = [r, 2 * n - 1 - r, 2 * n + d + r, 4 * n + d - 1 - r];
-            super::v_grid::rank_list(r, n, p.microbatches, offsets)
-        })
-        .collect();
+    let actions = super::v_grid::build(n, p.microbatches, |r| {
+        [r, 2 * n - 1 - r, 2 * n + d + r, 4 * n + d - 1 - r]
+    });
     Ok(vshape(FAMILY.name, n, v, p.microbatches, actions))
 }
