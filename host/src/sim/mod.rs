@@ -22,6 +22,13 @@
 //! it. Each item is looked at a constant number of times, so the cost is linear in the number of
 //! actions (see `host/benches/sim.rs` and NOTES.md for the measured rate).
 //!
+//! ## One device for all ranks
+//!
+//! With [`SimOptions::device`] set to [`Device::Shared`] the ranks are streams of one device:
+//! items of different ranks that run at the same time slow each other down by the cost model's
+//! `overlap_share` (`k` concurrent items each progress at `1 / (1 + share (k - 1))`; module
+//! `shared` has the model and its bound).
+//!
 //! ## Outputs
 //!
 //! [`simulate`] returns a [`Simulation`]: the [`Timeline`] (start and end of every item and transfer;
@@ -56,7 +63,7 @@
 //! assert_eq!(sim.critical_path.len(), 4);
 //! ```
 
-mod bound;
+pub mod bound;
 mod engine;
 mod error;
 mod memory;
