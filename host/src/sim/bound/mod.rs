@@ -47,12 +47,15 @@
 //! A rank that may hold at most `L` rank-microbatches (the unit `simulate` reports: a stage's
 //! activations for one microbatch count `1 / V`) holds at most `n = floor(L * V)`
 //! stage-microbatches, each from the start of its `F` to the end of its `W` (or `B`). Let `σ_i` be the
-//! start of the `i`-th forward on the rank (in start order). When the `(n + j)`-th forward starts, `j`
-//! stage-microbatches must already be freed; the `j`-th freeing ends no earlier than `σ_j + R`, where
-//! `R` is the shortest round trip of the rank's stages (its `F`, the way up and back, its whole
-//! backward). With `Fmin` the shortest forward:
+//! start of the `i`-th forward on the rank (in start order). A forward of stage `s` that starts at
+//! `t` (no earlier than its head `h_s`) frees its activations no earlier than `t + R_s`, `R_s` the
+//! stage's round trip (its `F`, the way up and back, its whole backward), so no earlier than
+//! `g(t) = min_s (max(t, h_s) + R_s)`, which grows with `t`. When the `(n + j)`-th forward starts,
+//! `j` stage-microbatches must already be freed; one of them started `σ_j` or later, so the `j`-th
+//! freeing ends no earlier than `g(σ_j)`. With `Fmin` the shortest forward, lower bounds on the
+//! `σ_i` follow:
 //!
-//! `σ_1 >= min head`, `σ_i >= σ_(i-1) + Fmin`, `σ_(n+j) >= σ_j + R`.
+//! `σ_1 >= min_s h_s`, `σ_i >= σ_(i-1) + Fmin`, `σ_(n+j) >= g(σ_j)`.
 //!
 //! Giving the `i`-th forward the head `σ_i`, the shortest forward work and the shortest forward tail
 //! (a relaxation: any schedule's `i`-th forward starts no earlier and is no shorter) and solving the
@@ -317,14 +320,15 @@ impl<'a> RankJobs<'a> {
         };
         let head = c.head_f[first];
         let spacing = min_of(&|s| c.forward[s]);
-        let trip = min_of(&|s| c.round_trip(s));
+        // The earliest a forward started at `t` or later can free its activations.
+        let freed = |t: f64| min_of(&|s| t.max(c.head_f[s]) + c.round_trip(s));
         let work = min_of(&|s| self.forward_work(s));
         let tail = min_of(&|s| c.tail_f(s));
         let mut sigma = vec![head; count];
         for i in 1..count {
             sigma[i] = sigma[i - 1] + spacing;
             if i >= n {
-                sigma[i] = sigma[i].max(sigma[i - n] + trip);
+                sigma[i] = sigma[i].max(freed(sigma[i - n]));
             }
         }
         let mut jobs = self.backward_jobs(m as f64);
