@@ -3,7 +3,7 @@
 //! ```text
 //! pipefill plan --costs costs.json --ranks 4 --global-batch 64 [--memory-limit BYTES]
 //!     [--cost-batch SAMPLES] [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
-//!     [--top 10] [--overlap-share X] [--format table|json] [--svg best.svg]
+//!     [--top 10] [--format table|json] [--svg best.svg]
 //! ```
 //!
 //! Times are scaled to each microbatch size by interpolating between the sizes a layer was measured
@@ -140,16 +140,15 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
             "--chunks: every V must be at least 1".into(),
         ));
     }
-    let mut file = file;
-    if let Some(x) = args.overlap_share {
-        file.overlap_share = x;
-    }
     let mut req = PlanRequest::new(file, b0, args.ranks, args.global_batch);
     req.memory_limit = args.memory_limit;
     req.families = args.families.clone();
     req.chunks = args.chunks.clone();
     req.max_microbatches = args.max_microbatches;
     req.refine = args.refine;
+    if let Some(x) = args.overlap_share {
+        req.costs.overlap_share = x;
+    }
     Ok(req)
 }
 

@@ -22,6 +22,18 @@
 //! it. Each item is looked at a constant number of times, so the cost is linear in the number of
 //! actions (see `host/benches/sim.rs` and NOTES.md for the measured rate).
 //!
+//! ## Lower bound
+//!
+//! Every simulation reports a makespan no schedule can beat with the same costs, `P`, `V`, `M` and
+//! placement ([`lower_bound`], [`bound_for`]); the derivation is in the source of `sim::bound`
+//! (`host/src/sim/bound/mod.rs`), in four sections: (1) the chain of one microbatch; (2) each
+//! rank's work after the forward chain that precedes it and before the gradient chain that follows
+//! it ([`basic_bound`], the bound before the next section); (3) per rank, Jackson's preemptive
+//! schedule, the optimum of the one-machine problem whose jobs are the rank's `F`, `I` and rest of
+//! the backward with their heads (the chain before them) and tails (the chain after them);
+//! (4) with a per-rank in-flight limit ([`bound_with_limit`]), forward start times held back by
+//! the memory they need freed first.
+//!
 //! ## One device for all ranks
 //!
 //! With [`SimOptions::device`] set to [`Device::Shared`] the ranks are streams of one device:
@@ -63,7 +75,7 @@
 //! assert_eq!(sim.critical_path.len(), 4);
 //! ```
 
-pub mod bound;
+mod bound;
 mod engine;
 mod error;
 mod memory;

@@ -102,7 +102,8 @@ pub enum BoundError {
 }
 
 /// The lower bound for `schedule`'s `P`, `V`, `M` and placement under `costs` (overlap savings are
-/// counted when the schedule contains overlapped pairs). How it is derived: the [module docs](self).
+/// counted when the schedule contains overlapped pairs). How it is derived:
+/// [the simulator's docs](crate::sim#lower-bound).
 ///
 /// `costs` must have `schedule.stages()` stages (as [`super::simulate`] checks); with fewer the bound
 /// uses what is there.
@@ -118,7 +119,7 @@ pub fn lower_bound(schedule: &Schedule, costs: &CostModel) -> f64 {
 
 /// The bound for `ranks` ranks, `microbatches` microbatches and the stages of `costs` placed by
 /// `placement`; `overlap` allows overlapped F/B pairs. The maximum of sections 1 to 3 of the
-/// [module docs](self).
+/// [simulator's docs](crate::sim#lower-bound).
 pub fn bound_for(
     ranks: usize,
     microbatches: usize,
@@ -148,7 +149,7 @@ pub fn bound_for(
 
 /// [`bound_for`] for a schedule that keeps rank `r` at or under `max_in_flight[r]` rank-microbatches
 /// (the unit `simulate` reports: a stage's activations for one microbatch count `1 / V`), adding
-/// section 4 of the [module docs](self). Infinite when a limit is below one stage's microbatch
+/// section 4 of the [simulator's docs](crate::sim#lower-bound). Infinite when a limit is below one stage's microbatch
 /// (no forward could ever start).
 ///
 /// ```
@@ -337,7 +338,7 @@ impl<'a> RankJobs<'a> {
     }
 }
 
-/// Sections 1 and 2 of the [module docs](self) alone: the bound before the one-machine relaxation
+/// Sections 1 and 2 of the [simulator's docs](crate::sim#lower-bound) alone: the bound before the one-machine relaxation
 /// was added (one term of [`bound_for`], which is never below it).
 pub fn basic_bound(
     ranks: usize,
