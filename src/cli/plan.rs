@@ -62,6 +62,10 @@ pub struct Args {
     /// How many of the best candidates to refine by moving stage boundaries.
     #[arg(long, default_value_t = 4)]
     pub refine: usize,
+    /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none); overrides
+    /// the cost file's `overlap_share`.
+    #[arg(long = "overlap-share", value_parser = super::simulate::parse_share)]
+    pub overlap_share: Option<f64>,
     /// How many plans to print.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -71,10 +75,6 @@ pub struct Args {
     /// Write the best plan's predicted timeline as SVG to this file (atomically).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
-    /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none); overrides
-    /// the cost file's `overlap_share`.
-    #[arg(long = "overlap-share", value_parser = super::simulate::parse_share)]
-    pub overlap_share: Option<f64>,
 }
 
 /// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is

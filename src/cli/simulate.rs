@@ -21,7 +21,8 @@ use clap::ValueEnum;
 use pipefill_host::cost::flag::{parse_bandwidth, parse_time};
 use pipefill_host::cost::{parse_cost_flag, CostError, CostInput, CostSpec, LinkCost};
 use pipefill_host::schedule::{families, Params, Schedule};
-use pipefill_host::sim::{simulate_with, Device, SimError, SimOptions};
+use pipefill_host::sim::{simulate, SimError};
+use pipefill_host::sim::{simulate_with, Device, SimOptions};
 use pipefill_host::trace::{chrome_trace, svg_gantt, text_gantt, SvgOptions};
 
 use super::output::write_atomic;
@@ -83,15 +84,9 @@ pub struct Args {
     /// Bandwidth between ranks in bytes per second (e.g. 2.5e10, 25GB).
     #[arg(long = "comm-bandwidth", value_parser = parse_bandwidth)]
     pub comm_bandwidth: Option<f64>,
-    /// Non-overlapped share of two actions that run at once on one device: an overlapped F/B pair,
-    /// and with --shared-device any two ranks' actions (0 = perfect overlap, 1 = none; overrides
-    /// the cost file's `overlap_share`; `pipefill bench overlap` measures it).
+    /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none).
     #[arg(long = "overlap-share", value_parser = parse_share)]
     pub overlap_share: Option<f64>,
-    /// All ranks on one device (streams of one GPU): actions of different ranks that run at the
-    /// same time share it, two of lengths a and b taking about max(a, b) + share * min(a, b).
-    #[arg(long = "shared-device")]
-    pub shared_device: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -113,6 +108,12 @@ pub struct Args {
     /// Cost of the whole P-GPU cluster per day: the price per GPU-hour is this / 24 / P (needs --steps).
     #[arg(long = "cluster-cost-per-day", value_parser = parse_money)]
     pub cluster_cost_per_day: Option<f64>,
+    /// All ranks on one device (streams of one GPU): actions of different ranks that run at the
+    /// same time share it, two of lengths a and b taking about max(a, b) + share * min(a, b), with
+    /// the share of --overlap-share or the cost file's `overlap_share` (`pipefill bench overlap`
+    /// measures it).
+    #[arg(long = "shared-device")]
+    pub shared_device: bool,
 }
 
 /// Runs `pipefill simulate`.
@@ -120,19 +121,19 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let spec = cost_spec(&args)?;
     let schedules = schedules(&args)?;
     let money = bubble_money(&args)?;
-    let device = if args.shared_device {
-        Device::Shared
-    } else {
-        Device::PerRank
-    };
     let mut rows = Vec::with_capacity(schedules.len());
     let mut sims = Vec::with_capacity(schedules.len());
     for (schedule, from_file) in &schedules {
         let model = spec
             .model_for(schedule.ranks, schedule.chunks)
             .map_err(|e| usage(format!("costs for `{}`: {e}", schedule.name)))?;
-        let sim = simulate_with(schedule, &model, SimOptions::ALL.on(device))
-            .map_err(|e| sim_error(e, *from_file, device))?;
+        let (sim, device) = if args.shared_device {
+            let options = SimOptions::ALL.on(Device::Shared);
+            (simulate_with(schedule, &model, options), Device::Shared)
+        } else {
+            (simulate(schedule, &model), Device::PerRank)
+        };
+        let sim = sim.map_err(|e| sim_error(e, *from_file))?;
         rows.push(Row::new(schedule, &model, &sim, money.as_ref(), device));
         sims.push(sim);
     }
@@ -177,12 +178,9 @@ fn usage(msg: impl Into<String>) -> CliError {
 }
 
 /// Simulation errors: a schedule file's fault is the user's (exit 2), a generated schedule's is ours.
-fn sim_error(e: SimError, from_file: bool, device: Device) -> CliError {
+fn sim_error(e: SimError, from_file: bool) -> CliError {
     match e {
         SimError::Cost(_) | SimError::Stages { .. } => usage(e.to_string()),
-        SimError::Shape { .. } if device == Device::Shared => {
-            usage(format!("--shared-device: {e}"))
-        }
         _ if from_file => usage(e.to_string()),
         _ => CliError::Failed(format!("internal error, please report: {e}")),
     }
