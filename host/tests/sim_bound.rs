@@ -213,3 +213,99 @@ fn bad_limits_are_refused() {
     let e = bound_with_limit(4, 8, Placement::Looped, &c, false, &[f64::NAN; 4]).unwrap_err();
     assert!(e.to_string().contains("rank 0"), "{e}");
 }
+
+/// A random valid schedule: actions are appended, one at a time, to their rank's list in a random
+/// order that respects the dependencies (each appended action's inputs were appended before), so
+/// every rank's list runs. Each `(stage, microbatch)` runs a full `B` or `I` then `W` at random.
+/// `picks` drives every choice.
+fn random_schedule(p: usize, v: usize, m: usize, vshape: bool, picks: &[u32]) -> Schedule {
+    use pipefill_host::schedule::{Action, Item, Op, Placement};
+    let placement = if vshape {
+        Placement::Vshape
+    } else {
+        Placement::Looped
+    };
+    let stages = p * v;
+    let mut pick = picks.iter().cycle().copied();
+    let full: Vec<bool> = (0..stages * m)
+        .map(|_| pick.next().unwrap_or(0) % 3 == 0)
+        .collect();
+    // Per (stage, microbatch): how far it got (0 nothing, 1 F, 2 I or B, 3 W).
+    let mut done = vec![0u8; stages * m];
+    let mut actions = vec![Vec::new(); p];
+    loop {
+        let mut ready = Vec::new();
+        for s in 0..stages {
+            for k in 0..m {
+                let j = s * m + k;
+                let next = match done[j] {
+                    0 if s == 0 || done[(s - 1) * m + k] >= 1 => Op::F,
+                    1 if s + 1 == stages || done[(s + 1) * m + k] >= 2 => {
+                        if full[j] {
+                            Op::B
+                        } else {
+                            Op::I
+                        }
+                    }
+                    2 if !full[j] => Op::W,
+                    _ => continue,
+                };
+                ready.push(Action::new(next, s, k));
+            }
+        }
+        if ready.is_empty() {
+            break;
+        }
+        let a = ready[pick.next().unwrap_or(0) as usize % ready.len()];
+        let j = a.stage * m + a.microbatch;
+        done[j] = match a.op {
+            Op::F => 1,
+            Op::I => 2,
+            Op::B | Op::W => 3,
+        };
+        actions[placement.rank_of(a.stage, p)].push(Item::One(a));
+    }
+    Schedule {
+        name: "random".into(),
+        ranks: p,
+        chunks: v,
+        microbatches: m,
+        placement,
+        actions,
+    }
+}
+
+#[test]
+fn bound_holds_for_random_schedules() {
+    let strategy = (
+        case(),
+        any::<bool>(),
+        prop::collection::vec(any::<u32>(), 64..256),
+    );
+    let tally = prop_coverage::run(file!(), 128, strategy, |(c, vshape, picks), tally| {
+        let (v, label) = if vshape {
+            (2, "vshape")
+        } else {
+            (c.v, "looped")
+        };
+        let s = random_schedule(c.p, v, c.m, vshape, &picks);
+        check(&s, &c)?;
+        let cost = costs_for(&s, &c);
+        let shared = pipefill_host::sim::simulate_with(
+            &s,
+            &cost,
+            pipefill_host::sim::SimOptions::ALL.on(pipefill_host::sim::Device::Shared),
+        )
+        .unwrap();
+        let m = shared.timeline.makespan();
+        prop_assert!(
+            shared.lower_bound <= m * (1.0 + 1e-9) + 1e-9,
+            "shared {m} < {}",
+            shared.lower_bound
+        );
+        tally.hit(label);
+        Ok(())
+    });
+    tally.assert_floor("vshape", 4);
+    tally.assert_floor("looped", 4);
+}
