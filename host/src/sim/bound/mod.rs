@@ -59,8 +59,9 @@
 //!
 //! Giving the `i`-th forward the head `σ_i`, the shortest forward work and the shortest forward tail
 //! (a relaxation: any schedule's `i`-th forward starts no earlier and is no shorter) and solving the
-//! one-machine problem again gives the memory term. It reaches the serial chain `M * (chain)` when
-//! `n = 1`, and is no stronger than section 3 once `n` covers a rank's whole warm-up.
+//! one-machine problem again gives the memory term. With one stage per rank and `n = 1` it is the
+//! serial chain, `M` times the round trip of the first rank (tested). Forwards inside overlapped
+//! pairs still start at least `Fmin` apart (a pair holds one forward and lasts at least as long).
 //!
 //! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
 //! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from
