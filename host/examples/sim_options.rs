@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             SimOptions {
                 transfers: false,
                 critical_path: true,
+                ..SimOptions::SPANS
             },
         ),
         (
@@ -35,6 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             SimOptions {
                 transfers: true,
                 critical_path: false,
+                ..SimOptions::SPANS
             },
         ),
         ("everything (simulate)", SimOptions::ALL),

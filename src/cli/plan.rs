@@ -23,7 +23,7 @@
 //! first (each plan as [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
 //!
 //! The overlap share of F/B pairs is the cost file's (`pipefill profile` writes the one of the
-//! backend it measured on).
+//! backend it measured on), or `--overlap-share X` (e.g. what `pipefill bench overlap` measured).
 
 use std::path::PathBuf;
 
@@ -89,6 +89,10 @@ pub struct Args {
     /// How many of the best candidates to refine by moving stage boundaries.
     #[arg(long, default_value_t = 4)]
     pub refine: usize,
+    /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none); overrides
+    /// the cost file's `overlap_share`.
+    #[arg(long = "overlap-share", value_parser = super::simulate::parse_share)]
+    pub overlap_share: Option<f64>,
     /// How many plans to print.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -200,6 +204,9 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
     req.chunks = args.chunks.clone();
     req.max_microbatches = args.max_microbatches;
     req.refine = args.refine;
+    if let Some(x) = args.overlap_share {
+        req.costs.overlap_share = x;
+    }
     Ok(req)
 }
 

@@ -3,7 +3,8 @@
 //! ```text
 //! pipefill simulate --schedule 1f1b,interleaved-1f1b,zb-h1,zbv --ranks 4 --microbatches 8 [--chunks 2]
 //!     [--cost F=1,I=1,W=1 | --costs FILE [--layers-per-stage 2,2,...]] [--comm-latency T]
-//!     [--comm-bandwidth BPS] [--overlap-share X] [--schedule-file FILE ...] [--format table|json]
+//!     [--comm-bandwidth BPS] [--overlap-share X] [--shared-device] [--schedule-file FILE ...]
+//!     [--format table|json]
 //!     [--trace FILE.json] [--svg FILE.svg] [--gantt auto|always|never]
 //!     [--steps N (--price-per-gpu-hour X | --cluster-cost-per-day X)]
 //! ```
@@ -21,6 +22,7 @@ use pipefill_host::cost::flag::{parse_bandwidth, parse_time};
 use pipefill_host::cost::{parse_cost_flag, CostError, CostInput, CostSpec, LinkCost};
 use pipefill_host::schedule::{families, Params, Schedule};
 use pipefill_host::sim::{simulate, SimError};
+use pipefill_host::sim::{simulate_with, DeviceSharing, SimOptions};
 use pipefill_host::trace::{chrome_trace, svg_gantt, text_gantt, SvgOptions};
 
 use super::output::write_atomic;
@@ -106,6 +108,12 @@ pub struct Args {
     /// Cost of the whole P-GPU cluster per day: the price per GPU-hour is this / 24 / P (needs --steps).
     #[arg(long = "cluster-cost-per-day", value_parser = parse_money)]
     pub cluster_cost_per_day: Option<f64>,
+    /// All ranks on one device (streams of one GPU): actions of different ranks that run at the
+    /// same time share it, two of lengths a and b taking about max(a, b) + share * min(a, b), with
+    /// the share of --overlap-share or the cost file's `overlap_share` (`pipefill bench overlap`
+    /// measures it).
+    #[arg(long = "shared-device")]
+    pub shared_device: bool,
 }
 
 /// Runs `pipefill simulate`.
@@ -119,8 +127,17 @@ pub fn run(args: Args) -> Result<(), CliError> {
         let model = spec
             .model_for(schedule.ranks, schedule.chunks)
             .map_err(|e| usage(format!("costs for `{}`: {e}", schedule.name)))?;
-        let sim = simulate(schedule, &model).map_err(|e| sim_error(e, *from_file))?;
-        rows.push(Row::new(schedule, &model, &sim, money.as_ref()));
+        let (sim, device) = if args.shared_device {
+            let options = SimOptions::ALL.on(DeviceSharing::Shared);
+            (
+                simulate_with(schedule, &model, options),
+                DeviceSharing::Shared,
+            )
+        } else {
+            (simulate(schedule, &model), DeviceSharing::PerRank)
+        };
+        let sim = sim.map_err(|e| sim_error(e, *from_file))?;
+        rows.push(Row::new(schedule, &model, &sim, money.as_ref(), device));
         sims.push(sim);
     }
     let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -315,8 +332,8 @@ fn bubble_money(args: &Args) -> Result<Option<BubbleCost>, CliError> {
     }
 }
 
-/// A share in `0..=1` (clap value parser).
-fn parse_share(text: &str) -> Result<f64, String> {
+/// A share in `0..=1` (clap value parser; `plan` uses it too).
+pub(super) fn parse_share(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
         Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
         _ => Err(format!(

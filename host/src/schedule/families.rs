@@ -35,6 +35,8 @@ pub const FAMILIES: &[Family] = &[
     super::interleaved_zb::FAMILY,
     super::zbv::FAMILY,
     super::dualpipev::FAMILY,
+    super::v_half::FAMILY,
+    super::v_min::FAMILY,
 ];
 
 /// Looks a family up by name.

@@ -22,6 +22,25 @@
 //! it. Each item is looked at a constant number of times, so the cost is linear in the number of
 //! actions (see `host/benches/sim.rs` and NOTES.md for the measured rate).
 //!
+//! ## Lower bound
+//!
+//! Every simulation reports a makespan no schedule can beat with the same costs, `P`, `V`, `M` and
+//! placement ([`lower_bound`], [`bound_for`]); the derivation is in the source of `sim::bound`
+//! (`host/src/sim/bound/mod.rs`), in four sections: (1) the chain of one microbatch; (2) each
+//! rank's work after the forward chain that precedes it and before the gradient chain that follows
+//! it ([`basic_bound`], the bound before the next section); (3) per rank, Jackson's preemptive
+//! schedule, the optimum of the one-machine problem whose jobs are the rank's `F`, `I` and rest of
+//! the backward with their heads (the chain before them) and tails (the chain after them);
+//! (4) with a per-rank in-flight limit ([`bound_with_limit`]), forward start times held back by
+//! the memory they need freed first.
+//!
+//! ## One device for all ranks
+//!
+//! With [`SimOptions::device`] set to [`DeviceSharing::Shared`] the ranks are streams of one device:
+//! items of different ranks that run at the same time slow each other down by the cost model's
+//! `overlap_share` (`k` concurrent items each progress at `1 / (1 + share (k - 1))`; module
+//! `shared` has the model and its bound).
+//!
 //! ## Outputs
 //!
 //! [`simulate`] returns a [`Simulation`]: the [`Timeline`] (start and end of every item and transfer;
@@ -62,8 +81,11 @@ mod engine;
 mod error;
 mod memory;
 mod path;
+mod shared;
 
-pub use bound::{bound_for, lower_bound};
+pub use bound::{
+    basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit, BoundError,
+};
 pub use error::SimError;
 pub use memory::{activation_curve, peak_activations};
 
@@ -149,15 +171,30 @@ pub fn simulate(schedule: &Schedule, costs: &CostModel) -> Result<Simulation, Si
     simulate_with(schedule, costs, SimOptions::ALL)
 }
 
-/// What [`simulate_with`] records besides the numbers. Spans are always recorded (a simulation
-/// without them is [`summarize`]).
+/// Where the ranks run, for [`SimOptions::device`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSharing {
+    /// Each rank on its own device: ranks never slow each other down (the model above).
+    #[default]
+    PerRank,
+    /// All ranks on one device: items of different ranks that run at the same time share it, with
+    /// the cost model's `overlap_share` (module `shared`: two concurrent items of lengths `a` and
+    /// `b` take about `max(a, b) + share * min(a, b)`). Compute-only schedules; no critical path.
+    Shared,
+}
+
+/// What [`simulate_with`] records besides the numbers, and where the ranks run. Spans are always
+/// recorded (a simulation without them is [`summarize`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimOptions {
     /// Record a [`Transfer`](crate::timeline::Transfer) for every input that crosses ranks
     /// (`timeline.transfers`; left empty otherwise). About as much memory as the spans.
     pub transfers: bool,
-    /// Trace the critical path (`critical_path`; left empty otherwise).
+    /// Trace the critical path (`critical_path`; left empty otherwise, and always in the
+    /// shared-device mode).
     pub critical_path: bool,
+    /// One device per rank (the default) or one device for all.
+    pub device: DeviceSharing,
 }
 
 impl SimOptions {
@@ -165,13 +202,20 @@ impl SimOptions {
     pub const ALL: SimOptions = SimOptions {
         transfers: true,
         critical_path: true,
+        device: DeviceSharing::PerRank,
     };
 
     /// Spans only.
     pub const SPANS: SimOptions = SimOptions {
         transfers: false,
         critical_path: false,
+        device: DeviceSharing::PerRank,
     };
+
+    /// The same options on `device`.
+    pub const fn on(self, device: DeviceSharing) -> SimOptions {
+        SimOptions { device, ..self }
+    }
 }
 
 impl Default for SimOptions {
@@ -200,6 +244,9 @@ pub fn simulate_with(
     options: SimOptions,
 ) -> Result<Simulation, SimError> {
     let lowered = check_shape(schedule, costs)?;
+    if options.device == DeviceSharing::Shared {
+        return simulate_shared(schedule, costs, lowered, options);
+    }
     let record = engine::Record {
         spans: true,
         transfers: options.transfers,
@@ -217,6 +264,37 @@ pub fn simulate_with(
         peak_activations: engine.memory.into_peak(),
         critical_path,
         lower_bound,
+    })
+}
+
+/// [`simulate_with`] on one shared device (module `shared`).
+fn simulate_shared(
+    schedule: &Schedule,
+    costs: &CostModel,
+    lowered: bool,
+    options: SimOptions,
+) -> Result<Simulation, SimError> {
+    if lowered {
+        return Err(SimError::Shape {
+            schedule: schedule.name.clone(),
+            reason: "carries explicit transfers (SEND/RECV items); the shared-device mode \
+                     simulates compute-only schedules: simulate the schedule without them"
+                .into(),
+        });
+    }
+    let run = shared::run(schedule, costs, options.transfers)?;
+    let per_rank = bound::bound_for(
+        schedule.ranks,
+        schedule.microbatches,
+        schedule.placement,
+        costs,
+        run.overlapped,
+    );
+    Ok(Simulation {
+        timeline: run.timeline,
+        peak_activations: run.peak,
+        critical_path: Vec::new(),
+        lower_bound: shared::bound(per_rank, run.work, schedule.ranks, costs.overlap_share),
     })
 }
 

@@ -4,8 +4,9 @@
 //! (times in seconds, or the unit of `--cost`; bytes in bytes).
 
 use pipefill_host::cost::CostModel;
+use pipefill_host::schedule::Item;
 use pipefill_host::schedule::Schedule;
-use pipefill_host::sim::{peak_activations, Simulation};
+use pipefill_host::sim::{peak_activations, DeviceSharing, Simulation};
 use serde::Serialize;
 
 /// How the price of GPU time is given.
@@ -81,6 +82,14 @@ pub struct Row {
     pub critical_path_transfer_time: f64,
     /// Number of transfers between ranks.
     pub transfers: usize,
+    /// `per-rank` (each rank its own device) or `shared` (`--shared-device`: all ranks on one
+    /// device, concurrent actions slowed by the overlap share; `busy` is then stretched time).
+    pub device: &'static str,
+    /// The overlap share the prediction used (overlapped pairs, and concurrent actions on a shared
+    /// device).
+    pub overlap_share: f64,
+    /// Sum of every action's time alone: the step time on one device that runs one thing at a time.
+    pub serial_sum: f64,
     /// What the bubble costs (present with `--steps`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bubble: Option<BubbleSpend>,
@@ -93,6 +102,7 @@ impl Row {
         model: &CostModel,
         sim: &Simulation,
         money: Option<&BubbleCost>,
+        device: DeviceSharing,
     ) -> Row {
         let t = &sim.timeline;
         let p = s.ranks;
@@ -132,9 +142,31 @@ impl Row {
             critical_path_items: sim.critical_path.len(),
             critical_path_transfer_time: sim.critical_transfer_time(),
             transfers: t.transfers.len(),
+            device: match device {
+                DeviceSharing::PerRank => "per-rank",
+                DeviceSharing::Shared => "shared",
+            },
+            overlap_share: model.overlap_share,
+            serial_sum: serial_sum(s, model),
             bubble: money.map(|m| spend(m, p, makespan * bubble_fraction)),
         }
     }
+}
+
+/// Sum of every item's time alone (a pair at its overlapped time).
+fn serial_sum(s: &Schedule, model: &CostModel) -> f64 {
+    s.actions
+        .iter()
+        .flatten()
+        .map(|item| match *item {
+            Item::One(a) => model.stages[a.stage].time(a.op),
+            Item::Overlap { forward, backward } => model.pair_time(
+                model.stages[forward.stage].forward,
+                model.stages[backward.stage].time(backward.op),
+            ),
+            _ => 0.0,
+        })
+        .sum()
 }
 
 /// The bubble's GPU-hours and money over the run.
@@ -218,6 +250,16 @@ pub fn table(rows: &[&Row]) -> String {
             }
         }
         out.push_str(&format!("  {}\n", peaks.join(" ")));
+    }
+    if let Some(r) = rows.iter().find(|r| r.device == "shared") {
+        out.push_str(&format!(
+            "shared device: all ranks on one device, overlap share {}; serial sum of all actions: {}\n",
+            trim(r.overlap_share),
+            rows.iter()
+                .map(|r| format!("{} {}", r.schedule, sig(r.serial_sum)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
     out
 }

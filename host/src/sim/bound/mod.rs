@@ -1,0 +1,439 @@
+//! A lower bound on the makespan: no schedule with these costs, ranks, chunks and placement can finish
+//! earlier. [`bound_for`] is the maximum of three arguments; [`bound_with_limit`] adds a fourth, for
+//! schedules that must keep each rank under an in-flight limit.
+//!
+//! ## 1. The chain of one microbatch
+//!
+//! `F(0) + send + F(1) + ... + F(S-1)`, then the backward chain down to stage 0 (`I` or `B` of each
+//! stage, the transfers, and stage 0's whole backward). Where a stage may run `B` or `I` then `W`
+//! the cheaper choice is taken, here and below, so the argument holds for any schedule.
+//!
+//! ## 2. Work after the head (the bound before the one-machine relaxation; kept as a term)
+//!
+//! For every rank `r` whose first stage is `s0`: no action of `r` can start before `F(s0, ·)` can
+//! (the **head**, the forward chain below `s0`); `r` runs `M * sum(F + min(B, I + W))` over its
+//! stages one item at a time; and every `F`, `I` and `B` of `r` ends before the last `I/B(s0, ·)`,
+//! after which the gradient still has to go down to stage 0 (the **tail**). So
+//! `makespan >= max_r max(head + work, head + non_deferrable_work + tail)`.
+//!
+//! ## 3. One machine with heads and tails (Jackson's preemptive schedule)
+//!
+//! Every action `j` on rank `r` has a **head** `r_j`, the earliest it can start given the
+//! dependency chain alone (other ranks infinitely fast, transfers included), and a **tail** `q_j`,
+//! the least time that must pass after it ends before the step can end (the chain that depends on
+//! it). For `F(s, k)`, `I/B(s, k)` and the rest of the backward (`W`, or what `B` does beyond `I`):
+//!
+//! | job | head | work | tail |
+//! | --- | --- | --- | --- |
+//! | `F(s,k)` | forward chain below `s` | `F` | to `I(s)` through the stages above, then `min(I,B)`, then `max(gradient chain below s, rest)` |
+//! | `I(s,k)` | head of `F` + `F` + the way up and back | `min(I, B)` | the gradient chain below `s` |
+//! | rest of `s` | head of `I` + `min(I, B)` | `min(B, I + W) - min(I, B)` | 0 |
+//!
+//! (Splitting a `B` into its `I` part and its rest is a relaxation: both parts fit inside the `B`'s
+//! interval and end no later than it.) Any schedule is a non-preemptive schedule of these jobs on
+//! rank `r` that respects the heads, and its makespan is at least `max_j (C_j + q_j)`; the
+//! preemptive optimum of that problem (`1 | r_j, q_j, pmtn | max(C_j + q_j)`) is Jackson's
+//! preemptive schedule (module `jackson`), so its value bounds the makespan from below. The `M`
+//! copies of a job share head and tail, so each group is one job of `M` times the work (same
+//! preemptive optimum); the relaxation costs `O(V log V)` per rank.
+//!
+//! When the schedule overlaps F/B pairs, a pair takes `f + b - (1 - overlap_share) * min(f, b)`:
+//! each forward's work is reduced by `(1 - overlap_share) * min(F, longest backward on the rank)`
+//! (the same saving the term of section 2 subtracts), which keeps every job of a pair inside the
+//! pair's interval.
+//!
+//! ## 4. Memory (bound_with_limit)
+//!
+//! A rank that may hold at most `L` rank-microbatches (the unit `simulate` reports: a stage's
+//! activations for one microbatch count `1 / V`) holds at most `n = floor(L * V)`
+//! stage-microbatches, each from the start of its `F` to the end of its `W` (or `B`). Let `σ_i` be the
+//! start of the `i`-th forward on the rank (in start order). A forward of stage `s` that starts at
+//! `t` (no earlier than its head `h_s`) frees its activations no earlier than `t + R_s`, `R_s` the
+//! stage's round trip (its `F`, the way up and back, its whole backward), so no earlier than
+//! `g(t) = min_s (max(t, h_s) + R_s)`, which grows with `t`. When the `(n + j)`-th forward starts,
+//! `j` stage-microbatches must already be freed; one of them started `σ_j` or later, so the `j`-th
+//! freeing ends no earlier than `g(σ_j)`. With `Fmin` the shortest forward, lower bounds on the
+//! `σ_i` follow:
+//!
+//! `σ_1 >= min_s h_s`, `σ_i >= σ_(i-1) + Fmin`, `σ_(n+j) >= g(σ_j)`.
+//!
+//! Giving the `i`-th forward the head `σ_i`, the shortest forward work and the shortest forward tail
+//! (a relaxation: any schedule's `i`-th forward starts no earlier and is no shorter) and solving the
+//! one-machine problem again gives the memory term. With one stage per rank and `n = 1` it is the
+//! serial chain, `M` times the round trip of the first rank (tested). Forwards inside overlapped
+//! pairs still start at least `Fmin` apart (a pair holds one forward and lasts at least as long).
+//!
+//! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
+//! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from
+//! the best any schedule could do. `host/tests/sim_bound.rs` checks on random instances that the bound
+//! never exceeds the simulated makespan of any family and never falls below the bound of section 2.
+
+mod chain;
+mod jackson;
+
+use thiserror::Error;
+
+use crate::cost::CostModel;
+use crate::schedule::{Item, Placement, Schedule};
+use chain::Chain;
+use jackson::Job;
+
+/// Why [`bound_with_limit`] refused its limits.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum BoundError {
+    /// One limit per rank is needed.
+    #[error("{got} in-flight limits given for {ranks} ranks. Fix: give one limit per rank")]
+    Limits {
+        /// Ranks of the schedule.
+        ranks: usize,
+        /// Limits given.
+        got: usize,
+    },
+    /// A limit is negative or not a number.
+    #[error(
+        "in-flight limit of rank {rank} is {value}. Fix: give a finite number >= 0 of \
+         rank-microbatches (a V-shape chunk counts 1/2)"
+    )]
+    Limit {
+        /// The rank.
+        rank: usize,
+        /// The value given.
+        value: f64,
+    },
+}
+
+/// The lower bound for `schedule`'s `P`, `V`, `M` and placement under `costs` (overlap savings are
+/// counted when the schedule contains overlapped pairs). How it is derived:
+/// [the simulator's docs](crate::sim#lower-bound).
+///
+/// `costs` must have `schedule.stages()` stages (as [`super::simulate`] checks); with fewer the bound
+/// uses what is there.
+pub fn lower_bound(schedule: &Schedule, costs: &CostModel) -> f64 {
+    bound_for(
+        schedule.ranks,
+        schedule.microbatches,
+        schedule.placement,
+        costs,
+        has_pairs(schedule),
+    )
+}
+
+/// The bound for `ranks` ranks, `microbatches` microbatches and the stages of `costs` placed by
+/// `placement`; `overlap` allows overlapped F/B pairs. The maximum of sections 1 to 3 of the
+/// [simulator's docs](crate::sim#lower-bound).
+pub fn bound_for(
+    ranks: usize,
+    microbatches: usize,
+    placement: Placement,
+    costs: &CostModel,
+    overlap: bool,
+) -> f64 {
+    let classic = basic_bound(ranks, microbatches, placement, costs, overlap);
+    if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
+        return classic;
+    }
+    let chain = Chain::new(ranks, placement, costs);
+    let m = microbatches as f64;
+    (0..ranks)
+        .map(|r| {
+            let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
+            let mut jobs = rank.backward_jobs(m);
+            jobs.extend(rank.mine.iter().map(|&s| Job {
+                head: chain.head_f[s],
+                work: m * rank.forward_work(s),
+                tail: chain.tail_f(s),
+            }));
+            jackson::preemptive(&jobs)
+        })
+        .fold(classic, f64::max)
+}
+
+/// [`bound_for`] for a schedule that keeps rank `r` at or under `max_in_flight[r]` rank-microbatches
+/// (the unit `simulate` reports: a stage's activations for one microbatch count `1 / V`), adding
+/// section 4 of the [simulator's docs](crate::sim#lower-bound). Infinite when a limit is below one stage's microbatch
+/// (no forward could ever start).
+///
+/// ```
+/// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// use pipefill_host::schedule::Placement;
+/// use pipefill_host::sim::{bound_for, bound_with_limit};
+/// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// let free = bound_for(4, 8, Placement::Looped, &c, false);
+/// // One microbatch in flight per rank: rank 0 runs 8 times the chain of one microbatch
+/// // (4 F, then I on stages 3 to 1, then stage 0's I and W: 9).
+/// let one = bound_with_limit(4, 8, Placement::Looped, &c, false, &[1.0; 4]).unwrap();
+/// assert_eq!((free, one), (27.0, 72.0));
+/// ```
+///
+/// Errors: not one limit per rank ([`BoundError::Limits`]), a negative or NaN limit
+/// ([`BoundError::Limit`]).
+pub fn bound_with_limit(
+    ranks: usize,
+    microbatches: usize,
+    placement: Placement,
+    costs: &CostModel,
+    overlap: bool,
+    max_in_flight: &[f64],
+) -> Result<f64, BoundError> {
+    if max_in_flight.len() != ranks {
+        return Err(BoundError::Limits {
+            ranks,
+            got: max_in_flight.len(),
+        });
+    }
+    if let Some((rank, &value)) = max_in_flight
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.is_nan() || **v < 0.0)
+    {
+        return Err(BoundError::Limit { rank, value });
+    }
+    let free = bound_for(ranks, microbatches, placement, costs, overlap);
+    if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
+        return Ok(free);
+    }
+    let chain = Chain::new(ranks, placement, costs);
+    let chunks = costs.stages.len() as f64 / ranks as f64;
+    let mut bound = free;
+    for (r, &limit) in max_in_flight.iter().enumerate() {
+        let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
+        let held = (limit * chunks + 1e-9).floor();
+        bound = bound.max(rank.memory_term(microbatches, held));
+    }
+    Ok(bound)
+}
+
+/// [`bound_with_limit`] for `schedule`'s `P`, `M`, placement and pairs.
+pub fn lower_bound_with_limit(
+    schedule: &Schedule,
+    costs: &CostModel,
+    max_in_flight: &[f64],
+) -> Result<f64, BoundError> {
+    bound_with_limit(
+        schedule.ranks,
+        schedule.microbatches,
+        schedule.placement,
+        costs,
+        has_pairs(schedule),
+        max_in_flight,
+    )
+}
+
+/// Whether `schedule` has an overlapped F/B pair.
+fn has_pairs(schedule: &Schedule) -> bool {
+    schedule
+        .actions
+        .iter()
+        .flatten()
+        .any(|i| matches!(i, Item::Overlap { .. }))
+}
+
+/// One rank's part of the one-machine relaxation.
+struct RankJobs<'a> {
+    chain: &'a Chain,
+    /// The rank's stages.
+    mine: Vec<usize>,
+    /// Per stage (indexed by global stage), what an overlapped pair may save on its forward.
+    saving: Vec<f64>,
+}
+
+impl<'a> RankJobs<'a> {
+    fn new(
+        r: usize,
+        ranks: usize,
+        placement: Placement,
+        costs: &CostModel,
+        chain: &'a Chain,
+        overlap: bool,
+    ) -> Self {
+        let st = &costs.stages;
+        let mine: Vec<usize> = (0..st.len())
+            .filter(|&s| placement.rank_of(s, ranks) == r)
+            .collect();
+        let longest_back = mine
+            .iter()
+            .map(|&s| st[s].backward.max(st[s].backward_input))
+            .fold(0.0, f64::max);
+        let saving = st
+            .iter()
+            .map(|c| {
+                if overlap {
+                    (1.0 - costs.overlap_share) * c.forward.min(longest_back)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        RankJobs {
+            chain,
+            mine,
+            saving,
+        }
+    }
+
+    /// A forward's work in the relaxation (less what a pair may save).
+    fn forward_work(&self, s: usize) -> f64 {
+        (self.chain.forward[s] - self.saving[s]).max(0.0)
+    }
+
+    /// The `I` and rest-of-backward jobs of every stage, `m` microbatches each as one job.
+    fn backward_jobs(&self, m: f64) -> Vec<Job> {
+        let c = self.chain;
+        self.mine
+            .iter()
+            .flat_map(|&s| {
+                let head = c.head_i(s);
+                [
+                    Job {
+                        head,
+                        work: m * c.input[s],
+                        tail: c.down[s],
+                    },
+                    Job {
+                        head: head + c.input[s],
+                        work: m * c.rest[s],
+                        tail: 0.0,
+                    },
+                ]
+            })
+            .collect()
+    }
+
+    /// Section 4: forwards released no earlier than the memory recurrence allows, when at most
+    /// `held` stage-microbatches fit (`m` microbatches).
+    fn memory_term(&self, m: usize, held: f64) -> f64 {
+        let c = self.chain;
+        let Some(&first) = self.mine.first() else {
+            return 0.0;
+        };
+        let count = self.mine.len() * m;
+        if held >= count as f64 {
+            return 0.0;
+        }
+        if held < 1.0 {
+            return f64::INFINITY;
+        }
+        let n = held as usize;
+        let min_of = |f: &dyn Fn(usize) -> f64| {
+            self.mine
+                .iter()
+                .map(|&s| f(s))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let head = c.head_f[first];
+        let spacing = min_of(&|s| c.forward[s]);
+        // The earliest a forward started at `t` or later can free its activations.
+        let freed = |t: f64| min_of(&|s| t.max(c.head_f[s]) + c.round_trip(s));
+        let work = min_of(&|s| self.forward_work(s));
+        let tail = min_of(&|s| c.tail_f(s));
+        let mut sigma = vec![head; count];
+        for i in 1..count {
+            sigma[i] = sigma[i - 1] + spacing;
+            if i >= n {
+                sigma[i] = sigma[i].max(freed(sigma[i - n]));
+            }
+        }
+        let mut jobs = self.backward_jobs(m as f64);
+        jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
+        jackson::preemptive(&jobs)
+    }
+}
+
+/// Sections 1 and 2 of the [simulator's docs](crate::sim#lower-bound) alone: the bound before the one-machine relaxation
+/// was added (one term of [`bound_for`], which is never below it).
+pub fn basic_bound(
+    ranks: usize,
+    microbatches: usize,
+    placement: Placement,
+    costs: &CostModel,
+    overlap: bool,
+) -> f64 {
+    let st = &costs.stages;
+    let s_count = st.len();
+    if s_count == 0 || ranks == 0 {
+        return 0.0;
+    }
+    let m = microbatches as f64;
+    let rank = |s: usize| placement.rank_of(s, ranks);
+    let comm = |j: usize| {
+        if j + 1 < s_count && rank(j) != rank(j + 1) {
+            costs.boundary_time(j)
+        } else {
+            0.0
+        }
+    };
+    // Backward needed on stage j for the chain to move on: I (or B), and at stage 0 the whole backward.
+    let back = |j: usize| {
+        let c = &st[j];
+        if j == 0 {
+            c.backward.min(c.backward_input + c.backward_weight)
+        } else {
+            c.backward_input.min(c.backward)
+        }
+    };
+    let mut fchain = vec![0.0; s_count];
+    let mut gchain = vec![0.0; s_count];
+    for s in 1..s_count {
+        fchain[s] = fchain[s - 1] + st[s - 1].forward + comm(s - 1);
+        gchain[s] = gchain[s - 1] + back(s - 1) + comm(s - 1);
+    }
+    let last = s_count - 1;
+    let mut bound = fchain[last] + st[last].forward + back(last) + gchain[last];
+    for r in 0..ranks {
+        let mine: Vec<usize> = (0..s_count).filter(|&s| rank(s) == r).collect();
+        let Some(&s0) = mine.first() else { continue };
+        let longest_back = mine
+            .iter()
+            .map(|&s| st[s].backward.max(st[s].backward_input))
+            .fold(0.0, f64::max);
+        let mut work = 0.0;
+        let mut non_deferrable = 0.0;
+        let mut savings = 0.0;
+        for &s in &mine {
+            let c = &st[s];
+            work += c.forward + c.backward.min(c.backward_input + c.backward_weight);
+            non_deferrable += c.forward + c.backward_input.min(c.backward);
+            if overlap {
+                savings += (1.0 - costs.overlap_share) * c.forward.min(longest_back);
+            }
+        }
+        let head = fchain[s0];
+        bound = bound
+            .max(head + m * (work - savings))
+            .max(head + m * (non_deferrable - savings) + gchain[s0]);
+    }
+    bound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{LinkCost, StageCost};
+
+    #[test]
+    fn one_f_one_b_shape() {
+        // P = 4, M = 8, F = 1, I = W = 1: the last rank cannot start before 3 and works 24.
+        let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+        assert_eq!(bound_for(4, 8, Placement::Looped, &c, false), 27.0);
+        // With latency 0.5 on every hop the head grows by 3 * 0.5.
+        let c = CostModel::uniform(
+            StageCost::uniform(1.0, 1.0, 1.0),
+            4,
+            LinkCost {
+                latency: 0.5,
+                bandwidth: f64::INFINITY,
+            },
+        );
+        assert_eq!(bound_for(4, 8, Placement::Looped, &c, false), 28.5);
+    }
+
+    #[test]
+    fn single_microbatch_chain() {
+        // M = 1: the whole chain F0..F3, I3..I1, B0 (or I0 + W0) is the bound.
+        let c = CostModel::uniform(StageCost::uniform(1.0, 2.0, 3.0), 4, LinkCost::default());
+        assert_eq!(
+            bound_for(4, 1, Placement::Looped, &c, false),
+            4.0 + 3.0 * 2.0 + 5.0
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! The lower bound is a bound: on random small instances (random P, M, V, heterogeneous per-stage
+//! costs, latency, bandwidth, overlap share) it never exceeds the simulated makespan of any family,
+//! with or without the memory argument (the limit being the schedule's own simulated peak), and it
+//! is never below the bound it replaced ([`basic_bound`]). Plus closed forms where the new terms
+//! are strictly stronger.
+
+mod prop_coverage;
+
+use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+use pipefill_host::schedule::{families, Params, Placement, Schedule};
+use pipefill_host::sim::{
+    basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit,
+    peak_activations, simulate, BoundError,
+};
+use proptest::prelude::*;
+
+fn stage() -> impl Strategy<Value = StageCost> {
+    (
+        0.0f64..3.0,
+        0.0f64..3.0,
+        0.0f64..3.0,
+        prop::option::of(0.0f64..6.0),
+        0.0f64..1e6,
+    )
+        .prop_map(|(f, i, w, b, bytes)| {
+            let mut s = StageCost::uniform(f, i, w);
+            if let Some(b) = b {
+                s.backward = b;
+            }
+            s.output_bytes = bytes;
+            s
+        })
+}
+
+/// One random case: P, M, V and a cost model for up to 15 stages (cycled).
+#[derive(Debug, Clone)]
+struct Case {
+    p: usize,
+    m: usize,
+    v: usize,
+    stages: Vec<StageCost>,
+    latency: f64,
+    bandwidth: Option<f64>,
+    share: f64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        1usize..=5,
+        1usize..=10,
+        1usize..=3,
+        prop::collection::vec(stage(), 15),
+        0.0f64..0.5,
+        prop::option::of(1e5f64..1e7),
+        0.0f64..=1.0,
+    )
+        .prop_map(|(p, m, v, stages, latency, bandwidth, share)| Case {
+            p,
+            m,
+            v,
+            stages,
+            latency,
+            bandwidth,
+            share,
+        })
+}
+
+fn costs_for(s: &Schedule, c: &Case) -> CostModel {
+    CostModel {
+        stages: c.stages.iter().cycle().take(s.stages()).copied().collect(),
+        link: LinkCost {
+            latency: c.latency,
+            bandwidth: c.bandwidth.unwrap_or(f64::INFINITY),
+        },
+        overlap_share: c.share,
+    }
+}
+
+/// The schedule's peak in-flight per rank in rank-microbatches (a stage's microbatch counts 1/V).
+fn peak_in_flight(s: &Schedule, sim_costs: &CostModel) -> Vec<f64> {
+    let sim = simulate(s, sim_costs).unwrap();
+    let mut unit = sim_costs.clone();
+    for st in &mut unit.stages {
+        st.activation_bytes = 1.0 / s.chunks as f64;
+        st.released_at_input = 0.0;
+    }
+    peak_activations(&sim.timeline, &unit)
+}
+
+fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
+    let cost = costs_for(s, c);
+    let sim = simulate(s, &cost).unwrap();
+    let makespan = sim.timeline.makespan();
+    let slack = |x: f64| x <= makespan * (1.0 + 1e-9) + 1e-9;
+    let overlap = s.actions.iter().flatten().any(|i| i.actions().count() == 2);
+    let basic = basic_bound(s.ranks, s.microbatches, s.placement, &cost, overlap);
+    let bound = lower_bound(s, &cost);
+    prop_assert_eq!(bound, sim.lower_bound);
+    prop_assert!(
+        bound >= basic,
+        "{}: bound {bound} below the basic {basic}",
+        s.name
+    );
+    prop_assert!(
+        slack(bound),
+        "{}: makespan {makespan} below the bound {bound}",
+        s.name
+    );
+    let peak = peak_in_flight(s, &cost);
+    let limited = lower_bound_with_limit(s, &cost, &peak).unwrap();
+    prop_assert!(limited >= bound);
+    prop_assert!(
+        slack(limited),
+        "{} P={} M={} V={}: makespan {makespan} below the memory bound {limited} (peaks {peak:?})",
+        s.name,
+        c.p,
+        c.m,
+        c.v
+    );
+    Ok(())
+}
+
+#[test]
+fn bound_never_exceeds_any_family_and_never_weakens() {
+    let tally = prop_coverage::run(file!(), 128, case(), |c, tally| {
+        for fam in families::FAMILIES {
+            let params = Params {
+                ranks: c.p,
+                microbatches: c.m,
+                chunks: Some(c.v),
+                group_size: None,
+            };
+            let Ok(s) = (fam.generate)(&params) else {
+                continue;
+            };
+            check(&s, &c)?;
+            tally.hit(fam.name);
+        }
+        Ok(())
+    });
+    for fam in families::FAMILIES {
+        tally.assert_floor(fam.name, 32);
+    }
+}
+
+fn uniform(f: f64, i: f64, w: f64, stages: usize) -> CostModel {
+    CostModel::uniform(StageCost::uniform(f, i, w), stages, LinkCost::default())
+}
+
+#[test]
+fn one_machine_relaxation_is_stronger_with_overlapped_pairs() {
+    // DualPipeV, P = 4, M = 8, F = I = W = 1 (B = 2), perfect overlap: a forward inside a pair is
+    // free, so the basic bound counts little work. The relaxation sees that rank P-1 (stages 3 and
+    // 4) cannot start a backward before 2P + 3 = 11 (the forward chain to stage 7 and the backward
+    // chain back to stage 4) and then has 2 * M * (I + W) = 32 of backward work: 43. The schedule
+    // runs in 44.
+    let s = families::generate("dualpipev", &Params::new(4, 8)).unwrap();
+    let c = uniform(1.0, 1.0, 1.0, 8);
+    let sim = simulate(&s, &c).unwrap();
+    assert_eq!(basic_bound(4, 8, Placement::Vshape, &c, true), 35.0);
+    assert_eq!(sim.lower_bound, 43.0);
+    assert_eq!(sim.timeline.makespan(), 44.0);
+}
+
+#[test]
+fn memory_limit_gives_the_serial_chain() {
+    // 1F1B costs, P = 4, M = 8, at most one microbatch per rank: rank 0 runs the chain of one
+    // microbatch (4 F, I on stages 3..1, I and W on stage 0: 9) eight times.
+    let c = uniform(1.0, 1.0, 1.0, 4);
+    let b = bound_with_limit(4, 8, Placement::Looped, &c, false, &[1.0; 4]).unwrap();
+    assert_eq!(b, 72.0);
+    // Two in flight on rank 0: a forward every 9 / 2, and the last one's tail; still above the
+    // free bound of 27.
+    let two = bound_with_limit(4, 8, Placement::Looped, &c, false, &[2.0; 4]).unwrap();
+    assert!(two > bound_for(4, 8, Placement::Looped, &c, false));
+    assert!(two < b);
+    // 1F1B itself holds P - r microbatches on rank r: with that limit the bound stays at or under
+    // its makespan, and it is above the free bound.
+    let s = families::generate("1f1b", &Params::new(4, 8)).unwrap();
+    let sim = simulate(&s, &c).unwrap();
+    let own = lower_bound_with_limit(&s, &c, &[4.0, 3.0, 2.0, 1.0]).unwrap();
+    assert!(own <= sim.timeline.makespan());
+    // A limit that covers every microbatch changes nothing.
+    let all = bound_with_limit(4, 8, Placement::Looped, &c, false, &[8.0; 4]).unwrap();
+    assert_eq!(all, bound_for(4, 8, Placement::Looped, &c, false));
+}
+
+#[test]
+fn limit_below_one_chunk_is_infinite() {
+    let c = uniform(1.0, 1.0, 1.0, 8);
+    // V = 2: a chunk's microbatch counts 1/2; 0.4 holds none.
+    let b = bound_with_limit(4, 8, Placement::Vshape, &c, false, &[0.4; 4]).unwrap();
+    assert_eq!(b, f64::INFINITY);
+    let half = bound_with_limit(4, 8, Placement::Vshape, &c, false, &[0.5; 4]).unwrap();
+    assert!(half.is_finite());
+}
+
+#[test]
+fn bad_limits_are_refused() {
+    let c = uniform(1.0, 1.0, 1.0, 4);
+    assert_eq!(
+        bound_with_limit(4, 8, Placement::Looped, &c, false, &[1.0; 3]),
+        Err(BoundError::Limits { ranks: 4, got: 3 })
+    );
+    let e = bound_with_limit(4, 8, Placement::Looped, &c, false, &[1.0, -1.0, 1.0, 1.0]);
+    assert_eq!(
+        e,
+        Err(BoundError::Limit {
+            rank: 1,
+            value: -1.0
+        })
+    );
+    let e = bound_with_limit(4, 8, Placement::Looped, &c, false, &[f64::NAN; 4]).unwrap_err();
+    assert!(e.to_string().contains("rank 0"), "{e}");
+}
+
+/// A random valid schedule: actions are appended, one at a time, to their rank's list in a random
+/// order that respects the dependencies (each appended action's inputs were appended before), so
+/// every rank's list runs. Each `(stage, microbatch)` runs a full `B` or `I` then `W` at random.
+/// `picks` drives every choice.
+fn random_schedule(p: usize, v: usize, m: usize, vshape: bool, picks: &[u32]) -> Schedule {
+    use pipefill_host::schedule::{Action, Item, Op, Placement};
+    let placement = if vshape {
+        Placement::Vshape
+    } else {
+        Placement::Looped
+    };
+    let stages = p * v;
+    let mut pick = picks.iter().cycle().copied();
+    let full: Vec<bool> = (0..stages * m)
+        .map(|_| pick.next().unwrap_or(0) % 3 == 0)
+        .collect();
+    // Per (stage, microbatch): how far it got (0 nothing, 1 F, 2 I or B, 3 W).
+    let mut done = vec![0u8; stages * m];
+    let mut actions = vec![Vec::new(); p];
+    loop {
+        let mut ready = Vec::new();
+        for s in 0..stages {
+            for k in 0..m {
+                let j = s * m + k;
+                let next = match done[j] {
+                    0 if s == 0 || done[(s - 1) * m + k] >= 1 => Op::F,
+                    1 if s + 1 == stages || done[(s + 1) * m + k] >= 2 => {
+                        if full[j] {
+                            Op::B
+                        } else {
+                            Op::I
+                        }
+                    }
+                    2 if !full[j] => Op::W,
+                    _ => continue,
+                };
+                ready.push(Action::new(next, s, k));
+            }
+        }
+        if ready.is_empty() {
+            break;
+        }
+        let a = ready[pick.next().unwrap_or(0) as usize % ready.len()];
+        let j = a.stage * m + a.microbatch;
+        done[j] = match a.op {
+            Op::F => 1,
+            Op::I => 2,
+            Op::B | Op::W => 3,
+        };
+        actions[placement.rank_of(a.stage, p)].push(Item::One(a));
+    }
+    Schedule {
+        name: "random".into(),
+        ranks: p,
+        chunks: v,
+        microbatches: m,
+        placement,
+        actions,
+    }
+}
+
+#[test]
+fn bound_holds_for_random_schedules() {
+    let strategy = (
+        case(),
+        any::<bool>(),
+        prop::collection::vec(any::<u32>(), 64..256),
+    );
+    let tally = prop_coverage::run(file!(), 128, strategy, |(c, vshape, picks), tally| {
+        let (v, label) = if vshape {
+            (2, "vshape")
+        } else {
+            (c.v, "looped")
+        };
+        let s = random_schedule(c.p, v, c.m, vshape, &picks);
+        check(&s, &c)?;
+        let cost = costs_for(&s, &c);
+        let shared = pipefill_host::sim::simulate_with(
+            &s,
+            &cost,
+            pipefill_host::sim::SimOptions::ALL.on(pipefill_host::sim::DeviceSharing::Shared),
+        )
+        .unwrap();
+        let m = shared.timeline.makespan();
+        prop_assert!(
+            shared.lower_bound <= m * (1.0 + 1e-9) + 1e-9,
+            "shared {m} < {}",
+            shared.lower_bound
+        );
+        tally.hit(label);
+        Ok(())
+    });
+    tally.assert_floor("vshape", 4);
+    tally.assert_floor("looped", 4);
+}
