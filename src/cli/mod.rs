@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod auto_flags;
 pub mod model_flags;
 pub mod output;
 pub mod partition;

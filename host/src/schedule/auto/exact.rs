@@ -19,8 +19,12 @@ use super::instance::{Instance, MEMORY_EPS};
 /// Largest instance (`3 * P * V * M` actions) the exact method tries.
 pub const EXACT_MAX_ACTIONS: usize = 36;
 
-/// Nodes the search may visit before it gives up the proof.
-const NODE_BUDGET: u64 = 3_000_000;
+/// Nodes the search may visit per second of the time budget before it gives up the proof (at
+/// least [`MIN_NODES`]).
+const NODES_PER_SECOND: f64 = 400_000.0;
+
+/// Nodes the search may always visit.
+const MIN_NODES: u64 = 20_000;
 
 /// What the search found.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,7 +39,7 @@ pub(crate) struct Exact {
 
 /// Searches `inst` for a makespan below `incumbent`; `None` when the instance is too large or has a
 /// zero time (ties would break the one-order-per-schedule rule).
-pub(crate) fn solve(inst: &Instance, incumbent: f64) -> Option<Exact> {
+pub(crate) fn solve(inst: &Instance, incumbent: f64, seconds: f64) -> Option<Exact> {
     let n = inst.actions();
     if n > EXACT_MAX_ACTIONS || inst.dur.iter().flatten().any(|&t| t <= 0.0) {
         return None;
@@ -51,11 +55,12 @@ pub(crate) fn solve(inst: &Instance, incumbent: f64) -> Option<Exact> {
         best: incumbent,
         best_orders: None,
         nodes: 0,
+        node_budget: ((seconds * NODES_PER_SECOND) as u64).max(MIN_NODES),
         est: vec![0.0; n],
     };
     let root = s.bound(0.0);
     s.dfs(0.0, 0);
-    let complete = s.nodes <= NODE_BUDGET;
+    let complete = s.nodes <= s.node_budget;
     Some(Exact {
         complete,
         lower_bound: if complete { s.best } else { root.min(s.best) },
@@ -74,6 +79,7 @@ struct Search<'a> {
     best: f64,
     best_orders: Option<Vec<Vec<Action>>>,
     nodes: u64,
+    node_budget: u64,
     est: Vec<f64>,
 }
 
@@ -156,7 +162,7 @@ impl Search<'_> {
 
     fn dfs(&mut self, last: f64, last_rank: usize) {
         self.nodes += 1;
-        if self.nodes > NODE_BUDGET {
+        if self.nodes > self.node_budget {
             return;
         }
         let inst = self.inst;
@@ -185,7 +191,7 @@ impl Search<'_> {
             let r = inst.rank_of[inst.action(id).stage];
             self.dfs(t, r);
             self.apply(id, t, false);
-            if self.nodes > NODE_BUDGET {
+            if self.nodes > self.node_budget {
                 return;
             }
         }

@@ -160,33 +160,39 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     })?;
     let start_value = best.value;
     let target = bound(&inst, req, &best.schedule);
-    let mut work = improve::Work::new(req.time_budget);
-    let mut rng = Rng::new(req.seed);
-    improve::restarts(&inst, req.objective, &mut best, &mut rng, &mut work, 0.3, target);
-    improve::local_search(&inst, req.objective, &mut best, &mut rng, &mut work, target);
-    let mut origin = if best.value < start_value {
-        format!("{origin}+improved")
-    } else {
-        origin
-    };
     let mut lower = target;
     let mut proven = best.value <= target * (1.0 + 1e-9);
+    let mut work = improve::Work::new(req.time_budget);
+    let mut exact_won = false;
     if !proven && req.objective == Objective::Makespan {
-        if let Some(result) = exact::solve(&inst, best.value) {
+        if let Some(result) = exact::solve(&inst, best.value, req.time_budget) {
             lower = lower.max(result.lower_bound);
             if let Some(orders) = result.improved {
                 if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
-                    if s.value < best.value {
+                    exact_won = s.value < best.value;
+                    if exact_won {
                         best = s;
-                        origin = "exact".into();
                     }
                 }
             }
             proven = result.complete;
-            if proven {
-                lower = best.value;
-            }
         }
+    }
+    if !proven {
+        let mut rng = Rng::new(req.seed);
+        improve::restarts(&inst, req.objective, &mut best, &mut rng, &mut work, 0.3, lower);
+        improve::local_search(&inst, req.objective, &mut best, &mut rng, &mut work, lower);
+        proven = best.value <= lower * (1.0 + 1e-9);
+    }
+    let origin = if exact_won {
+        "exact".to_string()
+    } else if best.value < start_value {
+        format!("{origin}+improved")
+    } else {
+        origin
+    };
+    if proven {
+        lower = best.value;
     }
     best.schedule.name = AUTO.to_string();
     let gap = if lower > 0.0 {
