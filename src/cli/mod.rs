@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod auto_flags;
+pub mod bench;
 pub mod model_flags;
 pub mod output;
 pub mod partition;
@@ -57,6 +58,8 @@ pub enum Command {
     Partition(partition::Args),
     /// Search partition x schedule x V x M for the best plan.
     Plan(plan::Args),
+    /// Evidence: benches that print tables (`bench auto`: the automatic scheduler).
+    Bench(bench::Args),
 }
 
 /// Parses the arguments, runs the subcommand and returns the exit code.
@@ -69,6 +72,7 @@ pub fn main() -> i32 {
         Command::Profile(a) => profile::run(a),
         Command::Partition(a) => partition::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => 0,
