@@ -10,14 +10,14 @@
 use crate::schedule::{Item, Schedule};
 
 use super::instance::Instance;
-use super::list::{build, Order, Rule, WMode};
+use super::list::{build, warmup_caps, Order, Rule, WMode};
 use super::rng::Rng;
 use super::score::{fits_budget, schedule_of, score, Scored};
 use super::Objective;
 
 /// Work units per second of budget (a simulated action and a scheduling step are one unit each;
 /// measured on the development machine so that one second of budget takes about a second).
-pub const WORK_PER_SECOND: f64 = 2.0e6;
+pub const WORK_PER_SECOND: f64 = 6.0e6;
 
 /// What is left of the budget.
 #[derive(Debug, Clone)]
@@ -81,15 +81,10 @@ fn random_rule(inst: &Instance, rng: &mut Rng) -> Rule {
         orders[rng.below(3)],
         modes[rng.below(3)],
     );
-    if rng.below(2) == 0 {
-        let most = (2 * inst.p).min(inst.m).max(1);
-        rule.soft = (0..inst.p)
-            .map(|r| {
-                let n = 1 + rng.below(most);
-                let cap = n as f64 * inst.one_microbatch(r);
-                cap.min(inst.budget[r])
-            })
-            .collect();
+    if rng.below(3) > 0 {
+        let slope = [0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0][rng.below(8)];
+        let offset = rng.below(5) as f64 - 2.0;
+        rule.soft = warmup_caps(inst.p, slope, offset);
     }
     rule.flip = [0.0, 0.05, 0.2][rng.below(3)];
     rule.seed = rng.next_u64();

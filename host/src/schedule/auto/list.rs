@@ -48,8 +48,8 @@ pub(crate) struct Rule {
     pub(crate) order: Order,
     /// When `W` runs.
     pub(crate) w_mode: WMode,
-    /// Per rank, the most it may hold when a microbatch enters it (its first chunk's `F`), in the
-    /// instance's memory unit; infinite: only the limit counts.
+    /// Per rank, the most microbatches it may have between its first chunk's `F` and that chunk's
+    /// `I` (the warm-up count); infinite: only the limit counts.
     pub(crate) soft: Vec<f64>,
     /// Probability of inverting `prefer_forward` at one choice (randomised restarts).
     pub(crate) flip: f64,
@@ -81,23 +81,24 @@ impl Rule {
                 }
             }
         }
-        // Warm-up caps: rank r takes in at most (P - r) (1F1B), or 2(P - r) - 1 (ZB-H2's shape)
-        // microbatches before its backwards start releasing.
-        for shape in [1usize, 2] {
-            let soft: Vec<f64> = (0..inst.p)
-                .map(|r| {
-                    let n = (shape * (inst.p - r)).saturating_sub(shape - 1).max(1);
-                    n as f64 * inst.one_microbatch(r)
-                })
-                .collect();
+        // Warm-up caps: rank r takes in at most P - r (1F1B), 2(P - r) - 1 (ZB-H2's shape) or
+        // something between before its first backward.
+        for (slope, offset) in [(1.0, 0.0), (2.0, -1.0), (1.5, 0.0), (1.0, 2.0)] {
             for w_mode in [WMode::Eager, WMode::FitGap] {
                 let mut rule = Rule::plain(inst.p, false, Order::Deep, w_mode);
-                rule.soft = soft.clone();
+                rule.soft = warmup_caps(inst.p, slope, offset);
                 rules.push(rule);
             }
         }
         rules
     }
+}
+
+/// Per rank `r`, `max(1, slope * (P - r) + offset)` microbatches before the first backward.
+pub(crate) fn warmup_caps(p: usize, slope: f64, offset: f64) -> Vec<f64> {
+    (0..p)
+        .map(|r| (slope * (p - r) as f64 + offset).round().max(1.0))
+        .collect()
 }
 
 /// What one rank would do next.
@@ -120,6 +121,8 @@ struct Builder<'a> {
     mem: Vec<f64>,
     /// Per rank, memory reserved by microbatches that entered but have not reached the rank.
     pending: Vec<f64>,
+    /// Per rank, microbatches between its first chunk's `F` and `I`.
+    open: Vec<f64>,
     orders: Vec<Vec<Action>>,
     relax: bool,
 }
@@ -135,6 +138,7 @@ pub(crate) fn build(inst: &Instance, rule: &Rule) -> Option<Vec<Vec<Action>>> {
         free: vec![0.0; inst.p],
         mem: vec![0.0; inst.p],
         pending: vec![0.0; inst.p],
+        open: vec![0.0; inst.p],
         orders: vec![Vec::with_capacity(3 * inst.v * inst.m); inst.p],
         relax: false,
     };
@@ -200,8 +204,7 @@ impl Builder<'_> {
         if self.relax || inst.stages_of[r][0] != x {
             return true;
         }
-        let need = self.mem[r] + inst.one_microbatch(r);
-        need <= self.rule.soft[r] + MEMORY_EPS * need.max(1.0)
+        self.open[r] + 1.0 <= self.rule.soft[r]
     }
 
     /// Rank `r`'s next action under the rule.
@@ -300,6 +303,9 @@ impl Builder<'_> {
             self.pending[r] -= inst.foot[x].bytes;
         }
         self.mem[r] += inst.delta(op, x);
+        if inst.stages_of[r][0] == x && op < 2 {
+            self.open[r] += if op == 0 { 1.0 } else { -1.0 };
+        }
         self.orders[r].push(a);
     }
 }

@@ -10,7 +10,7 @@ use crate::schedule::Placement;
 
 /// The default time budget of the improvement phase, in seconds (small enough for `train` to call
 /// the solver before it starts).
-pub const DEFAULT_TIME_BUDGET: f64 = 0.5;
+pub const DEFAULT_TIME_BUDGET: f64 = 0.3;
 
 /// What the solver minimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
