@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod auto_flags;
+pub mod auto_plan;
 pub mod bench;
 pub mod model_flags;
 pub mod output;
