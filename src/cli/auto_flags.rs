@@ -19,7 +19,7 @@ use super::CliError;
 pub struct AutoArgs {
     /// auto: at most this many microbatches in flight per rank (fractional allowed; one unit is one
     /// rank's activations for one microbatch, a V-shape chunk counts 1/2).
-    #[arg(long = "max-in-flight", value_name = "N", value_parser = parse_in_flight)]
+    #[arg(long = "max-in-flight", value_name = "N", value_parser = parse_in_flight, allow_hyphen_values = true)]
     pub max_in_flight: Option<f64>,
     /// auto: what to minimise, `makespan` (the step) or `span` (the longest per-rank span, the
     /// zero-bubble papers' objective).
@@ -27,7 +27,7 @@ pub struct AutoArgs {
     pub objective: Objective,
     /// auto: seconds of improvement after the constructive phase (counted as work, so the result
     /// depends only on the inputs and --seed).
-    #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time)]
+    #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time, allow_hyphen_values = true)]
     pub time_budget: f64,
     /// auto: seed of the improvement phase.
     #[arg(long, default_value_t = 0)]
