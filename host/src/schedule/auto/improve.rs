@@ -130,7 +130,9 @@ pub(crate) fn local_search(
 ) {
     let n = inst.actions() as f64;
     while !reached(best.value, target) && work.take(n) {
-        let Some(candidate) = moved(&best.schedule, rng) else {
+        // Half the moves go to the rank whose span is the objective, when there is one.
+        let focus = best.worst.filter(|_| rng.below(2) == 0);
+        let Some(candidate) = moved(&best.schedule, focus, rng) else {
             continue;
         };
         if let Some(s) = evaluate(inst, objective, candidate, work) {
@@ -141,10 +143,10 @@ pub(crate) fn local_search(
     }
 }
 
-/// `schedule` with one item moved a few places within its rank; `None` when the move would put an
+/// `schedule` with one item moved a few places within its rank (`rank`, or one at random); `None` when the move would put an
 /// item before one of the same stage and microbatch it needs (or after one that needs it).
-fn moved(schedule: &Schedule, rng: &mut Rng) -> Option<Schedule> {
-    let r = rng.below(schedule.ranks);
+fn moved(schedule: &Schedule, rank: Option<usize>, rng: &mut Rng) -> Option<Schedule> {
+    let r = rank.unwrap_or_else(|| rng.below(schedule.ranks));
     let list = &schedule.actions[r];
     if list.len() < 2 {
         return None;

@@ -83,7 +83,16 @@ impl Rule {
         }
         // Warm-up caps: rank r takes in at most P - r (1F1B), 2(P - r) - 1 (ZB-H2's shape) or
         // something between before its first backward.
-        for (slope, offset) in [(1.0, 0.0), (2.0, -1.0), (1.5, 0.0), (1.0, 2.0)] {
+        let shapes = [
+            (1.0, 0.0),
+            (2.0, -1.0),
+            (1.5, 0.0),
+            (1.0, 2.0),
+            (2.0, 0.0),
+            (2.0, 1.0),
+            (2.5, 0.0),
+        ];
+        for (slope, offset) in shapes {
             for w_mode in [WMode::Eager, WMode::FitGap] {
                 let mut rule = Rule::plain(inst.p, false, Order::Deep, w_mode);
                 rule.soft = warmup_caps(inst.p, slope, offset);

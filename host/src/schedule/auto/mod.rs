@@ -180,7 +180,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     }
     if !proven {
         let mut rng = Rng::new(req.seed);
-        improve::restarts(&inst, req.objective, &mut best, &mut rng, &mut work, 0.3, lower);
+        improve::restarts(&inst, req.objective, &mut best, &mut rng, &mut work, 0.5, lower);
         improve::local_search(&inst, req.objective, &mut best, &mut rng, &mut work, lower);
         proven = best.value <= lower * (1.0 + 1e-9);
     }

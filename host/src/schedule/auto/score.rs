@@ -18,6 +18,8 @@ pub(crate) struct Scored {
     pub(crate) makespan: f64,
     /// Per rank, the simulator's peak activation memory (in the instance's unit).
     pub(crate) peak: Vec<f64>,
+    /// The rank whose span is the objective (span objective only).
+    pub(crate) worst: Option<usize>,
 }
 
 /// A schedule of the instance's shape from per-rank action lists.
@@ -65,20 +67,22 @@ pub(crate) fn score(
     objective: Objective,
     schedule: Schedule,
 ) -> Result<Option<Scored>, SimError> {
-    let (value, makespan, peak) = match objective {
+    let (value, makespan, peak, worst) = match objective {
         Objective::Makespan => {
             let s = summarize(&schedule, &inst.scoring)?;
-            (s.makespan, s.makespan, s.peak_activations)
+            (s.makespan, s.makespan, s.peak_activations, None)
         }
         Objective::Span => {
             let sim = simulate_with(&schedule, &inst.scoring, SimOptions::SPANS)?;
-            let span = sim
-                .timeline
-                .spans
-                .iter()
-                .filter_map(|lane| Some(lane.last()?.end - lane.first()?.start))
-                .fold(0.0, f64::max);
-            (span, sim.timeline.makespan(), sim.peak_activations)
+            let (mut span, mut worst) = (0.0, 0);
+            for (r, lane) in sim.timeline.spans.iter().enumerate() {
+                if let (Some(a), Some(b)) = (lane.first(), lane.last()) {
+                    if b.end - a.start > span {
+                        (span, worst) = (b.end - a.start, r);
+                    }
+                }
+            }
+            (span, sim.timeline.makespan(), sim.peak_activations, Some(worst))
         }
     };
     Ok(within_budget(inst, &peak).then_some(Scored {
@@ -86,6 +90,7 @@ pub(crate) fn score(
         value,
         makespan,
         peak,
+        worst,
     }))
 }
 
