@@ -18,9 +18,25 @@ fn schedule_auto_writes_json_with_the_solver_that_validates() {
     let path = dir.join("auto.json");
     let p = path.to_str().unwrap();
     let args = [
-        "schedule", "--schedule", "auto", "--ranks", "4", "--microbatches", "8", "--cost",
-        "F=1,I=1.2,W=0.8", "--comm-latency", "0.1", "--max-in-flight", "3", "--time-budget",
-        "0.05", "--format", "json", "--out", p,
+        "schedule",
+        "--schedule",
+        "auto",
+        "--ranks",
+        "4",
+        "--microbatches",
+        "8",
+        "--cost",
+        "F=1,I=1.2,W=0.8",
+        "--comm-latency",
+        "0.1",
+        "--max-in-flight",
+        "3",
+        "--time-budget",
+        "0.05",
+        "--format",
+        "json",
+        "--out",
+        p,
     ];
     let (code, _, err) = pipefill(&args);
     assert_eq!(code, 0, "{err}");
@@ -31,14 +47,24 @@ fn schedule_auto_writes_json_with_the_solver_that_validates() {
     assert_eq!(solver["objective"], "makespan");
     assert!(solver["value"].as_f64().unwrap() >= solver["lower_bound"].as_f64().unwrap());
     let peaks = solver["peak"].as_array().unwrap();
-    assert!(peaks.iter().all(|x| x.as_f64().unwrap() <= 3.0), "{peaks:?}");
+    assert!(
+        peaks.iter().all(|x| x.as_f64().unwrap() <= 3.0),
+        "{peaks:?}"
+    );
     let (code, out, err) = pipefill(&["schedule", "--validate", p]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("OK auto"), "{out}");
     // The file simulates under the same costs to the makespan the solver recorded.
     let sim = json(&[
-        "simulate", "--schedule-file", p, "--cost", "F=1,I=1.2,W=0.8", "--comm-latency", "0.1",
-        "--format", "json",
+        "simulate",
+        "--schedule-file",
+        p,
+        "--cost",
+        "F=1,I=1.2,W=0.8",
+        "--comm-latency",
+        "0.1",
+        "--format",
+        "json",
     ]);
     let makespan = sim["results"][0]["makespan"].as_f64().unwrap();
     assert!((makespan - solver["makespan"].as_f64().unwrap()).abs() < 1e-9);
@@ -47,8 +73,20 @@ fn schedule_auto_writes_json_with_the_solver_that_validates() {
 #[test]
 fn simulate_takes_auto_next_to_the_families() {
     let v = json(&[
-        "simulate", "--schedule", "auto,1f1b,zb-h1", "--ranks", "4", "--microbatches", "8",
-        "--cost", "F=1,I=1,W=1", "--max-in-flight", "4", "--time-budget", "0.02", "--format",
+        "simulate",
+        "--schedule",
+        "auto,1f1b,zb-h1",
+        "--ranks",
+        "4",
+        "--microbatches",
+        "8",
+        "--cost",
+        "F=1,I=1,W=1",
+        "--max-in-flight",
+        "4",
+        "--time-budget",
+        "0.02",
+        "--format",
         "json",
     ]);
     let rows = v["results"].as_array().unwrap();
@@ -61,8 +99,20 @@ fn simulate_takes_auto_next_to_the_families() {
     };
     assert!(of("auto") <= of("zb-h1") && of("zb-h1") < of("1f1b"));
     let vshape = json(&[
-        "simulate", "--schedule", "auto:2", "--placement", "vshape", "--ranks", "4",
-        "--microbatches", "8", "--max-in-flight", "2", "--time-budget", "0.02", "--format",
+        "simulate",
+        "--schedule",
+        "auto:2",
+        "--placement",
+        "vshape",
+        "--ranks",
+        "4",
+        "--microbatches",
+        "8",
+        "--max-in-flight",
+        "2",
+        "--time-budget",
+        "0.02",
+        "--format",
         "json",
     ]);
     assert_eq!(vshape["results"][0]["chunks"], 2);
@@ -70,7 +120,15 @@ fn simulate_takes_auto_next_to_the_families() {
 
 #[test]
 fn refusals_name_the_flag() {
-    let base = ["schedule", "--schedule", "auto", "--ranks", "4", "--microbatches", "8"];
+    let base = [
+        "schedule",
+        "--schedule",
+        "auto",
+        "--ranks",
+        "4",
+        "--microbatches",
+        "8",
+    ];
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
         base.iter().copied().chain(extra.iter().copied()).collect()
     };
@@ -79,14 +137,24 @@ fn refusals_name_the_flag() {
         (with(&["--max-in-flight", "0.5"]), "--max-in-flight"),
         (with(&["--max-in-flight", "-1"]), "--max-in-flight"),
         (with(&["--memory-limit", "1GiB"]), "--memory-limit"),
-        (with(&["--cost", "F=1,I=1,W=1,A=1MiB", "--memory-limit", "1MB"]), "--memory-limit"),
+        (
+            with(&["--cost", "F=1,I=1,W=1,A=1MiB", "--memory-limit", "1MB"]),
+            "--memory-limit",
+        ),
         (with(&["--time-budget", "-1"]), "--time-budget"),
         (with(&["--placement", "vshape", "--chunks", "1"]), "vshape"),
         (with(&["--cost", "F=1"]), "--cost"),
         (
             vec![
-                "simulate", "--schedule", "auto", "--ranks", "4", "--microbatches", "8",
-                "--max-in-flight", "0.9",
+                "simulate",
+                "--schedule",
+                "auto",
+                "--ranks",
+                "4",
+                "--microbatches",
+                "8",
+                "--max-in-flight",
+                "0.9",
             ],
             "--max-in-flight",
         ),
@@ -110,8 +178,21 @@ fn plan_takes_auto() {
     let text = serde_json::json!({"layers": layers, "meta": {"microbatch_size": 1}});
     std::fs::write(&file, text.to_string()).unwrap();
     let v = json(&[
-        "plan", "--costs", file.to_str().unwrap(), "--ranks", "4", "--global-batch", "8",
-        "--families", "auto,1f1b", "--time-budget", "0.02", "--format", "json", "--top", "50",
+        "plan",
+        "--costs",
+        file.to_str().unwrap(),
+        "--ranks",
+        "4",
+        "--global-batch",
+        "8",
+        "--families",
+        "auto,1f1b",
+        "--time-budget",
+        "0.02",
+        "--format",
+        "json",
+        "--top",
+        "50",
     ]);
     let plans = v["plans"].as_array().unwrap();
     let best = |name: &str| {

@@ -111,7 +111,10 @@ fn never_worse_than_the_best_family_that_fits() {
             .with_budget(0.02, 0);
         let out = solve(&req).unwrap();
         let fitting: Vec<f64> = out.solver.families.iter().filter_map(|f| f.value).collect();
-        assert!(!fitting.is_empty(), "P={p} M={m} {placement}: some family fits");
+        assert!(
+            !fitting.is_empty(),
+            "P={p} M={m} {placement}: some family fits"
+        );
         let best = fitting.iter().copied().fold(f64::INFINITY, f64::min);
         assert!(
             out.solver.value <= best * (1.0 + 1e-12),
@@ -136,7 +139,12 @@ fn brute_force(req: &AutoRequest, limit: f64) -> f64 {
                 .flat_map(|&s| (0..req.microbatches).map(move |k| (s, k)))
                 .collect();
             let mut out = Vec::new();
-            interleavings(&chains, &mut vec![0; chains.len()], &mut Vec::new(), &mut out);
+            interleavings(
+                &chains,
+                &mut vec![0; chains.len()],
+                &mut Vec::new(),
+                &mut out,
+            );
             out
         })
         .collect();
@@ -198,11 +206,25 @@ fn interleavings(
 
 #[test]
 fn the_exact_method_matches_brute_force_on_tiny_instances() {
-    let cases: Vec<(usize, usize, Vec<(f64, f64, f64)>, f64, f64)> = vec![
+    // (P, M, per-stage F I W, latency, limit)
+    type Case = (usize, usize, Vec<(f64, f64, f64)>, f64, f64);
+    let cases: Vec<Case> = vec![
         (2, 2, vec![(1.0, 2.0, 1.0), (1.0, 1.0, 0.5)], 0.0, 1.0),
         (2, 2, vec![(1.0, 1.0, 1.0), (1.5, 1.0, 2.0)], 0.25, 2.0),
-        (3, 2, vec![(1.0, 1.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.5, 0.5)], 0.1, 1.0),
-        (3, 2, vec![(1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0)], 0.5, 2.0),
+        (
+            3,
+            2,
+            vec![(1.0, 1.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.5, 0.5)],
+            0.1,
+            1.0,
+        ),
+        (
+            3,
+            2,
+            vec![(1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0)],
+            0.5,
+            2.0,
+        ),
         (1, 3, vec![(1.0, 2.0, 1.0)], 0.0, 2.0),
     ];
     for (p, m, stages, latency, limit) in cases {
@@ -246,7 +268,10 @@ fn bad_requests_are_typed_errors() {
     let low = AutoRequest::new(4, 8, c.clone()).with_limit(MemoryLimit::InFlight(0.5));
     match solve(&low) {
         Err(AutoError::LimitTooLow {
-            rank, needed, limit, ..
+            rank,
+            needed,
+            limit,
+            ..
         }) => assert_eq!((rank, needed, limit), (0, 1.0, 0.5)),
         other => panic!("{other:?}"),
     }

@@ -212,7 +212,12 @@ pub fn run(args: Args) -> Result<(), CliError> {
 /// when `--families` names it (best first).
 fn plan_with_auto(req: &PlanRequest, args: &Args) -> Result<PlanReport, CliError> {
     let wants_auto = req.families.iter().any(|f| f == AUTO);
-    let others: Vec<String> = req.families.iter().filter(|f| *f != AUTO).cloned().collect();
+    let others: Vec<String> = req
+        .families
+        .iter()
+        .filter(|f| *f != AUTO)
+        .cloned()
+        .collect();
     let mut report = if wants_auto && others.is_empty() {
         PlanReport {
             plans: Vec::new(),

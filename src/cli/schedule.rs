@@ -16,11 +16,11 @@
 
 use std::path::{Path, PathBuf};
 
+use pipefill_host::schedule::auto::{AutoSchedule, AUTO};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::format::{self, Format};
 use pipefill_host::schedule::lower::lower;
 use pipefill_host::schedule::validate::{validate, ValidationReport};
-use pipefill_host::schedule::auto::{AutoSchedule, AUTO};
 use pipefill_host::schedule::{Params, Placement, Schedule, ScheduleError};
 
 use super::auto_flags::{self, AutoArgs, CostArgs};

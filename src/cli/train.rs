@@ -23,11 +23,11 @@ use pipefill_host::cost::CostFile;
 use pipefill_host::plan::{
     plan_families, plan_schedule, Plan, PlanError, PlanReport, Skipped, Split,
 };
-use pipefill_host::schedule::auto::{Objective, AUTO, DEFAULT_TIME_BUDGET};
-use pipefill_host::schedule::Placement;
 use pipefill_host::profile::ProfileOptions;
 use pipefill_host::runtime::{Executor, StepReport};
+use pipefill_host::schedule::auto::{Objective, AUTO, DEFAULT_TIME_BUDGET};
 use pipefill_host::schedule::Params;
+use pipefill_host::schedule::Placement;
 use pipefill_host::sim::simulate;
 use pipefill_host::timeline::Timeline;
 
@@ -151,7 +151,9 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
                 reason: e.to_string(),
             }),
         }
-        report.plans.sort_by(|x, y| x.step_time.total_cmp(&y.step_time));
+        report
+            .plans
+            .sort_by(|x, y| x.step_time.total_cmp(&y.step_time));
     }
     if report.plans.is_empty() {
         return Err(no_plan(

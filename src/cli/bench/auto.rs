@@ -87,7 +87,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
         println!("{text}");
         return Ok(());
     }
-    println!("pipefill bench auto: time budget {budget} s per instance, seed {}", args.seed);
+    println!(
+        "pipefill bench auto: time budget {budget} s per instance, seed {}",
+        args.seed
+    );
     if let Some(g) = &grid {
         println!();
         print!("{}", grid::table(g));

@@ -114,7 +114,11 @@ fn instances(quick: bool) -> Vec<Instance> {
     let mut out = Vec::new();
     let ranks: &[usize] = if quick { &[4] } else { &[4, 8, 16] };
     for &p in ranks {
-        let ms: Vec<usize> = if quick { vec![2 * p] } else { vec![p, 2 * p, 4 * p] };
+        let ms: Vec<usize> = if quick {
+            vec![2 * p]
+        } else {
+            vec![p, 2 * p, 4 * p]
+        };
         let ratios: &[_] = if quick { &RATIOS[..1] } else { &RATIOS };
         let transfers: &[f64] = if quick { &[0.0] } else { &[0.0, 0.1] };
         for &m in &ms {
@@ -153,7 +157,11 @@ fn instances(quick: bool) -> Vec<Instance> {
 /// The per-stage costs of an instance: one rank's `F:I:W` split over its chunks, the first and
 /// last stage 1.5x when uneven, transfers `transfer * F`, no free overlap of F/B pairs.
 fn costs(inst: &Instance) -> CostModel {
-    let v = if inst.placement == Placement::Vshape { 2 } else { 1 };
+    let v = if inst.placement == Placement::Vshape {
+        2
+    } else {
+        1
+    };
     let [f, i, w] = inst.ratio.1;
     let stages = inst.ranks * v;
     let link = LinkCost {
@@ -177,7 +185,11 @@ fn costs(inst: &Instance) -> CostModel {
 
 /// Solves one instance.
 fn row(inst: &Instance, budget: f64, seed: u64) -> Result<GridRow, CliError> {
-    let v = if inst.placement == Placement::Vshape { 2 } else { 1 };
+    let v = if inst.placement == Placement::Vshape {
+        2
+    } else {
+        1
+    };
     let req = AutoRequest::new(inst.ranks, inst.microbatches, costs(inst))
         .with_chunks(v, inst.placement)
         .with_limit(MemoryLimit::InFlight(inst.limit.1))
@@ -243,7 +255,11 @@ fn summarize(rows: &[GridRow]) -> GridSummary {
         instances: rows.len(),
         worse_than_a_family: rows
             .iter()
-            .filter(|r| r.best_family.as_ref().is_some_and(|b| r.auto_ratio > b.ratio + tol))
+            .filter(|r| {
+                r.best_family
+                    .as_ref()
+                    .is_some_and(|b| r.auto_ratio > b.ratio + tol)
+            })
             .count(),
         better_than_every_family: rows
             .iter()

@@ -148,8 +148,11 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     super::super::model_flags::check_train(&spec, &args, optimizer)?;
     check_model(&args, &spec, schedule_file.as_ref())?;
     if let Some(name) = args.schedule.as_deref().filter(|n| *n != AUTO) {
-        families::family(name)
-            .map_err(|e| usage(format!("--schedule: {e}, or auto (the automatic scheduler)")))?;
+        families::family(name).map_err(|e| {
+            usage(format!(
+                "--schedule: {e}, or auto (the automatic scheduler)"
+            ))
+        })?;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     Ok(Setup {

@@ -94,7 +94,10 @@ impl Search<'_> {
             0 if x == 0 => [none, none],
             0 => [(inst.id(0, x - 1, k), inst.comm[x - 1]), none],
             1 if x + 1 == inst.s => [(inst.id(0, x, k), 0.0), none],
-            1 => [(inst.id(0, x, k), 0.0), (inst.id(1, x + 1, k), inst.comm[x])],
+            1 => [
+                (inst.id(0, x, k), 0.0),
+                (inst.id(1, x + 1, k), inst.comm[x]),
+            ],
             _ => [(inst.id(1, x, k), 0.0), none],
         }
     }
@@ -149,7 +152,10 @@ impl Search<'_> {
             }
         }
         if id % 3 == 0 {
-            if a.stage == 0 && a.microbatch > 0 && self.end[inst.id(0, 0, a.microbatch - 1)] == f64::INFINITY {
+            if a.stage == 0
+                && a.microbatch > 0
+                && self.end[inst.id(0, 0, a.microbatch - 1)] == f64::INFINITY
+            {
                 return None;
             }
             let need = self.mem[r] + inst.foot[a.stage].bytes;
@@ -215,9 +221,9 @@ impl Search<'_> {
         } else {
             self.end[id] = f64::INFINITY;
             self.orders[r].pop();
-            self.free[r] = self.orders[r]
-                .last()
-                .map_or(0.0, |&b| self.end[inst.id(op_index(b), b.stage, b.microbatch)]);
+            self.free[r] = self.orders[r].last().map_or(0.0, |&b| {
+                self.end[inst.id(op_index(b), b.stage, b.microbatch)]
+            });
             self.placed -= 1;
         }
     }

@@ -135,13 +135,13 @@ impl Instance {
             Some(MemoryLimit::InFlight(n)) => self.budget = vec![n; self.p],
             Some(MemoryLimit::Bytes(b)) => self.budget = params.iter().map(|q| b - q).collect(),
         }
-        for r in 0..self.p {
+        for (r, &param) in params.iter().enumerate() {
             let needed = self.one_microbatch(r);
             if needed > self.budget[r] + MEMORY_EPS * needed.max(1.0) {
                 let (needed, limit, unit) = if self.unit {
                     (needed, self.budget[r], "microbatches in flight")
                 } else {
-                    (needed + params[r], self.budget[r] + params[r], "bytes")
+                    (needed + param, self.budget[r] + param, "bytes")
                 };
                 return Err(AutoError::LimitTooLow {
                     rank: r,

@@ -256,7 +256,8 @@ impl Builder<'_> {
             }
         }
         let now = |id: usize| Some(Choice { id, start: t0 });
-        let forward_first = self.rule.prefer_forward != (self.rule.flip > 0.0 && self.rng.unit() < self.rule.flip);
+        let forward_first =
+            self.rule.prefer_forward != (self.rule.flip > 0.0 && self.rng.unit() < self.rule.flip);
         let [fwd_now, back_now, w_now] = now_best;
         match (fwd_now, back_now) {
             (Some((f, _)), Some((b, _))) => return now(if forward_first { f } else { b }),

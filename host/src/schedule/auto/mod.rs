@@ -180,7 +180,15 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     }
     if !proven {
         let mut rng = Rng::new(req.seed);
-        improve::restarts(&inst, req.objective, &mut best, &mut rng, &mut work, 0.5, lower);
+        improve::restarts(
+            &inst,
+            req.objective,
+            &mut best,
+            &mut rng,
+            &mut work,
+            0.5,
+            lower,
+        );
         improve::local_search(&inst, req.objective, &mut best, &mut rng, &mut work, lower);
         proven = best.value <= lower * (1.0 + 1e-9);
     }
@@ -210,7 +218,12 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         origin,
         limit: req.limit,
         peak: best.peak.clone(),
-        peak_unit: if inst.unit { "microbatches in flight" } else { "bytes" }.into(),
+        peak_unit: if inst.unit {
+            "microbatches in flight"
+        } else {
+            "bytes"
+        }
+        .into(),
         seed: req.seed,
         time_budget: req.time_budget,
         evaluations: work.evaluations,

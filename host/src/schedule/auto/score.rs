@@ -82,7 +82,12 @@ pub(crate) fn score(
                     }
                 }
             }
-            (span, sim.timeline.makespan(), sim.peak_activations, Some(worst))
+            (
+                span,
+                sim.timeline.makespan(),
+                sim.peak_activations,
+                Some(worst),
+            )
         }
     };
     Ok(within_budget(inst, &peak).then_some(Scored {
