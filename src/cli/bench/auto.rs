@@ -1,11 +1,11 @@
 //! `pipefill bench auto`: the automatic scheduler's evidence.
 //!
-//! - **grid** ([`super::grid`]): `P` in 4, 8, 16; `M` in `P`, `2P`, `4P`; `F:I:W` 1:1:1, 2:2:1,
+//! - **grid** (module `grid`): `P` in 4, 8, 16; `M` in `P`, `2P`, `4P`; `F:I:W` 1:1:1, 2:2:1,
 //!   1:1.2:0.8; transfers 0 and 10 % of `F`; even stages and first and last stage 1.5x; limits of
 //!   1F1B's in-flight count (`P`), 1.5x and 2x on looped placement, 1F1B's and half of it on
 //!   V-shape. Per instance: makespan / lower bound of `auto` and of every handcrafted family that
 //!   fits, whether `auto` is proven optimal, and the solve time; then the aims checked over the grid.
-//! - **paper** ([`super::paper`]): the zero-bubble paper's profiled times (its Table 9) with its
+//! - **paper** (module `paper`): the zero-bubble paper's profiled times (its Table 9) with its
 //!   memory limits (`p M_B`, `2p M_B`), `auto`'s bubble rate (span objective, the paper's definition)
 //!   next to the paper's published ZB-1p and ZB-2p rates (its Table 5).
 //!
