@@ -159,6 +159,37 @@ fn refusals_name_the_flag() {
             "--max-in-flight",
         ),
     ]);
+    // Flags that only steer auto are refused without it.
+    assert_refused([
+        (
+            vec![
+                "schedule",
+                "--schedule",
+                "1f1b",
+                "--ranks",
+                "2",
+                "--microbatches",
+                "2",
+                "--cost",
+                "F=1,B=2",
+            ],
+            "--cost steers the automatic scheduler only",
+        ),
+        (
+            vec![
+                "simulate",
+                "--schedule",
+                "1f1b",
+                "--ranks",
+                "2",
+                "--microbatches",
+                "2",
+                "--objective",
+                "span",
+            ],
+            "--objective steers the automatic scheduler only",
+        ),
+    ]);
     let (code, _, err) = pipefill(&with(&["--max-in-flight", "0.5"]));
     assert_eq!(code, 2);
     assert!(err.contains("below what any schedule needs"), "{err}");

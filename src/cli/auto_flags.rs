@@ -62,6 +62,20 @@ pub struct CostArgs {
 }
 
 impl CostArgs {
+    /// The first of these flags given (they only serve `auto` in `pipefill schedule`).
+    pub fn given(&self) -> Option<&'static str> {
+        [
+            (self.cost.is_some(), "--cost"),
+            (self.costs.is_some(), "--costs"),
+            (self.layers_per_stage.is_some(), "--layers-per-stage"),
+            (self.comm_latency.is_some(), "--comm-latency"),
+            (self.comm_bandwidth.is_some(), "--comm-bandwidth"),
+            (self.memory_limit.is_some(), "--memory-limit"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
+
     /// The cost source the flags name.
     pub fn spec(&self) -> Result<CostSpec, CliError> {
         cost_spec_of(CostFlags {
@@ -72,6 +86,35 @@ impl CostArgs {
             comm_bandwidth: self.comm_bandwidth,
             overlap_share: None,
         })
+    }
+}
+
+impl AutoArgs {
+    /// The first of these flags given away from its default (they only steer `auto`).
+    pub fn given(&self) -> Option<&'static str> {
+        if self.max_in_flight.is_some() {
+            Some("--max-in-flight")
+        } else if self.objective != Objective::Makespan {
+            Some("--objective")
+        } else if self.time_budget != DEFAULT_TIME_BUDGET {
+            Some("--time-budget")
+        } else if self.seed != 0 {
+            Some("--seed")
+        } else if self.placement != Placement::Looped {
+            Some("--placement")
+        } else {
+            None
+        }
+    }
+}
+
+/// Refuses `flag` when no `auto` schedule is asked for (it would do nothing).
+pub fn only_for_auto(flag: Option<&str>) -> Result<(), CliError> {
+    match flag {
+        Some(f) => Err(CliError::Usage(format!(
+            "{f} steers the automatic scheduler only: add auto to --schedule, or drop {f}"
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -105,6 +105,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             _ => format::write(&out.schedule, fmt),
         }
     } else {
+        auto_flags::only_for_auto(args.cost.given().or(args.auto.given()))?;
         let mut s = generate(&args)?;
         if args.with_transfers {
             s = lowered(&s)?;

@@ -276,6 +276,14 @@ fn schedules(args: &Args, spec: &CostSpec) -> Result<Vec<(Schedule, bool)>, CliE
         ));
     }
     let mut out = Vec::new();
+    if !args
+        .schedule
+        .iter()
+        .any(|e| e.trim().split(':').next() == Some(AUTO))
+    {
+        let limit = args.memory_limit.map(|_| "--memory-limit");
+        auto_flags::only_for_auto(limit.or(args.auto.given()))?;
+    }
     if !args.schedule.is_empty() {
         let (ranks, microbatches) = match (args.ranks, args.microbatches) {
             (Some(p), Some(m)) => (p, m),
