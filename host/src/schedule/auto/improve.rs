@@ -3,8 +3,9 @@
 //! best schedule's lists (an item moved a few places within its rank, which moves `W`s, swaps
 //! forwards and backwards and changes warm-up counts), keeping every move that is no worse.
 //!
-//! The budget is counted in work, not read from a clock: each simulation costs its number of actions,
-//! each construction its number of actions times `P`, and one second of budget is
+//! The budget is counted in work, not read from a clock: each simulation costs its number of actions
+//! (twice that with the spans recorded, for the span objective), each construction its number of
+//! actions times `3P + 1`, and one second of budget is
 //! [`WORK_PER_SECOND`] units. So a result depends only on the request and the seed, on any machine.
 
 use crate::schedule::{Item, Schedule};
@@ -48,6 +49,15 @@ impl Work {
     /// Units left.
     pub(crate) fn left(&self) -> f64 {
         self.left
+    }
+}
+
+/// Work units of one simulation: its actions, twice with the spans recorded (span objective).
+fn sim_cost(inst: &Instance, objective: Objective) -> f64 {
+    let n = inst.actions() as f64;
+    match objective {
+        Objective::Makespan => n,
+        Objective::Span => 2.0 * n,
     }
 }
 
@@ -105,7 +115,7 @@ pub(crate) fn restarts(
     let stop = work.left() * (1.0 - share);
     while work.left() > stop && !reached(best.value, target) {
         let rule = random_rule(inst, rng);
-        if !work.take(n * (inst.p as f64 + 1.0)) {
+        if !work.take(n * (3.0 * inst.p as f64 + 1.0) + sim_cost(inst, objective)) {
             break;
         }
         let Some(orders) = build(inst, &rule) else {
@@ -128,8 +138,7 @@ pub(crate) fn local_search(
     work: &mut Work,
     target: f64,
 ) {
-    let n = inst.actions() as f64;
-    while !reached(best.value, target) && work.take(n) {
+    while !reached(best.value, target) && work.take(sim_cost(inst, objective)) {
         // Half the moves go to the rank whose span is the objective, when there is one.
         let focus = best.worst.filter(|_| rng.below(2) == 0);
         let Some(candidate) = moved(&best.schedule, focus, rng) else {
