@@ -168,7 +168,7 @@ fn generate(args: &Args) -> Result<Schedule, CliError> {
             "{e} (flags: --ranks P, --microbatches M, --chunks V, --group-size G)"
         )),
         ScheduleError::UnknownFamily { .. } => CliError::Usage(format!(
-            "--schedule: {e}; `pipefill schedule --list` describes them"
+            "--schedule: {e}, or auto; `pipefill schedule --list` describes them"
         )),
         other => CliError::Usage(other.to_string()),
     })

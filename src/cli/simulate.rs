@@ -368,7 +368,11 @@ fn generate(
         }
         None => (entry, None),
     };
-    let family = families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
+    let family = families::family(name).map_err(|e| {
+        usage(format!(
+            "--schedule: {e}, or auto (the automatic scheduler)"
+        ))
+    })?;
     // --chunks applies to the families with virtual stages; the others keep their V.
     let v = own_v.or(if family.default_chunks > 1 {
         chunks
