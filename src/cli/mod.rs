@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod auto_flags;
+pub mod auto_plan;
 pub mod bench;
 pub mod model_flags;
 pub mod output;
@@ -57,7 +59,9 @@ pub enum Command {
     Partition(partition::Args),
     /// Search partition x schedule x V x M for the best plan.
     Plan(plan::Args),
-    /// Measurements as commands (`bench overlap`).
+    /// Measurements and evidence as commands that print tables (`bench auto`: the automatic
+    /// scheduler against the handcrafted families and the zero-bubble paper; `bench overlap`: two
+    /// streams of one GPU, alone and together).
     Bench(bench::Args),
 }
 

@@ -5,6 +5,7 @@
 //!     [--dp-bandwidth B/s] [--dp-latency S] [--memory-limit BYTES]
 //!     [--cost-batch SAMPLES] [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
 //!     [--top 10] [--format table|json] [--svg best.svg]
+//!     [--families auto,... [--max-in-flight N] [--objective makespan|span] [--time-budget S] [--seed N]]
 //! ```
 //!
 //! Times are scaled to each microbatch size by interpolating between the sizes a layer was measured
@@ -29,11 +30,14 @@ use std::path::PathBuf;
 
 use pipefill_host::cost::CostFile;
 use pipefill_host::plan::{plan, plan_workers, Plan, PlanError, PlanReport, PlanRequest};
+use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::sim::data_parallel::DataParallel;
 use pipefill_host::trace::{svg_gantt, SvgOptions};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::auto_flags::AutoArgs;
+use super::auto_plan::auto_plans;
 use super::partition::Format;
 use super::CliError;
 
@@ -71,13 +75,13 @@ pub struct Args {
     #[arg(long)]
     pub global_batch: usize,
     /// Bytes each rank may hold (parameters + activations in flight). Default: no limit.
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", conflicts_with = "max_in_flight")]
     pub memory_limit: Option<f64>,
     /// Microbatch size (samples) the costs were measured at. Default: the cost file's
     /// `meta.microbatch_size` (written by `pipefill profile`).
     #[arg(long, value_name = "SAMPLES")]
     pub cost_batch: Option<f64>,
-    /// Schedule families to try (comma separated). Default: all.
+    /// Schedule families to try (comma separated), `auto` included. Default: all handcrafted ones.
     #[arg(long, value_delimiter = ',')]
     pub families: Vec<String>,
     /// Stages per rank V to try, for families that accept several.
@@ -102,6 +106,10 @@ pub struct Args {
     /// Write the best plan's predicted timeline as SVG to this file (atomically).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+    /// The automatic scheduler's flags (for `--families auto`; its limit is --memory-limit or
+    /// --max-in-flight).
+    #[command(flatten)]
+    pub auto: AutoArgs,
 }
 
 /// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is
@@ -239,10 +247,16 @@ fn summary(p: &Plan) -> Result<Value, CliError> {
 pub fn run(args: Args) -> Result<(), CliError> {
     let req = request_from_flags(&args)?;
     let report = match args.workers {
-        Some(n) => plan_workers(&req, n),
-        None => plan(&req),
-    }
-    .map_err(plan_error)?;
+        Some(_) if req.families.iter().any(|f| f == AUTO) => {
+            return Err(CliError::Usage(
+                "--families auto is not searched with --workers yet: give --ranks (and \
+                 --data-parallel), or leave auto out"
+                    .into(),
+            ))
+        }
+        Some(n) => plan_workers(&req, n).map_err(plan_error)?,
+        None => plan_with_auto(&req, &args)?,
+    };
     let shown = &report.plans[..report.plans.len().min(args.top.max(1))];
     match args.format {
         Format::Json => {
@@ -271,6 +285,43 @@ pub fn run(args: Args) -> Result<(), CliError> {
         super::output::write_atomic("--svg", path, svg)?;
     }
     Ok(())
+}
+
+/// The host planner's report for the handcrafted families asked for, with `auto`'s plans added
+/// when `--families` names it (best first).
+fn plan_with_auto(req: &PlanRequest, args: &Args) -> Result<PlanReport, CliError> {
+    let wants_auto = req.families.iter().any(|f| f == AUTO);
+    let others: Vec<String> = req
+        .families
+        .iter()
+        .filter(|f| *f != AUTO)
+        .cloned()
+        .collect();
+    let mut report = if wants_auto && others.is_empty() {
+        PlanReport {
+            plans: Vec::new(),
+            skipped: Vec::new(),
+        }
+    } else {
+        let mut handcrafted = req.clone();
+        handcrafted.families = others;
+        plan(&handcrafted).map_err(plan_error)?
+    };
+    if wants_auto {
+        let (plans, skipped) = auto_plans(req, args.auto.max_in_flight, &args.auto);
+        if plans.is_empty() && report.plans.is_empty() {
+            return Err(plan_error(PlanError::NoPlan { skipped }));
+        }
+        report.plans.extend(plans);
+        report.skipped.extend(skipped);
+        report.plans.sort_by(|a, b| {
+            a.step_time
+                .total_cmp(&b.step_time)
+                .then(a.microbatches.cmp(&b.microbatches))
+                .then(a.family.cmp(&b.family))
+        });
+    }
+    Ok(report)
 }
 
 /// How times are scaled to other microbatch sizes: `sampled` when every layer has samples,

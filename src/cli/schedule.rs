@@ -3,6 +3,10 @@
 //! ```text
 //! pipefill schedule --schedule NAME --ranks P --microbatches M [--chunks V] [--group-size G]
 //!                   [--format text|json|csv] [--with-transfers] [--out FILE]
+//! pipefill schedule --schedule auto --ranks P --microbatches M [--chunks V --placement looped|vshape]
+//!                   [--cost F=..,I=..,W=.. | --costs FILE] [--comm-latency T]
+//!                   [--memory-limit BYTES | --max-in-flight N] [--objective makespan|span]
+//!                   [--time-budget S] [--seed N]
 //! pipefill schedule --validate FILE [--with-transfers]
 //! pipefill schedule --list
 //! ```
@@ -12,12 +16,14 @@
 
 use std::path::{Path, PathBuf};
 
+use pipefill_host::schedule::auto::{AutoSchedule, AUTO};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::format::{self, Format};
 use pipefill_host::schedule::lower::lower;
 use pipefill_host::schedule::validate::{validate, ValidationReport};
-use pipefill_host::schedule::{Params, Schedule, ScheduleError};
+use pipefill_host::schedule::{Params, Placement, Schedule, ScheduleError};
 
+use super::auto_flags::{self, AutoArgs, CostArgs};
 use super::output::write_atomic;
 use super::CliError;
 
@@ -62,6 +68,12 @@ pub struct Args {
     /// List the schedule families: placement, whether they split I/W, constraints.
     #[arg(long)]
     pub list: bool,
+    /// Costs and memory limit for `--schedule auto`.
+    #[command(flatten)]
+    pub cost: CostArgs,
+    /// The automatic scheduler's flags.
+    #[command(flatten)]
+    pub auto: AutoArgs,
 }
 
 /// Runs `pipefill schedule`.
@@ -82,11 +94,24 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
         return Ok(());
     }
-    let mut s = generate(&args)?;
-    if args.with_transfers {
-        s = lowered(&s)?;
-    }
-    let text = format::write(&s, fmt);
+    let text = if args.schedule.as_deref() == Some(AUTO) {
+        let mut out = solve(&args)?;
+        eprintln!("{}", auto_flags::summary(&out));
+        if args.with_transfers {
+            out.schedule = lowered(&out.schedule)?;
+        }
+        match fmt {
+            Format::Json => out.to_json(),
+            _ => format::write(&out.schedule, fmt),
+        }
+    } else {
+        auto_flags::only_for_auto(args.cost.given().or(args.auto.given()))?;
+        let mut s = generate(&args)?;
+        if args.with_transfers {
+            s = lowered(&s)?;
+        }
+        format::write(&s, fmt)
+    };
     match &args.out {
         Some(path) => write_atomic("--out", path, &text),
         None => {
@@ -99,6 +124,30 @@ pub fn run(args: Args) -> Result<(), CliError> {
 /// `s` with its transfers (see `pipefill_host::schedule::lower`).
 fn lowered(s: &Schedule) -> Result<Schedule, CliError> {
     lower(s).map_err(|e| CliError::Usage(e.to_string()))
+}
+
+/// Solves `--schedule auto` under the cost flags and the auto flags.
+fn solve(args: &Args) -> Result<AutoSchedule, CliError> {
+    let need = |v: Option<usize>, flag: &str| {
+        v.ok_or_else(|| CliError::Usage(format!("--schedule auto needs {flag}")))
+    };
+    let default_v = if args.auto.placement == Placement::Vshape {
+        2
+    } else {
+        1
+    };
+    let shape = auto_flags::Shape {
+        ranks: need(args.ranks, "--ranks P")?,
+        microbatches: need(args.microbatches, "--microbatches M")?,
+        chunks: args.chunks.unwrap_or(default_v),
+    };
+    let model = args
+        .cost
+        .spec()?
+        .model_for(shape.ranks, shape.chunks)
+        .map_err(|e| CliError::Usage(format!("costs for `auto`: {e}")))?;
+    let limit = auto_flags::limit(args.cost.memory_limit, args.auto.max_in_flight);
+    auto_flags::solve_auto(shape, model, limit, &args.auto)
 }
 
 /// Generates the schedule the flags ask for.
@@ -119,7 +168,7 @@ fn generate(args: &Args) -> Result<Schedule, CliError> {
             "{e} (flags: --ranks P, --microbatches M, --chunks V, --group-size G)"
         )),
         ScheduleError::UnknownFamily { .. } => CliError::Usage(format!(
-            "--schedule: {e}; `pipefill schedule --list` describes them"
+            "--schedule: {e}, or auto; `pipefill schedule --list` describes them"
         )),
         other => CliError::Usage(other.to_string()),
     })
@@ -197,6 +246,15 @@ fn list() -> String {
             f.summary.to_string(),
         ]);
     }
+    rows.push([
+        AUTO.to_string(),
+        "looped|vshape".into(),
+        "yes".into(),
+        "no".into(),
+        "1".into(),
+        "needs costs (--cost/--costs); limit: --memory-limit or --max-in-flight".into(),
+        "automatic: best schedule for the costs and limit (seeds, list scheduling, improvement, exact for small)".into(),
+    ]);
     let widths: Vec<usize> = (0..7)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();

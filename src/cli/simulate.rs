@@ -18,13 +18,15 @@ mod report;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
-use pipefill_host::cost::flag::{parse_bandwidth, parse_time};
+use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time};
 use pipefill_host::cost::{parse_cost_flag, CostError, CostInput, CostSpec, LinkCost};
-use pipefill_host::schedule::{families, Params, Schedule};
+use pipefill_host::schedule::auto::AUTO;
+use pipefill_host::schedule::{families, Params, Placement, Schedule};
 use pipefill_host::sim::{simulate, SimError};
 use pipefill_host::sim::{simulate_with, DeviceSharing, SimOptions};
 use pipefill_host::trace::{chrome_trace, svg_gantt, text_gantt, SvgOptions};
 
+use super::auto_flags::{self, AutoArgs};
 use super::output::write_atomic;
 use super::CliError;
 use report::{BubbleCost, Row};
@@ -87,6 +89,12 @@ pub struct Args {
     /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none).
     #[arg(long = "overlap-share", value_parser = parse_share)]
     pub overlap_share: Option<f64>,
+    /// auto: memory limit per rank in bytes, parameters included (needs activation sizes, A=).
+    #[arg(long = "memory-limit", value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "max_in_flight")]
+    pub memory_limit: Option<f64>,
+    /// The automatic scheduler's flags (for `--schedule auto`).
+    #[command(flatten)]
+    pub auto: AutoArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -119,7 +127,7 @@ pub struct Args {
 /// Runs `pipefill simulate`.
 pub fn run(args: Args) -> Result<(), CliError> {
     let spec = cost_spec(&args)?;
-    let schedules = schedules(&args)?;
+    let schedules = schedules(&args, &spec)?;
     let money = bubble_money(&args)?;
     let mut rows = Vec::with_capacity(schedules.len());
     let mut sims = Vec::with_capacity(schedules.len());
@@ -191,17 +199,46 @@ fn sim_error(e: SimError, from_file: bool) -> CliError {
 
 /// The cost source from `--cost` / `--costs` and the link and overlap overrides.
 fn cost_spec(args: &Args) -> Result<CostSpec, CliError> {
+    cost_spec_of(CostFlags {
+        cost: args.cost.as_deref(),
+        costs: args.costs.as_deref(),
+        layers_per_stage: args.layers_per_stage.as_deref(),
+        comm_latency: args.comm_latency,
+        comm_bandwidth: args.comm_bandwidth,
+        overlap_share: args.overlap_share,
+    })
+}
+
+/// The cost flags as given (`simulate`'s, or `schedule`'s for `auto`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CostFlags<'a> {
+    /// `--cost`.
+    pub cost: Option<&'a str>,
+    /// `--costs`.
+    pub costs: Option<&'a Path>,
+    /// `--layers-per-stage`.
+    pub layers_per_stage: Option<&'a [usize]>,
+    /// `--comm-latency`.
+    pub comm_latency: Option<f64>,
+    /// `--comm-bandwidth`.
+    pub comm_bandwidth: Option<f64>,
+    /// `--overlap-share`.
+    pub overlap_share: Option<f64>,
+}
+
+/// The cost source from the cost flags, with the link and overlap overrides.
+pub fn cost_spec_of(args: CostFlags) -> Result<CostSpec, CliError> {
     if args.layers_per_stage.is_some() && args.costs.is_none() {
         return Err(usage(
             "--layers-per-stage needs a per-layer cost file: add --costs FILE",
         ));
     }
-    let mut spec = match (&args.cost, &args.costs) {
+    let mut spec = match (args.cost, args.costs) {
         (Some(_), Some(_)) => return Err(usage("give either --cost or --costs, not both")),
         (_, Some(path)) => match CostInput::load(path).map_err(|e| cost_file_error(path, e))? {
             CostInput::Layers(file) => CostSpec::Layers {
                 file,
-                layers_per_stage: args.layers_per_stage.clone(),
+                layers_per_stage: args.layers_per_stage.map(<[usize]>::to_vec),
             },
             CostInput::Stages(_) if args.layers_per_stage.is_some() => {
                 return Err(usage(format!(
@@ -212,7 +249,7 @@ fn cost_spec(args: &Args) -> Result<CostSpec, CliError> {
             CostInput::Stages(model) => CostSpec::Stages(model),
         },
         (text, None) => CostSpec::Uniform {
-            rank: parse_cost_flag(text.as_deref().unwrap_or("F=1,I=1,W=1"))
+            rank: parse_cost_flag(text.unwrap_or("F=1,I=1,W=1"))
                 .map_err(|e| usage(format!("--cost: {e}")))?,
             link: LinkCost::default(),
             overlap_share: 0.0,
@@ -248,7 +285,7 @@ fn cost_file_error(path: &Path, e: CostError) -> CliError {
 }
 
 /// The schedules to simulate, with whether each came from a file.
-fn schedules(args: &Args) -> Result<Vec<(Schedule, bool)>, CliError> {
+fn schedules(args: &Args, spec: &CostSpec) -> Result<Vec<(Schedule, bool)>, CliError> {
     if args.schedule.is_empty() && args.schedule_file.is_empty() {
         return Err(usage(
             "nothing to simulate: give --schedule NAMES (e.g. 1f1b,zb-h1) with --ranks and --microbatches, \
@@ -256,6 +293,14 @@ fn schedules(args: &Args) -> Result<Vec<(Schedule, bool)>, CliError> {
         ));
     }
     let mut out = Vec::new();
+    if !args
+        .schedule
+        .iter()
+        .any(|e| e.trim().split(':').next() == Some(AUTO))
+    {
+        let limit = args.memory_limit.map(|_| "--memory-limit");
+        auto_flags::only_for_auto(limit.or(args.auto.given()))?;
+    }
     if !args.schedule.is_empty() {
         let (ranks, microbatches) = match (args.ranks, args.microbatches) {
             (Some(p), Some(m)) => (p, m),
@@ -267,10 +312,13 @@ fn schedules(args: &Args) -> Result<Vec<(Schedule, bool)>, CliError> {
             }
         };
         for entry in &args.schedule {
-            out.push((
-                generate(entry.trim(), ranks, microbatches, args.chunks)?,
-                false,
-            ));
+            let entry = entry.trim();
+            let s = if entry.split(':').next() == Some(AUTO) {
+                auto(args, spec, entry, ranks, microbatches)?
+            } else {
+                generate(entry, ranks, microbatches, args.chunks)?
+            };
+            out.push((s, false));
         }
     }
     for path in &args.schedule_file {
@@ -280,6 +328,43 @@ fn schedules(args: &Args) -> Result<Vec<(Schedule, bool)>, CliError> {
         ));
     }
     Ok(out)
+}
+
+/// Solves `auto` or `auto:V` under the costs and the auto flags (prints the solver's summary on
+/// standard error).
+fn auto(
+    args: &Args,
+    spec: &CostSpec,
+    entry: &str,
+    ranks: usize,
+    microbatches: usize,
+) -> Result<Schedule, CliError> {
+    let own_v = match entry.split_once(':') {
+        Some((_, v)) => Some(v.parse::<usize>().map_err(|_| {
+            usage(format!(
+                "--schedule `{entry}`: `{v}` is not a number of chunks; write e.g. auto:2"
+            ))
+        })?),
+        None => None,
+    };
+    let default_v = if args.auto.placement == Placement::Vshape {
+        2
+    } else {
+        1
+    };
+    let chunks = own_v.or(args.chunks).unwrap_or(default_v);
+    let model = spec
+        .model_for(ranks, chunks)
+        .map_err(|e| usage(format!("costs for `auto`: {e}")))?;
+    let shape = auto_flags::Shape {
+        ranks,
+        microbatches,
+        chunks,
+    };
+    let limit = auto_flags::limit(args.memory_limit, args.auto.max_in_flight);
+    let out = auto_flags::solve_auto(shape, model, limit, &args.auto)?;
+    eprintln!("{}", auto_flags::summary(&out));
+    Ok(out.schedule)
 }
 
 /// Generates `name` or `name:V`.
@@ -300,7 +385,11 @@ fn generate(
         }
         None => (entry, None),
     };
-    let family = families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
+    let family = families::family(name).map_err(|e| {
+        usage(format!(
+            "--schedule: {e}, or auto (the automatic scheduler)"
+        ))
+    })?;
     // --chunks applies to the families with virtual stages; the others keep their V.
     let v = own_v.or(if family.default_chunks > 1 {
         chunks

@@ -6,8 +6,8 @@
 //! 2. [`profile`]: time every layer's `F`, `I`, `W` briefly on one microbatch (the same
 //!    measurement as `pipefill profile`, [`profile_model`]), on the CPU backend, which states its
 //!    overlap share in the cost file;
-//! 3. [`plans`]: the host planner scores each schedule family that fits (or only `--schedule`, or
-//!    the `--schedule-file`, whatever its name): its split (`--plan auto`: the best partition;
+//! 3. [`plans`]: the host planner scores each schedule family that fits and `auto` (or only
+//!    `--schedule`, or the `--schedule-file`, whatever its name): its split (`--plan auto`: the best partition;
 //!    `--plan uniform`: equal layer counts) simulated under the profile
 //!    ([`pipefill_host::plan::plan_families`], [`pipefill_host::plan::plan_schedule`]); the best
 //!    predicted step time is chosen;
@@ -26,16 +26,22 @@ mod setup;
 use std::io::IsTerminal;
 
 use pipefill_host::cost::CostFile;
-use pipefill_host::plan::{plan_families, plan_schedule, Plan, PlanError, PlanReport};
+use pipefill_host::plan::{
+    plan_families, plan_schedule, Plan, PlanError, PlanReport, Skipped, Split,
+};
 use pipefill_host::profile::ProfileOptions;
 use pipefill_host::runtime::{Executor, StepReport};
+use pipefill_host::schedule::auto::{Objective, AUTO, DEFAULT_TIME_BUDGET};
 use pipefill_host::schedule::Params;
+use pipefill_host::schedule::Placement;
 use pipefill_host::sim::simulate;
 use pipefill_host::timeline::Timeline;
 
 pub use checkpoint::{CheckpointArgs, Resume};
 pub use setup::{setup, Args, Format, Launcher, Setup, TrainPlan};
 
+use super::auto_flags;
+use super::auto_plan::auto_schedule;
 use super::profile::{profile_model, Backend, Measure};
 use super::CliError;
 use crate::layers::LinearStage;
@@ -145,20 +151,90 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
         chunks: a.chunks,
         group_size: None,
     };
-    let families: Vec<String> = a.schedule.iter().cloned().collect();
-    plan_families(costs, &params, &families, split, None).map_err(|e| {
-        let why = |e: PlanError| match e {
-            PlanError::NoPlan { skipped } => skipped
-                .iter()
-                .map(|s| format!("{}: {}", s.family, s.reason))
-                .collect::<Vec<_>>()
-                .join("; "),
-            e => e.to_string(),
-        };
-        CliError::Usage(match &a.schedule {
-            Some(name) => format!("--schedule {name} cannot run with these flags: {}", why(e)),
-            None => format!("no schedule family fits these flags: {}", why(e)),
-        })
+    let only_auto = a.schedule.as_deref() == Some(AUTO);
+    let mut report = if only_auto {
+        PlanReport {
+            plans: Vec::new(),
+            skipped: Vec::new(),
+        }
+    } else {
+        let families: Vec<String> = a.schedule.iter().cloned().collect();
+        match plan_families(costs, &params, &families, split, None) {
+            Ok(r) => r,
+            // With `auto` still to come, no fitting family is not yet an error.
+            Err(PlanError::NoPlan { skipped }) if a.schedule.is_none() => PlanReport {
+                plans: Vec::new(),
+                skipped,
+            },
+            Err(e) => return Err(no_plan(a.schedule.as_deref(), e)),
+        }
+    };
+    if a.schedule.is_none() || only_auto {
+        match auto_plan(setup, costs, split) {
+            Ok(p) => report.plans.push(p),
+            Err(e) if only_auto => return Err(no_plan(Some(AUTO), e)),
+            Err(e) => report.skipped.push(Skipped {
+                family: AUTO.into(),
+                chunks: a.chunks.unwrap_or(1),
+                microbatches: a.microbatches,
+                reason: e.to_string(),
+            }),
+        }
+        report
+            .plans
+            .sort_by(|x, y| x.step_time.total_cmp(&y.step_time));
+    }
+    if report.plans.is_empty() {
+        return Err(no_plan(
+            a.schedule.as_deref(),
+            PlanError::NoPlan {
+                skipped: report.skipped,
+            },
+        ));
+    }
+    Ok(report)
+}
+
+/// `auto` for the run's `P`, `M` and `V` (1 when not given; looped placement) on the profile, no
+/// memory limit, the default budget and the run's seed, planned like the families (`--plan`).
+fn auto_plan(setup: &Setup, costs: &CostFile, split: Split) -> Result<Plan, PlanError> {
+    let a = &setup.args;
+    let shape = auto_flags::Shape {
+        ranks: a.ranks,
+        microbatches: a.microbatches,
+        chunks: a.chunks.unwrap_or(1),
+    };
+    let flags = auto_flags::AutoArgs {
+        max_in_flight: None,
+        objective: Objective::Makespan,
+        time_budget: DEFAULT_TIME_BUDGET,
+        seed: a.seed,
+        placement: Placement::Looped,
+    };
+    let schedule = auto_schedule(costs, shape, None, &flags).map_err(|e| PlanError::NoPlan {
+        skipped: vec![Skipped {
+            family: AUTO.into(),
+            chunks: shape.chunks,
+            microbatches: shape.microbatches,
+            reason: e.to_string(),
+        }],
+    })?;
+    plan_schedule(costs, &schedule, split, None)
+}
+
+/// The error when no plan is left: which schedules were ruled out, and why.
+fn no_plan(schedule: Option<&str>, e: PlanError) -> CliError {
+    let why = match e {
+        PlanError::NoPlan { skipped } => skipped
+            .iter()
+            .map(|s| format!("{}: {}", s.family, s.reason))
+            .collect::<Vec<_>>()
+            .join("; "),
+        e => e.to_string(),
+    };
+    CliError::Usage(match schedule {
+        Some(name) => format!("--schedule {name} cannot run with these flags: {why}"),
+        None => format!("no schedule family fits these flags: {why}"),
     })
 }
 

@@ -121,6 +121,11 @@ struct JsonFile {
     microbatches: usize,
     placement: String,
     actions: Vec<Vec<String>>,
+    /// What the automatic scheduler found (`schedule::auto::SolverInfo`); optional, not needed to
+    /// run the schedule.
+    #[serde(default)]
+    #[allow(dead_code)]
+    solver: Option<serde_json::Value>,
 }
 
 /// Reads the canonical JSON form.

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use pipefill_host::plan::Split;
+use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::{families, Schedule};
 
 use crate::cli::profile::{cuda_or_usage, Backend};
@@ -84,7 +85,8 @@ pub struct Args {
     /// Stages per rank, `V` (default: each family's own).
     #[arg(long)]
     pub chunks: Option<usize>,
-    /// Schedule family to train with (default: the one with the lowest predicted step time).
+    /// Schedule family to train with, or `auto` (default: the one with the lowest predicted step
+    /// time among the families and `auto`).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Train with the schedule in this file instead of a generated one (JSON, CSV or text grid,
@@ -188,8 +190,12 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     let spec = args.model.spec()?;
     super::super::model_flags::check_train(&spec, &args, optimizer)?;
     check_model(&args, &spec, schedule_file.as_ref())?;
-    if let Some(name) = &args.schedule {
-        families::family(name).map_err(|e| usage(format!("--schedule: {e}")))?;
+    if let Some(name) = args.schedule.as_deref().filter(|n| *n != AUTO) {
+        families::family(name).map_err(|e| {
+            usage(format!(
+                "--schedule: {e}, or auto (the automatic scheduler)"
+            ))
+        })?;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let backend = resolve_backend(args.backend)?;

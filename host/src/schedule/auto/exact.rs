@@ -1,0 +1,239 @@
+//! The exact method for small instances: a branch and bound over every per-rank order.
+//!
+//! A schedule is a list per rank; the simulator gives each action the earliest start its rank and
+//! its inputs allow. Listing all actions by (start, rank) builds every such schedule exactly once
+//! when each new action starts no earlier than the previous one (and on a later rank when at the
+//! same time; every time is positive, so an action's inputs always come before it). The search
+//! appends actions in that order; microbatches are interchangeable, so stage 0 takes them in order.
+//! A node is cut when its bound (each rank's remaining work after its free time, and each
+//! remaining action's earliest end through its chain of inputs) cannot beat the best schedule so
+//! far. Memory is tracked as the lists grow, so the optimum is the optimum under the limit.
+//!
+//! When the search ends within its node budget the incumbent is optimal (no order of any rank's
+//! actions does better); otherwise the root bound is reported.
+
+use crate::schedule::Action;
+
+use super::instance::{Instance, MEMORY_EPS};
+
+/// Largest instance (`3 * P * V * M` actions) the exact method tries.
+pub const EXACT_MAX_ACTIONS: usize = 36;
+
+/// Nodes the search may visit per second of the time budget before it gives up the proof (at
+/// least [`MIN_NODES`]).
+const NODES_PER_SECOND: f64 = 400_000.0;
+
+/// Nodes the search may always visit.
+const MIN_NODES: u64 = 20_000;
+
+/// What the search found.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Exact {
+    /// Whether every order was covered: the best makespan is optimal.
+    pub(crate) complete: bool,
+    /// A makespan no schedule beats (the root bound, or the optimum when complete).
+    pub(crate) lower_bound: f64,
+    /// Per-rank lists better than the incumbent, if found.
+    pub(crate) improved: Option<Vec<Vec<Action>>>,
+}
+
+/// Searches `inst` for a makespan below `incumbent`; `None` when the instance is too large or has a
+/// zero time (ties would break the one-order-per-schedule rule).
+pub(crate) fn solve(inst: &Instance, incumbent: f64, seconds: f64) -> Option<Exact> {
+    let n = inst.actions();
+    if n > EXACT_MAX_ACTIONS || inst.dur.iter().flatten().any(|&t| t <= 0.0) {
+        return None;
+    }
+    let mut s = Search {
+        inst,
+        end: vec![f64::INFINITY; n],
+        free: vec![0.0; inst.p],
+        mem: vec![0.0; inst.p],
+        rem: (0..inst.p).map(|r| inst.work(r)).collect(),
+        orders: vec![Vec::new(); inst.p],
+        placed: 0,
+        best: incumbent,
+        best_orders: None,
+        nodes: 0,
+        node_budget: ((seconds * NODES_PER_SECOND) as u64).max(MIN_NODES),
+        est: vec![0.0; n],
+    };
+    let root = s.bound(0.0);
+    s.dfs(0.0, 0);
+    let complete = s.nodes <= s.node_budget;
+    Some(Exact {
+        complete,
+        lower_bound: if complete { s.best } else { root.min(s.best) },
+        improved: s.best_orders,
+    })
+}
+
+struct Search<'a> {
+    inst: &'a Instance,
+    end: Vec<f64>,
+    free: Vec<f64>,
+    mem: Vec<f64>,
+    rem: Vec<f64>,
+    orders: Vec<Vec<Action>>,
+    placed: usize,
+    best: f64,
+    best_orders: Option<Vec<Vec<Action>>>,
+    nodes: u64,
+    node_budget: u64,
+    est: Vec<f64>,
+}
+
+impl Search<'_> {
+    /// The ids `id` waits for, with the transfer time after each.
+    fn preds(&self, id: usize) -> [(usize, f64); 2] {
+        let inst = self.inst;
+        let none = (usize::MAX, 0.0);
+        let a = inst.action(id);
+        let (x, k) = (a.stage, a.microbatch);
+        match id % 3 {
+            0 if x == 0 => [none, none],
+            0 => [(inst.id(0, x - 1, k), inst.comm[x - 1]), none],
+            1 if x + 1 == inst.s => [(inst.id(0, x, k), 0.0), none],
+            1 => [
+                (inst.id(0, x, k), 0.0),
+                (inst.id(1, x + 1, k), inst.comm[x]),
+            ],
+            _ => [(inst.id(1, x, k), 0.0), none],
+        }
+    }
+
+    /// A makespan bound for every completion of the current node.
+    fn bound(&mut self, last: f64) -> f64 {
+        let inst = self.inst;
+        let mut lb = self.free.iter().copied().fold(0.0, f64::max);
+        for r in 0..inst.p {
+            if self.rem[r] > 0.0 {
+                lb = lb.max(self.free[r].max(last) + self.rem[r]);
+            }
+        }
+        // Earliest end of every remaining action through its inputs: F by stage up, I by stage
+        // down, then W (ids in this order respect every input).
+        let order = (0..inst.s)
+            .map(|x| (0, x))
+            .chain((0..inst.s).rev().map(|x| (1, x)))
+            .chain((0..inst.s).map(|x| (2, x)));
+        for (op, x) in order {
+            for k in 0..inst.m {
+                let id = inst.id(op, x, k);
+                if self.end[id] < f64::INFINITY {
+                    self.est[id] = self.end[id];
+                    continue;
+                }
+                let mut start = last.max(self.free[inst.rank_of[x]]);
+                for (p, c) in self.preds(id) {
+                    if p != usize::MAX {
+                        start = start.max(self.est[p] + c);
+                    }
+                }
+                self.est[id] = start + inst.dur[x][op];
+                lb = lb.max(self.est[id]);
+            }
+        }
+        lb
+    }
+
+    /// Start of `id` on its rank now, if its inputs are placed and memory allows.
+    fn start_of(&self, id: usize) -> Option<f64> {
+        let inst = self.inst;
+        let a = inst.action(id);
+        let r = inst.rank_of[a.stage];
+        let mut t = self.free[r];
+        for (p, c) in self.preds(id) {
+            if p != usize::MAX {
+                if self.end[p] == f64::INFINITY {
+                    return None;
+                }
+                t = t.max(self.end[p] + c);
+            }
+        }
+        if id % 3 == 0 {
+            if a.stage == 0
+                && a.microbatch > 0
+                && self.end[inst.id(0, 0, a.microbatch - 1)] == f64::INFINITY
+            {
+                return None;
+            }
+            let need = self.mem[r] + inst.foot[a.stage].bytes;
+            if need > inst.budget[r] + MEMORY_EPS * need.max(1.0) {
+                return None;
+            }
+        }
+        Some(t)
+    }
+
+    fn dfs(&mut self, last: f64, last_rank: usize) {
+        self.nodes += 1;
+        if self.nodes > self.node_budget {
+            return;
+        }
+        let inst = self.inst;
+        if self.placed == inst.actions() {
+            let makespan = self.free.iter().copied().fold(0.0, f64::max);
+            if makespan < self.best * (1.0 - 1e-12) {
+                self.best = makespan;
+                self.best_orders = Some(self.orders.clone());
+            }
+            return;
+        }
+        if self.bound(last) >= self.best * (1.0 - 1e-12) {
+            return;
+        }
+        let mut cands: Vec<(f64, usize)> = (0..inst.actions())
+            .filter(|&id| self.end[id] == f64::INFINITY)
+            .filter_map(|id| Some((self.start_of(id)?, id)))
+            .filter(|&(t, id)| {
+                let r = inst.rank_of[inst.action(id).stage];
+                t > last || (t == last && r > last_rank) || self.placed == 0
+            })
+            .collect();
+        cands.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for (t, id) in cands {
+            self.apply(id, t, true);
+            let r = inst.rank_of[inst.action(id).stage];
+            self.dfs(t, r);
+            self.apply(id, t, false);
+            if self.nodes > self.node_budget {
+                return;
+            }
+        }
+    }
+
+    /// Places (`on`) or removes `id` started at `t`.
+    fn apply(&mut self, id: usize, t: f64, on: bool) {
+        let inst = self.inst;
+        let a = inst.action(id);
+        let op = id % 3;
+        let r = inst.rank_of[a.stage];
+        let d = inst.dur[a.stage][op];
+        let sign = if on { 1.0 } else { -1.0 };
+        self.mem[r] += sign * inst.delta(op, a.stage);
+        self.rem[r] -= sign * d;
+        if on {
+            self.end[id] = t + d;
+            self.orders[r].push(a);
+            self.free[r] = t + d;
+            self.placed += 1;
+        } else {
+            self.end[id] = f64::INFINITY;
+            self.orders[r].pop();
+            self.free[r] = self.orders[r].last().map_or(0.0, |&b| {
+                self.end[inst.id(op_index(b), b.stage, b.microbatch)]
+            });
+            self.placed -= 1;
+        }
+    }
+}
+
+/// 0, 1, 2 for F, I, W.
+fn op_index(a: Action) -> usize {
+    match a.op {
+        crate::schedule::Op::F => 0,
+        crate::schedule::Op::I => 1,
+        _ => 2,
+    }
+}

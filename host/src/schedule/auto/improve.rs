@@ -1,0 +1,191 @@
+//! The improvement phase, scored by the simulator: randomised restarts of the list scheduler
+//! (priority rule, `W` policy and per-rank warm-up caps drawn at random), then local moves on the
+//! best schedule's lists (an item moved a few places within its rank, which moves `W`s, swaps
+//! forwards and backwards and changes warm-up counts), keeping every move that is no worse.
+//!
+//! The budget is counted in work, not read from a clock: each simulation costs its number of actions
+//! (twice that with the spans recorded, for the span objective), each construction its number of
+//! actions times `3P + 1`, and one second of budget is
+//! [`WORK_PER_SECOND`] units. So a result depends only on the request and the seed, on any machine.
+
+use crate::schedule::{Item, Schedule};
+
+use super::instance::Instance;
+use super::list::{build, warmup_caps, Order, Rule, WMode};
+use super::rng::Rng;
+use super::score::{fits_budget, schedule_of, score, Scored};
+use super::Objective;
+
+/// Work units per second of budget (a simulated action and a scheduling step are one unit each;
+/// measured on the development machine so that one second of budget takes about a second).
+pub const WORK_PER_SECOND: f64 = 6.0e6;
+
+/// What is left of the budget.
+#[derive(Debug, Clone)]
+pub(crate) struct Work {
+    left: f64,
+    /// Simulations run.
+    pub(crate) evaluations: u64,
+}
+
+impl Work {
+    /// `seconds` of budget.
+    pub(crate) fn new(seconds: f64) -> Self {
+        Work {
+            left: seconds * WORK_PER_SECOND,
+            evaluations: 0,
+        }
+    }
+
+    /// Takes `units`; false when the budget was already spent.
+    pub(crate) fn take(&mut self, units: f64) -> bool {
+        if self.left <= 0.0 {
+            return false;
+        }
+        self.left -= units;
+        true
+    }
+
+    /// Units left.
+    pub(crate) fn left(&self) -> f64 {
+        self.left
+    }
+}
+
+/// Work units of one simulation: its actions, twice with the spans recorded (span objective).
+fn sim_cost(inst: &Instance, objective: Objective) -> f64 {
+    let n = inst.actions() as f64;
+    match objective {
+        Objective::Makespan => n,
+        Objective::Span => 2.0 * n,
+    }
+}
+
+/// Whether `value` reaches `target` (the lower bound: nothing better exists).
+fn reached(value: f64, target: f64) -> bool {
+    value <= target * (1.0 + 1e-9)
+}
+
+/// Evaluates `schedule`, counting the work; `None` if it deadlocks or exceeds a budget.
+fn evaluate(
+    inst: &Instance,
+    objective: Objective,
+    schedule: Schedule,
+    work: &mut Work,
+) -> Option<Scored> {
+    work.evaluations += 1;
+    if !fits_budget(inst, &schedule) {
+        return None;
+    }
+    score(inst, objective, schedule).ok().flatten()
+}
+
+/// A random rule: any priority, order and `W` policy, warm-up caps between one microbatch and the
+/// limit, some random flips.
+fn random_rule(inst: &Instance, rng: &mut Rng) -> Rule {
+    let orders = [Order::Deep, Order::Oldest, Order::Shallow];
+    let modes = [WMode::Eager, WMode::FitGap, WMode::Late];
+    let mut rule = Rule::plain(
+        inst.p,
+        rng.below(2) == 0,
+        orders[rng.below(3)],
+        modes[rng.below(3)],
+    );
+    if rng.below(3) > 0 {
+        let slope = [0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0][rng.below(8)];
+        let offset = rng.below(5) as f64 - 2.0;
+        rule.soft = warmup_caps(inst.p, slope, offset);
+    }
+    rule.flip = [0.0, 0.05, 0.2][rng.below(3)];
+    rule.seed = rng.next_u64();
+    rule
+}
+
+/// Randomised restarts until `share` of the budget is spent; improves `best` in place.
+pub(crate) fn restarts(
+    inst: &Instance,
+    objective: Objective,
+    best: &mut Scored,
+    rng: &mut Rng,
+    work: &mut Work,
+    share: f64,
+    target: f64,
+) {
+    let n = inst.actions() as f64;
+    let stop = work.left() * (1.0 - share);
+    while work.left() > stop && !reached(best.value, target) {
+        let rule = random_rule(inst, rng);
+        if !work.take(n * (3.0 * inst.p as f64 + 1.0) + sim_cost(inst, objective)) {
+            break;
+        }
+        let Some(orders) = build(inst, &rule) else {
+            continue;
+        };
+        if let Some(s) = evaluate(inst, objective, schedule_of(inst, "auto", &orders), work) {
+            if s.value < best.value {
+                *best = s;
+            }
+        }
+    }
+}
+
+/// Local moves on `best` until the budget is spent or the target is reached.
+pub(crate) fn local_search(
+    inst: &Instance,
+    objective: Objective,
+    best: &mut Scored,
+    rng: &mut Rng,
+    work: &mut Work,
+    target: f64,
+) {
+    while !reached(best.value, target) && work.take(sim_cost(inst, objective)) {
+        // Half the moves go to the rank whose span is the objective, when there is one.
+        let focus = best.worst.filter(|_| rng.below(2) == 0);
+        let Some(candidate) = moved(&best.schedule, focus, rng) else {
+            continue;
+        };
+        if let Some(s) = evaluate(inst, objective, candidate, work) {
+            if s.value <= best.value {
+                *best = s;
+            }
+        }
+    }
+}
+
+/// `schedule` with one item moved a few places within its rank (`rank`, or one at random); `None` when the move would put an
+/// item before one of the same stage and microbatch it needs (or after one that needs it).
+fn moved(schedule: &Schedule, rank: Option<usize>, rng: &mut Rng) -> Option<Schedule> {
+    let r = rank.unwrap_or_else(|| rng.below(schedule.ranks));
+    let list = &schedule.actions[r];
+    if list.len() < 2 {
+        return None;
+    }
+    let i = rng.below(list.len());
+    let reach = 1 + rng.below(4 * schedule.chunks + 2);
+    let j = if rng.below(2) == 0 {
+        i.checked_sub(reach)?
+    } else {
+        (i + reach).min(list.len() - 1)
+    };
+    if i == j {
+        return None;
+    }
+    let (lo, hi) = (i.min(j), i.max(j));
+    let item = list[i];
+    let between = if i < j { lo + 1..=hi } else { lo..=hi - 1 };
+    if list[between].iter().any(|other| shares_pair(&item, other)) {
+        return None;
+    }
+    let mut s = schedule.clone();
+    let it = s.actions[r].remove(i);
+    s.actions[r].insert(j, it);
+    Some(s)
+}
+
+/// Whether two items touch the same (stage, microbatch).
+fn shares_pair(a: &Item, b: &Item) -> bool {
+    a.actions().any(|x| {
+        b.actions()
+            .any(|y| (x.stage, x.microbatch) == (y.stage, y.microbatch))
+    })
+}

@@ -1,0 +1,321 @@
+//! The constructive phase: list scheduling.
+//!
+//! Time moves forward; each rank, when free, picks among its candidate actions (per stage, the next
+//! `F`, `I` and `W` in microbatch order: microbatches cost the same, so per-stage microbatch order
+//! loses nothing) the one a [`Rule`] prefers among those whose inputs have arrived, or waits for the
+//! first to arrive. The rank that can start soonest goes first, so every rank's list is built in time
+//! order and the memory it holds is known at each choice.
+//!
+//! Memory is never exceeded and never deadlocks: a microbatch enters the pipeline (`F` of stage 0)
+//! only when every rank can hold it whole on top of what it holds and what the microbatches already
+//! in have reserved there, so every microbatch that entered can always finish. A rule may also cap
+//! what a rank takes in before its first backward (`soft`, the warm-up count), which the improvement
+//! phase tunes; such a cap is lifted when nothing else could move.
+
+use crate::schedule::Action;
+
+use super::instance::{Instance, MEMORY_EPS};
+use super::rng::Rng;
+
+/// When a rank runs a ready `W` (which nothing waits for) rather than waiting for an `F` or `I`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WMode {
+    /// Whenever no `F` or `I` can start now (the zero-bubble schedules' filling).
+    Eager,
+    /// Only when the wait for the next `F` or `I` is at least the `W`'s time.
+    FitGap,
+    /// Only when the rank has no `F` or `I` to wait for (or memory needs it).
+    Late,
+}
+
+/// Which of several candidates of the same op (one per chunk) goes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// The deepest stage first (finishes microbatches).
+    Deep,
+    /// The shallowest stage first (fills the pipeline).
+    Shallow,
+    /// The oldest microbatch first, then the deepest stage.
+    Oldest,
+}
+
+/// A priority rule.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Rule {
+    /// When both can start now: `F` before `I` (true) or `I` before `F`.
+    pub(crate) prefer_forward: bool,
+    /// Among candidates of one op.
+    pub(crate) order: Order,
+    /// When `W` runs.
+    pub(crate) w_mode: WMode,
+    /// Per rank, the most microbatches it may have between its first chunk's `F` and that chunk's
+    /// `I` (the warm-up count); infinite: only the limit counts.
+    pub(crate) soft: Vec<f64>,
+    /// Probability of inverting `prefer_forward` at one choice (randomised restarts).
+    pub(crate) flip: f64,
+    /// Seed of the flips.
+    pub(crate) seed: u64,
+}
+
+impl Rule {
+    /// A rule without caps or flips.
+    pub(crate) fn plain(p: usize, prefer_forward: bool, order: Order, w_mode: WMode) -> Self {
+        Rule {
+            prefer_forward,
+            order,
+            w_mode,
+            soft: vec![f64::INFINITY; p],
+            flip: 0.0,
+            seed: 0,
+        }
+    }
+
+    /// The fixed rules the constructive phase always tries: backward-first and forward-first, each
+    /// op order, each `W` policy, plus 1F1B-like warm-up caps.
+    pub(crate) fn standard(inst: &Instance) -> Vec<Rule> {
+        let mut rules = Vec::new();
+        for w_mode in [WMode::Eager, WMode::FitGap, WMode::Late] {
+            for order in [Order::Deep, Order::Oldest, Order::Shallow] {
+                for prefer_forward in [false, true] {
+                    rules.push(Rule::plain(inst.p, prefer_forward, order, w_mode));
+                }
+            }
+        }
+        // Warm-up caps: rank r takes in at most P - r (1F1B), 2(P - r) - 1 (ZB-H2's shape) or
+        // something between before its first backward.
+        let shapes = [
+            (1.0, 0.0),
+            (2.0, -1.0),
+            (1.5, 0.0),
+            (1.0, 2.0),
+            (2.0, 0.0),
+            (2.0, 1.0),
+            (2.5, 0.0),
+        ];
+        for (slope, offset) in shapes {
+            for w_mode in [WMode::Eager, WMode::FitGap] {
+                let mut rule = Rule::plain(inst.p, false, Order::Deep, w_mode);
+                rule.soft = warmup_caps(inst.p, slope, offset);
+                rules.push(rule);
+            }
+        }
+        rules
+    }
+}
+
+/// Per rank `r`, `max(1, slope * (P - r) + offset)` microbatches before the first backward.
+pub(crate) fn warmup_caps(p: usize, slope: f64, offset: f64) -> Vec<f64> {
+    (0..p)
+        .map(|r| (slope * (p - r) as f64 + offset).round().max(1.0))
+        .collect()
+}
+
+/// What one rank would do next.
+#[derive(Debug, Clone, Copy)]
+struct Choice {
+    id: usize,
+    start: f64,
+}
+
+/// The state of one construction.
+struct Builder<'a> {
+    inst: &'a Instance,
+    rule: &'a Rule,
+    rng: Rng,
+    /// End time per action (infinite until placed).
+    end: Vec<f64>,
+    /// Per stage, the next microbatch of F, I and W.
+    next: Vec<[usize; 3]>,
+    free: Vec<f64>,
+    mem: Vec<f64>,
+    /// Per rank, memory reserved by microbatches that entered but have not reached the rank.
+    pending: Vec<f64>,
+    /// Per rank, microbatches between its first chunk's `F` and `I`.
+    open: Vec<f64>,
+    orders: Vec<Vec<Action>>,
+    relax: bool,
+}
+
+/// Builds per-rank action lists with `rule`; `None` only if the rule cannot finish (a bug).
+pub(crate) fn build(inst: &Instance, rule: &Rule) -> Option<Vec<Vec<Action>>> {
+    let mut b = Builder {
+        inst,
+        rule,
+        rng: Rng::new(rule.seed),
+        end: vec![f64::INFINITY; inst.actions()],
+        next: vec![[0; 3]; inst.s],
+        free: vec![0.0; inst.p],
+        mem: vec![0.0; inst.p],
+        pending: vec![0.0; inst.p],
+        open: vec![0.0; inst.p],
+        orders: vec![Vec::with_capacity(3 * inst.v * inst.m); inst.p],
+        relax: false,
+    };
+    for _ in 0..inst.actions() {
+        let (r, c) = match b.pick() {
+            Some(x) => x,
+            None if !b.relax => {
+                b.relax = true;
+                b.pick()?
+            }
+            None => return None,
+        };
+        b.relax = false;
+        b.place(r, c);
+    }
+    Some(b.orders)
+}
+
+impl Builder<'_> {
+    /// The rank that can start soonest, and its choice.
+    fn pick(&mut self) -> Option<(usize, Choice)> {
+        let mut best: Option<(usize, Choice)> = None;
+        for r in 0..self.inst.p {
+            if let Some(c) = self.choose(r) {
+                if best.is_none_or(|(_, b)| c.start < b.start) {
+                    best = Some((r, c));
+                }
+            }
+        }
+        best
+    }
+
+    /// When `id`'s inputs are there (infinite if a producer is not placed yet).
+    fn ready(&self, op: usize, x: usize, k: usize) -> f64 {
+        let inst = self.inst;
+        match op {
+            0 if x == 0 => 0.0,
+            0 => self.end[inst.id(0, x - 1, k)] + inst.comm[x - 1],
+            1 => {
+                let own = self.end[inst.id(0, x, k)];
+                if x + 1 == inst.s {
+                    own
+                } else {
+                    own.max(self.end[inst.id(1, x + 1, k)] + inst.comm[x])
+                }
+            }
+            _ => self.end[inst.id(1, x, k)],
+        }
+    }
+
+    /// Whether memory lets `F(x, k)` start on rank `r` now.
+    fn may_forward(&self, r: usize, x: usize) -> bool {
+        let inst = self.inst;
+        if x == 0 {
+            let fits = (0..inst.p).all(|q| {
+                let need = self.mem[q] + self.pending[q] + inst.one_microbatch(q);
+                need <= inst.budget[q] + MEMORY_EPS * need.max(1.0)
+            });
+            if !fits {
+                return false;
+            }
+        }
+        if self.relax || inst.stages_of[r][0] != x {
+            return true;
+        }
+        self.open[r] + 1.0 <= self.rule.soft[r]
+    }
+
+    /// Rank `r`'s next action under the rule.
+    fn choose(&mut self, r: usize) -> Option<Choice> {
+        let inst = self.inst;
+        let t0 = self.free[r];
+        // Per op, the best candidate that can start now: (id, key).
+        let mut now_best: [Option<(usize, usize)>; 3] = [None; 3];
+        let mut first_later: Option<(f64, usize, usize)> = None; // (ready, op rank, id)
+        let mut first_w_later: Option<(f64, usize)> = None;
+        for &x in &inst.stages_of[r] {
+            let n = self.next[x];
+            for op in 0..3 {
+                let k = n[op];
+                let open = match op {
+                    0 => k < inst.m && self.may_forward(r, x),
+                    _ => k < n[op - 1],
+                };
+                if !open {
+                    continue;
+                }
+                let ready = self.ready(op, x, k);
+                if ready == f64::INFINITY {
+                    continue;
+                }
+                let id = inst.id(op, x, k);
+                let key = self.key(x, k);
+                if ready <= t0 {
+                    if now_best[op].is_none_or(|(_, kk)| key < kk) {
+                        now_best[op] = Some((id, key));
+                    }
+                } else if op < 2 {
+                    let cand = (ready, key, id);
+                    if first_later.is_none_or(|f| (cand.0, cand.1) < (f.0, f.1)) {
+                        first_later = Some(cand);
+                    }
+                } else if first_w_later.is_none_or(|f| ready < f.0) {
+                    first_w_later = Some((ready, id));
+                }
+            }
+        }
+        let now = |id: usize| Some(Choice { id, start: t0 });
+        let forward_first =
+            self.rule.prefer_forward != (self.rule.flip > 0.0 && self.rng.unit() < self.rule.flip);
+        let [fwd_now, back_now, w_now] = now_best;
+        match (fwd_now, back_now) {
+            (Some((f, _)), Some((b, _))) => return now(if forward_first { f } else { b }),
+            (Some((f, _)), None) => return now(f),
+            (None, Some((b, _))) => return now(b),
+            (None, None) => {}
+        }
+        if let Some((w, _)) = w_now {
+            let w_time = inst.dur[inst.action(w).stage][2];
+            let run_w = match (self.rule.w_mode, first_later) {
+                (_, None) => true,
+                (WMode::Eager, _) => true,
+                (WMode::FitGap, Some((ready, _, _))) => ready - t0 >= w_time,
+                (WMode::Late, Some(_)) => false,
+            };
+            if run_w {
+                return now(w);
+            }
+        }
+        match (first_later, first_w_later) {
+            (Some((ready, _, id)), _) => Some(Choice { id, start: ready }),
+            (None, Some((ready, id))) => Some(Choice { id, start: ready }),
+            (None, None) => None,
+        }
+    }
+
+    /// Sort key of `(x, k)` among candidates of one op (smaller first).
+    fn key(&self, x: usize, k: usize) -> usize {
+        let s = self.inst.s;
+        match self.rule.order {
+            Order::Deep => s - x,
+            Order::Shallow => x,
+            Order::Oldest => k * s + (s - x),
+        }
+    }
+
+    /// Places choice `c` on rank `r`.
+    fn place(&mut self, r: usize, c: Choice) {
+        let inst = self.inst;
+        let a = self.inst.action(c.id);
+        let op = c.id % 3;
+        let x = a.stage;
+        let t = inst.dur[x][op];
+        self.end[c.id] = c.start + t;
+        self.free[r] = c.start + t;
+        self.next[x][op] += 1;
+        if op == 0 {
+            if x == 0 {
+                for q in 0..inst.p {
+                    self.pending[q] += inst.one_microbatch(q);
+                }
+            }
+            self.pending[r] -= inst.foot[x].bytes;
+        }
+        self.mem[r] += inst.delta(op, x);
+        if inst.stages_of[r][0] == x && op < 2 {
+            self.open[r] += if op == 0 { 1.0 } else { -1.0 };
+        }
+        self.orders[r].push(a);
+    }
+}

@@ -1,0 +1,256 @@
+//! The automatic scheduler (family name `auto`): a schedule for measured, uneven per-stage costs,
+//! transfer times and a memory limit per rank, that minimises the step's makespan (or the longest
+//! per-rank span) as the simulator predicts it.
+//!
+//! [`solve`] runs, in order:
+//!
+//! 1. **seeds**: every handcrafted family of the same `V` and placement that fits the limit
+//!    ([`FamilyResult`]); `auto` never returns anything worse than the best of them;
+//! 2. **constructive**: list scheduling under several priority rules (backward or forward first,
+//!    deepest chunk / oldest microbatch / shallowest chunk first, three `W` policies, 1F1B- and
+//!    ZB-H2-shaped warm-up caps), memory-safe by construction (module `list`);
+//! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
+//!    randomised restarts, then local moves scored by the simulator (module `improve`);
+//! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
+//!    a branch and bound over every per-rank order that proves the optimum or reports the gap to
+//!    its bound (module `exact`).
+//!
+//! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
+//! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
+//! starts, `I` and `W` release theirs when they end; in microbatches in flight each of `V` chunks
+//! counts `1/V`). The result records the objective, the lower bound ([`crate::sim::lower_bound`]
+//! for the makespan, the busiest rank's work for the span; the proven optimum when the exact method
+//! finished) and the gap ([`SolverInfo`]), which [`AutoSchedule::to_json`] writes next to the
+//! schedule.
+//!
+//! ```
+//! use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+//! use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit};
+//! use pipefill_host::schedule::validate::validate;
+//! // Four ranks, the first and last stage 1.5x slower, at most 4 microbatches in flight per rank.
+//! let mut costs = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+//! for s in [0, 3] {
+//!     costs.stages[s] = StageCost::uniform(1.5, 1.5, 1.5);
+//! }
+//! let req = AutoRequest::new(4, 8, costs)
+//!     .with_limit(MemoryLimit::InFlight(4.0))
+//!     .with_budget(0.05, 1);
+//! let out = solve(&req).unwrap();
+//! validate(&out.schedule).unwrap();
+//! assert!(out.solver.peak.iter().all(|&p| p <= 4.0));
+//! assert!(out.solver.value >= out.solver.lower_bound);
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::Schedule;
+use crate::sim::lower_bound;
+
+mod error;
+mod exact;
+mod improve;
+mod instance;
+mod list;
+mod request;
+mod rng;
+mod score;
+mod seeds;
+
+pub use error::AutoError;
+pub use exact::EXACT_MAX_ACTIONS;
+pub use improve::WORK_PER_SECOND;
+pub use request::{AutoRequest, MemoryLimit, Objective, UnknownObjective, DEFAULT_TIME_BUDGET};
+pub use seeds::FamilyResult;
+
+use instance::Instance;
+use list::{build, Rule};
+use rng::Rng;
+use score::{schedule_of, score, Scored};
+
+/// The family name of automatic schedules.
+pub const AUTO: &str = "auto";
+
+/// What the solver found besides the schedule (written as `"solver"` in the schedule's JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SolverInfo {
+    /// What was minimised.
+    pub objective: Objective,
+    /// The objective of the returned schedule.
+    pub value: f64,
+    /// Its simulated makespan.
+    pub makespan: f64,
+    /// No schedule of this shape under these costs can do better than this (the proven optimum when
+    /// `proven_optimal`).
+    pub lower_bound: f64,
+    /// `value / lower_bound - 1` (0 when proven optimal or when the bound is reached).
+    pub gap: f64,
+    /// Whether the exact method proved `value` optimal (under the memory limit).
+    pub proven_optimal: bool,
+    /// Where the schedule came from: a family name, `list` (the constructive phase), with
+    /// `+improved` when the improvement phase changed it, or `exact`.
+    pub origin: String,
+    /// The memory limit, if any.
+    pub limit: Option<MemoryLimit>,
+    /// Per rank, the simulator's peak activation memory: bytes, or microbatches in flight when the
+    /// limit is given in those or when there is none.
+    pub peak: Vec<f64>,
+    /// `bytes` or `microbatches in flight` (the unit of `peak` and of the limit).
+    pub peak_unit: String,
+    /// The seed of the improvement phase.
+    pub seed: u64,
+    /// The time budget, seconds.
+    pub time_budget: f64,
+    /// Candidates simulated.
+    pub evaluations: u64,
+    /// Every handcrafted family of this shape: its objective when it fits the limit.
+    pub families: Vec<FamilyResult>,
+}
+
+/// A schedule from [`solve`] and what the solver knows about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoSchedule {
+    /// The schedule (named `auto`).
+    pub schedule: Schedule,
+    /// Objective, bound, gap and where it came from.
+    pub solver: SolverInfo,
+}
+
+impl AutoSchedule {
+    /// The schedule's canonical JSON ([`crate::schedule::format::to_json`]) with a `"solver"` field
+    /// holding [`SolverInfo`]; [`crate::schedule::format::from_json`] reads it back (the field is
+    /// optional there, so files without it read as before).
+    pub fn to_json(&self) -> String {
+        let base = crate::schedule::format::to_json(&self.schedule);
+        let solver = serde_json::to_string(&self.solver).unwrap_or_else(|_| "null".into());
+        match base.trim_end().strip_suffix('}') {
+            Some(head) => format!("{},\n  \"solver\": {solver}\n}}\n", head.trim_end()),
+            None => base,
+        }
+    }
+}
+
+/// Solves `req`: see the [module docs](self).
+///
+/// Errors ([`AutoError`]): a shape no schedule can have, unusable costs or a stage count that does
+/// not match `P * V`, a limit that is not positive or is below what one microbatch needs on some
+/// rank, a limit in bytes without activation sizes, a bad budget.
+pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
+    let inst = Instance::new(req)?;
+    let (families, seeded) = seeds::seeds(&inst, req.objective)?;
+    let mut best: Option<(Scored, String)> = None;
+    let mut offer = |s: Scored, origin: String| {
+        if best.as_ref().is_none_or(|(b, _)| s.value < b.value) {
+            best = Some((s, origin));
+        }
+    };
+    for s in seeded {
+        let name = s.schedule.name.clone();
+        offer(s, name);
+    }
+    for rule in Rule::standard(&inst) {
+        let Some(orders) = build(&inst, &rule) else {
+            continue;
+        };
+        if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
+            offer(s, "list".into());
+        }
+    }
+    let (mut best, origin) = best.ok_or_else(|| {
+        AutoError::Internal("no rule produced a schedule within the limit".into())
+    })?;
+    let start_value = best.value;
+    let target = bound(&inst, req, &best.schedule);
+    let mut lower = target;
+    let mut proven = best.value <= target * (1.0 + 1e-9);
+    let mut work = improve::Work::new(req.time_budget);
+    let mut exact_won = false;
+    if !proven && req.objective == Objective::Makespan {
+        if let Some(result) = exact::solve(&inst, best.value, req.time_budget) {
+            lower = lower.max(result.lower_bound);
+            if let Some(orders) = result.improved {
+                if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
+                    exact_won = s.value < best.value;
+                    if exact_won {
+                        best = s;
+                    }
+                }
+            }
+            proven = result.complete;
+        }
+    }
+    if !proven {
+        let mut rng = Rng::new(req.seed);
+        improve::restarts(
+            &inst,
+            req.objective,
+            &mut best,
+            &mut rng,
+            &mut work,
+            0.5,
+            lower,
+        );
+        improve::local_search(&inst, req.objective, &mut best, &mut rng, &mut work, lower);
+        proven = best.value <= lower * (1.0 + 1e-9);
+    }
+    let origin = if exact_won {
+        "exact".to_string()
+    } else if best.value < start_value {
+        format!("{origin}+improved")
+    } else {
+        origin
+    };
+    if proven {
+        lower = best.value;
+    }
+    best.schedule.name = AUTO.to_string();
+    let gap = if lower > 0.0 {
+        (best.value / lower - 1.0).max(0.0)
+    } else {
+        0.0
+    };
+    let solver = SolverInfo {
+        objective: req.objective,
+        value: best.value,
+        makespan: best.makespan,
+        lower_bound: lower,
+        gap: if proven { 0.0 } else { gap },
+        proven_optimal: proven,
+        origin,
+        limit: req.limit,
+        peak: best.peak.clone(),
+        peak_unit: if inst.unit {
+            "microbatches in flight"
+        } else {
+            "bytes"
+        }
+        .into(),
+        seed: req.seed,
+        time_budget: req.time_budget,
+        evaluations: work.evaluations,
+        families,
+    };
+    Ok(AutoSchedule {
+        schedule: best.schedule,
+        solver,
+    })
+}
+
+/// The lower bound on the objective: the simulator's for the makespan, the busiest rank's work
+/// for the span.
+fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
+    match req.objective {
+        Objective::Makespan => lower_bound(schedule, &req.costs),
+        Objective::Span => (0..inst.p)
+            .map(|r| {
+                inst.stages_of[r]
+                    .iter()
+                    .map(|&x| {
+                        let c = &req.costs.stages[x];
+                        c.forward + c.backward.min(c.backward_input + c.backward_weight)
+                    })
+                    .sum::<f64>()
+                    * inst.m as f64
+            })
+            .fold(0.0, f64::max),
+    }
+}

@@ -1,0 +1,155 @@
+//! What the automatic scheduler is asked: shape, costs, memory limit, objective, budget, seed.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::CostModel;
+use crate::schedule::Placement;
+
+/// The default time budget of the improvement phase, in seconds (small enough for `train` to call
+/// the solver before it starts).
+pub const DEFAULT_TIME_BUDGET: f64 = 0.3;
+
+/// What the solver minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// The step's simulated makespan (first start to last end over all ranks).
+    #[default]
+    Makespan,
+    /// The longest per-rank span, first action to last action of one rank (the zero-bubble papers'
+    /// objective: it assumes the optimizer step overlaps the next step's warm-up).
+    Span,
+}
+
+impl Objective {
+    /// The name used in files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Makespan => "makespan",
+            Objective::Span => "span",
+        }
+    }
+}
+
+impl fmt::Display for Objective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An objective name that is neither `makespan` nor `span`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown objective `{0}`: use `makespan` or `span`")]
+pub struct UnknownObjective(pub String);
+
+impl FromStr for Objective {
+    type Err = UnknownObjective;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "makespan" => Ok(Objective::Makespan),
+            "span" => Ok(Objective::Span),
+            other => Err(UnknownObjective(other.to_string())),
+        }
+    }
+}
+
+/// How much activation memory each rank may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryLimit {
+    /// Bytes per rank, parameters included (as `plan --memory-limit`): the activations may use what
+    /// the rank's parameters leave. Needs activation sizes in the costs.
+    Bytes(f64),
+    /// Microbatches in flight per rank, in the unit `simulate` reports: one rank's activations for
+    /// one microbatch (each of `V` chunks counts `1/V`; a V-shape chunk is 1/2). May be fractional.
+    InFlight(f64),
+}
+
+impl MemoryLimit {
+    /// The number given.
+    pub fn value(self) -> f64 {
+        match self {
+            MemoryLimit::Bytes(v) | MemoryLimit::InFlight(v) => v,
+        }
+    }
+}
+
+/// A request to the automatic scheduler.
+///
+/// ```
+/// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// use pipefill_host::schedule::auto::{AutoRequest, MemoryLimit};
+/// let costs = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// let r = AutoRequest::new(4, 8, costs).with_limit(MemoryLimit::InFlight(4.0));
+/// assert_eq!((r.ranks, r.chunks, r.microbatches), (4, 1, 8));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoRequest {
+    /// `P`.
+    pub ranks: usize,
+    /// `V`: stages per rank.
+    pub chunks: usize,
+    /// Where the stages sit (`vshape` needs `V = 2`).
+    pub placement: Placement,
+    /// `M`.
+    pub microbatches: usize,
+    /// One cost per stage (`P * V`), uneven allowed; the link's latency and bandwidth price every
+    /// transfer between ranks.
+    pub costs: CostModel,
+    /// The memory limit per rank; `None`: no limit.
+    pub limit: Option<MemoryLimit>,
+    /// What to minimise.
+    pub objective: Objective,
+    /// Seconds of improvement after the constructive phase (counted as a fixed amount of work per
+    /// second, so the result depends only on the request and the seed, never on the machine's load).
+    pub time_budget: f64,
+    /// Seed of the randomised improvement moves.
+    pub seed: u64,
+}
+
+impl AutoRequest {
+    /// `P` ranks, `M` microbatches, `V = 1` looped, no limit, makespan, the default budget, seed 0.
+    pub fn new(ranks: usize, microbatches: usize, costs: CostModel) -> Self {
+        AutoRequest {
+            ranks,
+            chunks: 1,
+            placement: Placement::Looped,
+            microbatches,
+            costs,
+            limit: None,
+            objective: Objective::Makespan,
+            time_budget: DEFAULT_TIME_BUDGET,
+            seed: 0,
+        }
+    }
+
+    /// Sets `V` and the placement.
+    pub fn with_chunks(mut self, chunks: usize, placement: Placement) -> Self {
+        self.chunks = chunks;
+        self.placement = placement;
+        self
+    }
+
+    /// Sets the memory limit.
+    pub fn with_limit(mut self, limit: MemoryLimit) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Sets the objective.
+    pub fn with_objective(mut self, objective: Objective) -> Self {
+        self.objective = objective;
+        self
+    }
+
+    /// Sets the time budget (seconds) and the seed.
+    pub fn with_budget(mut self, seconds: f64, seed: u64) -> Self {
+        self.time_budget = seconds;
+        self.seed = seed;
+        self
+    }
+}

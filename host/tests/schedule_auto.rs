@@ -1,0 +1,335 @@
+//! The automatic scheduler (`schedule::auto`): every schedule validates and keeps every rank under
+//! its limit (random instances), a seed gives the same schedule, `auto` never loses to a
+//! handcrafted family that fits, the exact method matches brute force on tiny instances, and bad
+//! requests are typed errors.
+
+use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+use pipefill_host::schedule::auto::{solve, AutoError, AutoRequest, MemoryLimit, Objective};
+use pipefill_host::schedule::format;
+use pipefill_host::schedule::validate::validate;
+use pipefill_host::schedule::{Action, Item, Op, Placement, Schedule};
+use pipefill_host::sim::{peak_activations, simulate, summarize};
+use proptest::prelude::*;
+
+/// Per-stage costs from `(F, I, W)` triples, a latency on every transfer.
+fn costs(stages: &[(f64, f64, f64)], latency: f64) -> CostModel {
+    let link = LinkCost {
+        latency,
+        bandwidth: f64::INFINITY,
+    };
+    let mut m = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), stages.len(), link);
+    for (st, &(f, i, w)) in m.stages.iter_mut().zip(stages) {
+        *st = StageCost::uniform(f, i, w);
+    }
+    m
+}
+
+/// Peak microbatches in flight per rank (each of V chunks counts 1/V), by the simulator's memory
+/// accounting.
+fn in_flight(s: &Schedule, c: &CostModel) -> Vec<f64> {
+    let mut unit = c.clone();
+    for st in &mut unit.stages {
+        st.activation_bytes = 1.0 / s.chunks as f64;
+        st.released_at_input = 0.0;
+    }
+    peak_activations(&simulate(s, &unit).unwrap().timeline, &unit)
+}
+
+fn instance() -> impl Strategy<Value = AutoRequest> {
+    (1usize..=4, 1usize..=6, any::<bool>(), 0u8..4, any::<u64>())
+        .prop_flat_map(|(p, m, vshape, lim, seed)| {
+            let v = if vshape { 2 } else { 1 + (lim as usize % 2) };
+            let stages = prop::collection::vec((0.5f64..2.0, 0.5f64..2.0, 0.2f64..2.0), p * v);
+            (Just((p, m, vshape, v, lim, seed)), stages, 0.0f64..0.3)
+        })
+        .prop_map(|((p, m, vshape, v, lim, seed), stages, latency)| {
+            let placement = if vshape {
+                Placement::Vshape
+            } else {
+                Placement::Looped
+            };
+            let limit = [1.0, 1.5, p as f64, 2.0 * p as f64][lim as usize];
+            AutoRequest::new(p, m, costs(&stages, latency))
+                .with_chunks(v, placement)
+                .with_limit(MemoryLimit::InFlight(limit))
+                .with_budget(0.002, seed)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn every_schedule_validates_and_respects_the_limit(req in instance()) {
+        let out = solve(&req).unwrap();
+        let s = &out.schedule;
+        prop_assert!(validate(s).is_ok(), "{}", format::to_text(s));
+        prop_assert_eq!((s.ranks, s.chunks, s.microbatches), (req.ranks, req.chunks, req.microbatches));
+        let limit = req.limit.unwrap().value();
+        for (r, &peak) in in_flight(s, &req.costs).iter().enumerate() {
+            prop_assert!(peak <= limit + 1e-9, "rank {r} holds {peak} > {limit}");
+        }
+        let sum = summarize(s, &req.costs).unwrap();
+        prop_assert!((sum.makespan - out.solver.value).abs() <= 1e-9 * sum.makespan);
+        prop_assert!(out.solver.value >= out.solver.lower_bound * (1.0 - 1e-9));
+        prop_assert!(out.solver.gap >= 0.0);
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_schedule() {
+    let stages: Vec<_> = (0..6).map(|s| (1.0 + 0.1 * s as f64, 1.2, 0.7)).collect();
+    let req = AutoRequest::new(6, 12, costs(&stages, 0.05))
+        .with_limit(MemoryLimit::InFlight(5.0))
+        .with_budget(0.05, 7);
+    let a = solve(&req).unwrap();
+    let b = solve(&req).unwrap();
+    assert_eq!(a.schedule, b.schedule);
+    assert_eq!(a.solver, b.solver);
+    assert!(a.solver.evaluations > 0, "the improvement phase ran");
+}
+
+#[test]
+fn never_worse_than_the_best_family_that_fits() {
+    let cases = [
+        (4, 8, Placement::Looped, 1, [1.0, 1.0, 1.0], 4.0),
+        (4, 8, Placement::Looped, 1, [2.0, 2.0, 1.0], 7.0),
+        (4, 16, Placement::Looped, 2, [1.0, 1.2, 0.8], 4.0),
+        (4, 8, Placement::Vshape, 2, [1.0, 1.2, 0.8], 4.0),
+        (6, 12, Placement::Looped, 1, [1.0, 1.2, 0.8], 6.0),
+    ];
+    for (p, m, placement, v, [f, i, w], limit) in cases {
+        let stages: Vec<_> = (0..p * v)
+            .map(|s| {
+                let k = if s == 0 || s + 1 == p * v { 1.5 } else { 1.0 };
+                (k * f / v as f64, k * i / v as f64, k * w / v as f64)
+            })
+            .collect();
+        let req = AutoRequest::new(p, m, costs(&stages, 0.1))
+            .with_chunks(v, placement)
+            .with_limit(MemoryLimit::InFlight(limit))
+            .with_budget(0.02, 0);
+        let out = solve(&req).unwrap();
+        let fitting: Vec<f64> = out.solver.families.iter().filter_map(|f| f.value).collect();
+        assert!(
+            !fitting.is_empty(),
+            "P={p} M={m} {placement}: some family fits"
+        );
+        let best = fitting.iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(
+            out.solver.value <= best * (1.0 + 1e-12),
+            "P={p} M={m} {placement}: auto {} > best family {best}",
+            out.solver.value
+        );
+    }
+}
+
+/// Every per-rank order of every rank (each (stage, microbatch) keeps F before I before W), the
+/// best makespan among those that run and keep every rank within `limit` microbatches.
+fn brute_force(req: &AutoRequest, limit: f64) -> f64 {
+    let p = req.ranks;
+    let stages = p * req.chunks;
+    let per_rank: Vec<Vec<Vec<Action>>> = (0..p)
+        .map(|r| {
+            let mine: Vec<usize> = (0..stages)
+                .filter(|&s| req.placement.rank_of(s, p) == r)
+                .collect();
+            let chains: Vec<(usize, usize)> = mine
+                .iter()
+                .flat_map(|&s| (0..req.microbatches).map(move |k| (s, k)))
+                .collect();
+            let mut out = Vec::new();
+            interleavings(
+                &chains,
+                &mut vec![0; chains.len()],
+                &mut Vec::new(),
+                &mut out,
+            );
+            out
+        })
+        .collect();
+    let mut best = f64::INFINITY;
+    let mut pick = vec![0usize; p];
+    loop {
+        let s = Schedule {
+            name: "brute".into(),
+            ranks: p,
+            chunks: req.chunks,
+            microbatches: req.microbatches,
+            placement: req.placement,
+            actions: (0..p)
+                .map(|r| per_rank[r][pick[r]].iter().map(|&a| Item::One(a)).collect())
+                .collect(),
+        };
+        if let Ok(sum) = summarize(&s, &req.costs) {
+            if in_flight(&s, &req.costs).iter().all(|&x| x <= limit + 1e-9) {
+                best = best.min(sum.makespan);
+            }
+        }
+        let mut r = 0;
+        loop {
+            if r == p {
+                return best;
+            }
+            pick[r] += 1;
+            if pick[r] < per_rank[r].len() {
+                break;
+            }
+            pick[r] = 0;
+            r += 1;
+        }
+    }
+}
+
+/// All interleavings of the chains `F, I, W` of each (stage, microbatch) in `chains`.
+fn interleavings(
+    chains: &[(usize, usize)],
+    next: &mut Vec<usize>,
+    prefix: &mut Vec<Action>,
+    out: &mut Vec<Vec<Action>>,
+) {
+    if next.iter().all(|&n| n == 3) {
+        out.push(prefix.clone());
+        return;
+    }
+    for c in 0..chains.len() {
+        if next[c] < 3 {
+            let op = [Op::F, Op::I, Op::W][next[c]];
+            prefix.push(Action::new(op, chains[c].0, chains[c].1));
+            next[c] += 1;
+            interleavings(chains, next, prefix, out);
+            next[c] -= 1;
+            prefix.pop();
+        }
+    }
+}
+
+#[test]
+fn the_exact_method_matches_brute_force_on_tiny_instances() {
+    // (P, M, per-stage F I W, latency, limit)
+    type Case = (usize, usize, Vec<(f64, f64, f64)>, f64, f64);
+    let cases: Vec<Case> = vec![
+        (2, 2, vec![(1.0, 2.0, 1.0), (1.0, 1.0, 0.5)], 0.0, 1.0),
+        (2, 2, vec![(1.0, 1.0, 1.0), (1.5, 1.0, 2.0)], 0.25, 2.0),
+        (
+            3,
+            2,
+            vec![(1.0, 1.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.5, 0.5)],
+            0.1,
+            1.0,
+        ),
+        (
+            3,
+            2,
+            vec![(1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0)],
+            0.5,
+            2.0,
+        ),
+        (1, 3, vec![(1.0, 2.0, 1.0)], 0.0, 2.0),
+    ];
+    for (p, m, stages, latency, limit) in cases {
+        let req = AutoRequest::new(p, m, costs(&stages, latency))
+            .with_limit(MemoryLimit::InFlight(limit))
+            .with_budget(0.0, 0);
+        let out = solve(&req).unwrap();
+        let brute = brute_force(&req, limit);
+        assert!(out.solver.proven_optimal, "P={p} M={m}: not proven");
+        assert!(
+            (out.solver.value - brute).abs() <= 1e-9 * brute,
+            "P={p} M={m} limit {limit}: auto {} vs brute force {brute}",
+            out.solver.value
+        );
+        assert_eq!(out.solver.lower_bound, out.solver.value);
+    }
+}
+
+#[test]
+fn the_span_objective_is_the_longest_rank_span() {
+    let req = AutoRequest::new(4, 8, costs(&[(1.0, 1.0, 0.5); 4], 0.1))
+        .with_objective(Objective::Span)
+        .with_limit(MemoryLimit::InFlight(7.0))
+        .with_budget(0.02, 0);
+    let out = solve(&req).unwrap();
+    let t = simulate(&out.schedule, &req.costs).unwrap().timeline;
+    let span = t
+        .spans
+        .iter()
+        .map(|l| l.last().unwrap().end - l[0].start)
+        .fold(0.0, f64::max);
+    assert!((out.solver.value - span).abs() <= 1e-9 * span);
+    assert!(span <= t.makespan());
+    // The families are scored by the same objective: none has a shorter longest span.
+    for f in &out.solver.families {
+        if let Some(v) = f.value {
+            assert!(out.solver.value <= v, "{}: {v}", f.family);
+        }
+    }
+    // The bound for the span is the busiest rank's work: 8 x 2.5.
+    assert_eq!(out.solver.lower_bound.max(20.0), out.solver.lower_bound);
+}
+
+#[test]
+fn bad_requests_are_typed_errors() {
+    let c = costs(&[(1.0, 1.0, 1.0); 4], 0.0);
+    let low = AutoRequest::new(4, 8, c.clone()).with_limit(MemoryLimit::InFlight(0.5));
+    match solve(&low) {
+        Err(AutoError::LimitTooLow {
+            rank,
+            needed,
+            limit,
+            ..
+        }) => assert_eq!((rank, needed, limit), (0, 1.0, 0.5)),
+        other => panic!("{other:?}"),
+    }
+    let bytes = AutoRequest::new(4, 8, c.clone()).with_limit(MemoryLimit::Bytes(1e9));
+    assert_eq!(solve(&bytes).unwrap_err(), AutoError::NoActivationSizes);
+    let v1 = AutoRequest::new(4, 8, c.clone()).with_chunks(1, Placement::Vshape);
+    assert!(matches!(solve(&v1), Err(AutoError::Shape(_))));
+    let stages = AutoRequest::new(4, 8, c.clone()).with_chunks(2, Placement::Looped);
+    assert_eq!(
+        solve(&stages).unwrap_err(),
+        AutoError::Stages {
+            costs: 4,
+            stages: 8
+        }
+    );
+    let budget = AutoRequest::new(4, 8, c).with_budget(-1.0, 0);
+    assert!(matches!(solve(&budget), Err(AutoError::BadBudget { .. })));
+}
+
+#[test]
+fn a_limit_in_bytes_counts_parameters_and_what_i_releases() {
+    let mut st = StageCost::uniform(1.0, 1.0, 1.0);
+    st.activation_bytes = 100.0;
+    st.released_at_input = 60.0;
+    st.parameter_bytes = 50.0;
+    let c = CostModel::uniform(st, 4, LinkCost::default());
+    // 450 bytes: 400 for activations, four microbatches before any I.
+    let req = AutoRequest::new(4, 8, c.clone())
+        .with_limit(MemoryLimit::Bytes(450.0))
+        .with_budget(0.02, 0);
+    let out = solve(&req).unwrap();
+    let sim = simulate(&out.schedule, &c).unwrap();
+    assert!(sim.peak_activations.iter().all(|&b| b <= 400.0 + 1e-9));
+    assert_eq!(out.solver.peak, sim.peak_activations);
+    assert_eq!(out.solver.peak_unit, "bytes");
+    let too_low = AutoRequest::new(4, 8, c).with_limit(MemoryLimit::Bytes(140.0));
+    assert!(matches!(
+        solve(&too_low),
+        Err(AutoError::LimitTooLow { needed, .. }) if needed == 150.0
+    ));
+}
+
+#[test]
+fn the_json_records_the_solver_and_reads_back() {
+    let req = AutoRequest::new(2, 3, costs(&[(1.0, 2.0, 1.0); 2], 0.0))
+        .with_limit(MemoryLimit::InFlight(1.0))
+        .with_budget(0.0, 0);
+    let out = solve(&req).unwrap();
+    let json = out.to_json();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["solver"]["objective"], "makespan");
+    assert_eq!(v["solver"]["proven_optimal"], true);
+    assert_eq!(v["solver"]["value"], out.solver.value);
+    assert_eq!(format::from_json(&json).unwrap(), out.schedule);
+}

@@ -1,0 +1,219 @@
+//! The flags of the automatic scheduler (`--schedule auto` in `schedule` and `simulate`,
+//! `--families auto` in `plan`, `--schedule auto` in `train`), and the cost flags `schedule` takes
+//! for it. Checked at the edge: every refusal names the flag and the fix, exit code 2.
+
+use std::path::PathBuf;
+
+use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time};
+use pipefill_host::cost::{CostModel, CostSpec};
+use pipefill_host::schedule::auto::{
+    solve, AutoError, AutoRequest, AutoSchedule, MemoryLimit, Objective, DEFAULT_TIME_BUDGET,
+};
+use pipefill_host::schedule::Placement;
+
+use super::simulate::{cost_spec_of, CostFlags};
+use super::CliError;
+
+/// Flags that steer `auto`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AutoArgs {
+    /// auto: at most this many microbatches in flight per rank (fractional allowed; one unit is one
+    /// rank's activations for one microbatch, a V-shape chunk counts 1/2).
+    #[arg(long = "max-in-flight", value_name = "N", value_parser = parse_in_flight, allow_hyphen_values = true)]
+    pub max_in_flight: Option<f64>,
+    /// auto: what to minimise, `makespan` (the step) or `span` (the longest per-rank span, the
+    /// zero-bubble papers' objective).
+    #[arg(long, value_name = "OBJECTIVE", default_value = "makespan", value_parser = parse_objective)]
+    pub objective: Objective,
+    /// auto: seconds of improvement after the constructive phase (counted as work, so the result
+    /// depends only on the inputs and --seed).
+    #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time, allow_hyphen_values = true)]
+    pub time_budget: f64,
+    /// auto: seed of the improvement phase.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// auto: stage placement, `looped` or `vshape` (V = 2).
+    #[arg(long, value_name = "PLACEMENT", default_value = "looped", value_parser = parse_placement)]
+    pub placement: Placement,
+}
+
+/// The cost flags of `pipefill schedule` (the same as `simulate`'s, read by the same code).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CostArgs {
+    /// auto: uniform costs of one rank's work at V = 1, e.g. `F=1,I=1,W=1` or `F=2ms,B=4ms,A=64MiB`
+    /// (keys F I W B times, A R P O bytes). Default `F=1,I=1,W=1`.
+    #[arg(long, conflicts_with = "costs")]
+    pub cost: Option<String>,
+    /// auto: cost file (per-layer `"layers"` or per-stage `"stages"`, schema in the README).
+    #[arg(long, value_name = "FILE")]
+    pub costs: Option<PathBuf>,
+    /// auto: with a per-layer cost file, layers per stage, comma-separated.
+    #[arg(long = "layers-per-stage", value_delimiter = ',')]
+    pub layers_per_stage: Option<Vec<usize>>,
+    /// auto: latency of every transfer between ranks (seconds, or 20us, 1ms).
+    #[arg(long = "comm-latency", value_parser = parse_time)]
+    pub comm_latency: Option<f64>,
+    /// auto: bandwidth between ranks in bytes per second (e.g. 2.5e10, 25GB).
+    #[arg(long = "comm-bandwidth", value_parser = parse_bandwidth)]
+    pub comm_bandwidth: Option<f64>,
+    /// auto: memory limit per rank in bytes, parameters included (needs activation sizes, A=).
+    #[arg(long = "memory-limit", value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "max_in_flight")]
+    pub memory_limit: Option<f64>,
+}
+
+impl CostArgs {
+    /// The first of these flags given (they only serve `auto` in `pipefill schedule`).
+    pub fn given(&self) -> Option<&'static str> {
+        [
+            (self.cost.is_some(), "--cost"),
+            (self.costs.is_some(), "--costs"),
+            (self.layers_per_stage.is_some(), "--layers-per-stage"),
+            (self.comm_latency.is_some(), "--comm-latency"),
+            (self.comm_bandwidth.is_some(), "--comm-bandwidth"),
+            (self.memory_limit.is_some(), "--memory-limit"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
+
+    /// The cost source the flags name.
+    pub fn spec(&self) -> Result<CostSpec, CliError> {
+        cost_spec_of(CostFlags {
+            cost: self.cost.as_deref(),
+            costs: self.costs.as_deref(),
+            layers_per_stage: self.layers_per_stage.as_deref(),
+            comm_latency: self.comm_latency,
+            comm_bandwidth: self.comm_bandwidth,
+            overlap_share: None,
+        })
+    }
+}
+
+impl AutoArgs {
+    /// The first of these flags given away from its default (they only steer `auto`).
+    pub fn given(&self) -> Option<&'static str> {
+        if self.max_in_flight.is_some() {
+            Some("--max-in-flight")
+        } else if self.objective != Objective::Makespan {
+            Some("--objective")
+        } else if self.time_budget != DEFAULT_TIME_BUDGET {
+            Some("--time-budget")
+        } else if self.seed != 0 {
+            Some("--seed")
+        } else if self.placement != Placement::Looped {
+            Some("--placement")
+        } else {
+            None
+        }
+    }
+}
+
+/// Refuses `flag` when no `auto` schedule is asked for (it would do nothing).
+pub fn only_for_auto(flag: Option<&str>) -> Result<(), CliError> {
+    match flag {
+        Some(f) => Err(CliError::Usage(format!(
+            "{f} steers the automatic scheduler only: add auto to --schedule, or drop {f}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The limit from `--memory-limit` or `--max-in-flight` (clap refuses both at once).
+pub fn limit(memory_limit: Option<f64>, max_in_flight: Option<f64>) -> Option<MemoryLimit> {
+    memory_limit
+        .map(MemoryLimit::Bytes)
+        .or(max_in_flight.map(MemoryLimit::InFlight))
+}
+
+/// The shape of one `auto` solve.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// `P`.
+    pub ranks: usize,
+    /// `M`.
+    pub microbatches: usize,
+    /// `V`.
+    pub chunks: usize,
+}
+
+/// Solves `auto` for `shape` under `costs` (one per stage) and the flags; errors name the flag.
+pub fn solve_auto(
+    shape: Shape,
+    costs: CostModel,
+    limit: Option<MemoryLimit>,
+    args: &AutoArgs,
+) -> Result<AutoSchedule, CliError> {
+    let mut req = AutoRequest::new(shape.ranks, shape.microbatches, costs)
+        .with_chunks(shape.chunks, args.placement)
+        .with_objective(args.objective)
+        .with_budget(args.time_budget, args.seed);
+    req.limit = limit;
+    solve(&req).map_err(|e| auto_error(e, limit))
+}
+
+/// An [`AutoError`] on the command line: which flag to change.
+fn auto_error(e: AutoError, limit: Option<MemoryLimit>) -> CliError {
+    let limit_flag = match limit {
+        Some(MemoryLimit::Bytes(_)) => "--memory-limit",
+        _ => "--max-in-flight",
+    };
+    let usage = |flag: &str, fix: &str| CliError::Usage(format!("{flag}: {e}; {fix}"));
+    match &e {
+        AutoError::LimitTooLow { needed, .. } => usage(
+            limit_flag,
+            &format!("raise it to at least {needed}, or use fewer chunks or smaller microbatches"),
+        ),
+        AutoError::BadLimit { .. } => usage(limit_flag, "give a positive number"),
+        AutoError::NoActivationSizes => usage(
+            "--memory-limit",
+            "add A=BYTES to --cost (or activation_bytes to the --costs file), or use --max-in-flight N",
+        ),
+        AutoError::BadBudget { .. } => usage("--time-budget", "give seconds >= 0, e.g. 0.5"),
+        AutoError::Shape(_) => usage(
+            "--ranks, --microbatches, --chunks, --placement",
+            "vshape needs --chunks 2",
+        ),
+        AutoError::Cost(_) | AutoError::Stages { .. } => {
+            usage("--cost/--costs", "give one cost per stage (P x V stages)")
+        }
+        AutoError::Internal(_) => CliError::Failed(e.to_string()),
+    }
+}
+
+/// `--objective` (clap value parser).
+fn parse_objective(text: &str) -> Result<Objective, String> {
+    text.parse().map_err(|e| format!("{e}"))
+}
+
+/// `--placement` (clap value parser).
+fn parse_placement(text: &str) -> Result<Placement, String> {
+    text.parse()
+        .map_err(|e: pipefill_host::schedule::ScheduleError| e.to_string())
+}
+
+/// `--max-in-flight`: a positive finite number (clap value parser).
+fn parse_in_flight(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "`{text}` is not a positive number of microbatches in flight, e.g. 4 or 2.5"
+        )),
+    }
+}
+
+/// A one-line summary of what the solver found, for people.
+pub fn summary(out: &AutoSchedule) -> String {
+    let s = &out.solver;
+    format!(
+        "auto: {} {:.6}, lower bound {:.6}, gap {:.2}%{}, from {}, peak {:.3} {} ({} candidates simulated)",
+        s.objective,
+        s.value,
+        s.lower_bound,
+        100.0 * s.gap,
+        if s.proven_optimal { " (proven optimal)" } else { "" },
+        s.origin,
+        s.peak.iter().copied().fold(0.0, f64::max),
+        s.peak_unit,
+        s.evaluations
+    )
+}

@@ -1,0 +1,103 @@
+//! `pipefill bench auto`: the automatic scheduler's evidence.
+//!
+//! - **grid** (module `grid`): `P` in 4, 8, 16; `M` in `P`, `2P`, `4P`; `F:I:W` 1:1:1, 2:2:1,
+//!   1:1.2:0.8; transfers 0 and 10 % of `F`; even stages and first and last stage 1.5x; limits of
+//!   1F1B's in-flight count (`P`), 1.5x and 2x on looped placement, 1F1B's and half of it on
+//!   V-shape. Per instance: makespan / lower bound of `auto` and of every handcrafted family that
+//!   fits, whether `auto` is proven optimal, and the solve time; then the aims checked over the grid.
+//! - **paper** (module `paper`): the zero-bubble paper's profiled times (its Table 9) with its
+//!   memory limits (`p M_B`, `2p M_B`), `auto`'s bubble rate (span objective, the paper's definition)
+//!   next to the paper's published ZB-1p and ZB-2p rates (its Table 5).
+//!
+//! `--quick` runs a few instances of each with a small budget (for tests).
+
+use clap::ValueEnum;
+use pipefill_host::cost::flag::parse_time;
+use pipefill_host::schedule::auto::DEFAULT_TIME_BUDGET;
+use serde::Serialize;
+
+use super::grid::{self, GridReport};
+use super::paper::{self, PaperReport};
+use crate::cli::CliError;
+
+/// Which parts to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Part {
+    /// The grid and the paper's table.
+    All,
+    /// The grid only.
+    Grid,
+    /// The paper's table only.
+    Paper,
+}
+
+/// Flags of `pipefill bench auto`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A few instances of each part with a small budget (seconds, for tests).
+    #[arg(long)]
+    pub quick: bool,
+    /// Which parts to run.
+    #[arg(long, value_enum, default_value_t = Part::All)]
+    pub part: Part,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// The solver's time budget per instance (seconds, or with a suffix: 200ms).
+    #[arg(long = "time-budget", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time)]
+    pub time_budget: f64,
+    /// The solver's seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// What `--json` prints.
+#[derive(Debug, Serialize)]
+struct Report {
+    time_budget: f64,
+    seed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grid: Option<GridReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paper: Option<PaperReport>,
+}
+
+/// Runs `pipefill bench auto`.
+pub fn run(args: Args) -> Result<(), CliError> {
+    let budget = if args.quick {
+        args.time_budget.min(0.02)
+    } else {
+        args.time_budget
+    };
+    let grid = matches!(args.part, Part::All | Part::Grid)
+        .then(|| grid::run(args.quick, budget, args.seed))
+        .transpose()?;
+    let paper = matches!(args.part, Part::All | Part::Paper)
+        .then(|| paper::run(args.quick, budget, args.seed))
+        .transpose()?;
+    if args.json {
+        let report = Report {
+            time_budget: budget,
+            seed: args.seed,
+            grid,
+            paper,
+        };
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "pipefill bench auto: time budget {budget} s per instance, seed {}",
+        args.seed
+    );
+    if let Some(g) = &grid {
+        println!();
+        print!("{}", grid::table(g));
+    }
+    if let Some(p) = &paper {
+        println!();
+        print!("{}", paper::table(p));
+    }
+    Ok(())
+}
