@@ -34,7 +34,7 @@ use pipefill_host::runtime::{Executor, StepReport};
 use pipefill_host::schedule::auto::{Objective, AUTO, DEFAULT_TIME_BUDGET};
 use pipefill_host::schedule::Params;
 use pipefill_host::schedule::Placement;
-use pipefill_host::sim::simulate;
+use pipefill_host::sim::{simulate, simulate_with, DeviceSharing, SimOptions};
 use pipefill_host::timeline::Timeline;
 
 pub use checkpoint::{CheckpointArgs, Resume};
@@ -83,7 +83,12 @@ pub fn run(args: Args) -> Result<(), CliError> {
         return launch::run(args);
     }
     let setup = setup(args)?;
-    let plans = candidates(&setup)?;
+    let mut plans = candidates(&setup)?;
+    if setup.backend == Backend::Cuda {
+        // All ranks share GPU 0: rank the candidates by the shared-device model, and hold the
+        // run against that prediction.
+        plans = on_one_device(plans);
+    }
     let chosen = choose(&plans)?;
     let outcome = train(&setup, &chosen)?;
     report(&setup, &plans, &chosen, &outcome)
@@ -98,16 +103,47 @@ pub fn candidates(setup: &Setup) -> Result<Vec<Plan>, CliError> {
     })
 }
 
-/// The best of `plans` (sorted best first), with its predicted timeline.
+/// The best of `plans` (sorted best first), with its predicted timeline (the shared-device one
+/// for a plan [`on_one_device`] re-scored).
 pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
     let plan = plans
         .first()
         .ok_or_else(|| CliError::Failed("no candidate schedule".into()))?
         .clone();
-    let predicted = plan
-        .timeline()
-        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let predicted = match shared_timeline(&plan) {
+        Some(t) if plan.step_time == t.makespan() => t,
+        _ => plan
+            .timeline()
+            .map_err(|e| CliError::Failed(e.to_string()))?,
+    };
     Ok(Chosen { plan, predicted })
+}
+
+/// `plan` simulated with every rank on one device (concurrent actions share it by the cost file's
+/// overlap share: [`DeviceSharing::Shared`]); `None` for a schedule that mode does not take.
+fn shared_timeline(plan: &Plan) -> Option<Timeline> {
+    let options = SimOptions::ALL.on(DeviceSharing::Shared);
+    simulate_with(&plan.schedule, &plan.cost, options)
+        .ok()
+        .map(|s| s.timeline)
+}
+
+/// Re-scores `plans` for ranks that all sit on one GPU: step time and bubble from the shared-device
+/// simulation, best first (a plan the mode cannot take keeps its per-rank numbers and goes last).
+fn on_one_device(plans: Vec<Plan>) -> Vec<Plan> {
+    let mut scored: Vec<(bool, Plan)> = plans
+        .into_iter()
+        .map(|mut p| match shared_timeline(&p) {
+            Some(t) => {
+                p.step_time = t.makespan();
+                p.bubble_fraction = t.bubble_fraction();
+                (true, p)
+            }
+            None => (false, p),
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.step_time.total_cmp(&b.1.step_time)));
+    scored.into_iter().map(|(_, p)| p).collect()
 }
 
 /// Times every layer briefly on one microbatch, on the chosen backend (the cost file carries its
@@ -365,4 +401,39 @@ pub fn report(
         Format::Json => output::print_json(setup, candidates, chosen, outcome),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+    use pipefill_host::plan::{plan_families, Split};
+    use pipefill_host::schedule::Params;
+
+    use super::{choose, on_one_device};
+
+    /// With overlap share 1 (no overlap on the device) the shared-device step is the serial sum of
+    /// every action, whatever the schedule; the re-scored plans come best first and the chosen
+    /// plan's predicted timeline is the shared one.
+    #[test]
+    fn one_device_scores_plans_by_the_shared_model() {
+        let layers = (0..4)
+            .map(|i| LayerCost::new(format!("l{i}"), 1.0, 1.0 + i as f64 * 0.1, 0.5))
+            .collect();
+        let costs = CostFile {
+            layers,
+            transfer: LinkCost::default(),
+            overlap_share: 1.0,
+            meta: serde_json::Value::Null,
+        };
+        let fams = vec!["1f1b".to_string(), "zb-h1".to_string(), "gpipe".to_string()];
+        let report = plan_families(&costs, &Params::new(2, 4), &fams, Split::Uniform, None).unwrap();
+        let serial = 4.0 * (4.0 * 1.0 + (1.0 + 1.1 + 1.2 + 1.3) + 4.0 * 0.5);
+        let plans = on_one_device(report.plans);
+        assert_eq!(plans.len(), 3);
+        for p in &plans {
+            assert!((p.step_time - serial).abs() < 1e-9, "{}: {}", p.family, p.step_time);
+        }
+        let chosen = choose(&plans).unwrap();
+        assert!((chosen.predicted.makespan() - serial).abs() < 1e-9);
+    }
 }
