@@ -17,6 +17,9 @@ use crate::runtime::streams::Device;
 use crate::runtime::{Loss, Payload, RuntimeError, Stage, StepReport};
 use crate::timeline::{Source, Timeline};
 
+/// The captured step's state and its events (kept until the capture ends).
+type CapturedWork<D, T> = (Step<D, T>, Vec<<D as Device>::Event>);
+
 /// What a captured step keeps: the fixed buffers it reads and the losses it writes.
 pub(super) struct Captured<D: Device> {
     inputs: Vec<D::Payload>,
@@ -107,7 +110,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         inputs: &[D::Payload],
         targets: &[D::Payload],
         loss: &L,
-    ) -> Result<(Step<D, S::Stash>, Vec<D::Event>), RuntimeError> {
+    ) -> Result<CapturedWork<D, S::Stash>, RuntimeError> {
         self.device.bind(0).map_err(device_error)?;
         for stage in &mut self.stages {
             stage.zero_grad();
