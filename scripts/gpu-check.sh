@@ -10,7 +10,8 @@
 #                                      nvidia-smi and the driver version, a CuPy check of the PTX
 #                                      against NumPy (independent of Rust), the GPU tests with
 #                                      PIPEFILL_REQUIRE_GPU=1, bench overlap, the gpu_sync bench, a CUDA
-#                                      profile, and train --backend cuda for four families at P = 4.
+#                                      profile, train --backend cuda for four families at P = 4, and
+#                                      step time with and without --graph (a table in the summary).
 #                                      Exit 1 when any step failed or ran out of time.
 #
 # cudarc finds libraries by name (lib{n}.so, .so.12, .11, .10, .9, .1); CUDA 13 ships .so.13, so `run`
@@ -21,7 +22,7 @@ set -euo pipefail
 
 LIMIT_BYTES=$((64 * 1024 * 1024))
 RUN_SECONDS=480
-GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli)
+GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_graph gpu_graph_cli)
 GPU_BENCHES=(gpu_sync)
 
 usage() {
@@ -145,6 +146,38 @@ link_libraries() {
     done
 }
 
+# Step time and host enqueue time per action with and without --graph (one run each: steps 0-1
+# plain, 2 captured, 3-7 replayed), at the large size and at a small one where launches dominate.
+graph_table() {
+    local tmp="$1" family hidden
+    for hidden in 2048 256; do
+        for family in 1f1b zb-h1 zbv; do
+            step "graph-$family-h$hidden" ./pipefill train --backend cuda --graph --ranks 4 \
+                --schedule "$family" --layers 16 --hidden "$hidden" --batch 1024 --microbatches 8 \
+                --steps 8 --format json --svg "$tmp/graph-$family-h$hidden.svg"
+        done
+    done
+    python3 - "$OUT" >> "$SUMMARY" <<'PY' || echo "(graph table: could not be made)" >> "$SUMMARY"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+print("\n## Step time with and without --graph (P = 4, 16 layers, batch 1024, M = 8; medians)\n")
+print("| family | hidden | step plain ms | step graph ms | host us/action plain | host us/action graph | actions |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for hidden in (2048, 256):
+    for family in ("1f1b", "zb-h1", "zbv"):
+        f = out / f"graph-{family}-h{hidden}.txt"
+        lines = [l for l in f.read_text().splitlines() if l.startswith("{")] if f.exists() else []
+        if not lines:
+            print(f"| {family} | {hidden} | no result | | | | |")
+            continue
+        h = json.loads(lines[-1]).get("host_enqueue") or {}
+        ms = lambda k: "-" if h.get(k) is None else f"{h[k] * 1e3:.3f}"
+        us = lambda k: "-" if h.get(k) is None else f"{h[k] * 1e6:.2f}"
+        print(f"| {family} | {hidden} | {ms('plain_step_time_s')} | {ms('graph_step_time_s')} | "
+              f"{us('plain_per_action_s')} | {us('graph_per_action_s')} | {h.get('actions', '-')} |")
+PY
+}
+
 # Runs "$@" with what is left of the time budget, its output to $OUT/$1.txt; records the result.
 step() {
     local name="$1"
@@ -207,6 +240,7 @@ run() {
             --layers 16 --hidden 2048 --batch 1024 --microbatches 8 --steps 5 --format json \
             --svg "$tmp/train-$family.svg"
     done
+    graph_table "$tmp"
     echo "summary: $SUMMARY"
     cat "$SUMMARY"
     if (( FAILURES > 0 )); then

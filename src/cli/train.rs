@@ -74,6 +74,8 @@ pub struct Outcome {
     pub resimulated: Timeline,
     /// Sequential step time estimate: the sum of the median step's layer seconds.
     pub work_seconds: f64,
+    /// `--backend cuda`: host enqueue time per action, plain and with `--graph`.
+    pub host_enqueue: Option<cuda::HostEnqueue>,
 }
 
 /// Runs `pipefill train`.
@@ -317,8 +319,10 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let plan = &chosen.plan;
     let (stages, first_step) = build(setup, plan)?;
     if setup.backend == Backend::Cuda {
-        let reports = cuda::run_steps(setup, plan, &stages)?;
-        return outcome(setup, plan, first_step, &reports);
+        let (reports, host) = cuda::run_steps(setup, plan, &stages)?;
+        let mut o = outcome(setup, plan, first_step, &reports)?;
+        o.host_enqueue = Some(host);
+        return Ok(o);
     }
     let saver = checkpoint::Saver::new(setup, plan);
     let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
@@ -378,6 +382,7 @@ pub fn outcome(
         measured,
         resimulated,
         work_seconds,
+        host_enqueue: None,
     })
 }
 

@@ -10,8 +10,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
 use pipefill_host::runtime::streams::{Device, DeviceError, StreamId};
 use pipefill_host::runtime::{Loss, Payload, Stage, StageError};
 
@@ -19,7 +19,7 @@ use super::device::Gpu;
 use super::error::CudaError;
 use super::launch::Launcher;
 use super::stage::{CudaStage, CudaStash};
-use super::tensor::DeviceTensor;
+use super::tensor::{rehome, DeviceTensor};
 use crate::layers::LossKind;
 
 /// The streams and the one bound now, shared by the device and the stage and loss wrappers.
@@ -61,9 +61,35 @@ fn stage_error(e: CudaError) -> StageError {
 
 /// CUDA streams on one device for the stream runtime: one stream per program stream, all on the
 /// same GPU (ranks share its SMs).
-#[derive(Debug, Clone)]
+///
+/// It can capture a whole step as a CUDA graph ([`Device::begin_capture`], used by
+/// [`StreamExecutor::capture`](pipefill_host::runtime::streams::StreamExecutor::capture)): capture
+/// runs on stream 0 in thread-local mode, the other streams join it through the executor's fork
+/// events, buffers made during the capture are graph allocations (stream-ordered allocation is
+/// required), and the graph is instantiated with auto-free-on-launch, since the loss partials are
+/// allocated in the graph and read after each launch. A clone shares the streams, not the graph;
+/// the graph (not `Send`) stays with the device that captured it.
 pub struct CudaStreams {
     link: Arc<Link>,
+    graph: Option<CudaGraph>,
+}
+
+impl Clone for CudaStreams {
+    fn clone(&self) -> Self {
+        CudaStreams {
+            link: self.link.clone(),
+            graph: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for CudaStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStreams")
+            .field("link", &self.link)
+            .field("captured", &self.graph.is_some())
+            .finish()
+    }
 }
 
 impl CudaStreams {
@@ -75,6 +101,7 @@ impl CudaStreams {
                 streams: Mutex::new(Vec::new()),
                 current: AtomicUsize::new(0),
             }),
+            graph: None,
         }
     }
 
@@ -154,6 +181,120 @@ impl Device for CudaStreams {
             .map(|ms| f64::from(ms) / 1e3)
             .map_err(|e| device_error(CudaError::driver("cuEventElapsedTime")(e)))
     }
+
+    fn begin_capture(&mut self) -> Result<(), DeviceError> {
+        if self.graph.is_some() {
+            return Err(DeviceError::new(
+                "this device already holds a captured step (one capture per device)",
+            ));
+        }
+        if !self.link.gpu.context().has_async_alloc() {
+            return Err(DeviceError::new(
+                "graph capture needs stream-ordered allocation (cuMemAllocAsync), \
+                 which this device does not support",
+            ));
+        }
+        let s = self.link.stream(0).map_err(device_error)?;
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| device_error(CudaError::driver("cuStreamBeginCapture")(e)))
+    }
+
+    fn end_capture(&mut self) -> Result<(), DeviceError> {
+        let s = self.link.stream(0).map_err(device_error)?;
+        let flags = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let graph = s
+            .end_capture(flags)
+            .map_err(|e| {
+                device_error(CudaError::driver("cuStreamEndCapture / cuGraphInstantiate")(e))
+            })?
+            .ok_or_else(|| DeviceError::new("the capture recorded no work"))?;
+        graph
+            .upload()
+            .map_err(|e| device_error(CudaError::driver("cuGraphUpload")(e)))?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    fn replay(&mut self) -> Result<(), DeviceError> {
+        let graph = self
+            .graph
+            .as_ref()
+            .ok_or_else(|| DeviceError::new("replay before a capture"))?;
+        graph
+            .launch()
+            .map_err(|e| device_error(CudaError::driver("cuGraphLaunch")(e)))
+    }
+
+    fn copy(&mut self, stream: usize, src: &DeviceTensor) -> Result<DeviceTensor, DeviceError> {
+        let s = self.link.stream(stream).map_err(device_error)?;
+        copy_on(&s, src).map_err(device_error)
+    }
+
+    fn refresh(&mut self, dst: &mut DeviceTensor, src: DeviceTensor) -> Result<(), DeviceError> {
+        let s = self.link.stream(0).map_err(device_error)?;
+        refresh_on(&s, dst, src).map_err(device_error)
+    }
+
+    fn read_loss(&self, loss: &DeviceLoss) -> Result<f32, DeviceError> {
+        loss.value().map_err(device_error)
+    }
+}
+
+/// The error of a payload whose shape or pending scale a graph copy cannot take.
+fn unfit(what: &str, expected: usize, got: usize) -> CudaError {
+    CudaError::Shape {
+        what: what.to_string(),
+        expected,
+        got,
+    }
+}
+
+/// A new buffer on `s` holding `src`'s values (a graph allocation and copy node under capture).
+fn copy_on(s: &Arc<CudaStream>, src: &DeviceTensor) -> Result<DeviceTensor, CudaError> {
+    if src.pending_scale() != 1.0 {
+        return Err(unfit(
+            "graph input with a pending scale (not supported)",
+            1,
+            0,
+        ));
+    }
+    let Some(x) = src.slice() else {
+        return DeviceTensor::from_slice(src.shape().to_vec(), None);
+    };
+    // SAFETY: every element is written by the copy enqueued next on the same stream.
+    let mut out =
+        unsafe { s.alloc::<f32>(x.len()) }.map_err(CudaError::driver("cuMemAllocAsync"))?;
+    s.memcpy_dtod(x, &mut out)
+        .map_err(CudaError::driver("cuMemcpyDtoDAsync"))?;
+    DeviceTensor::from_slice(src.shape().to_vec(), Some(out))
+}
+
+/// Copies `src` into `dst` on `s` (stream 0, where the graph launches next); `src` is re-homed to
+/// `s`, so its stream-ordered free comes after the copy.
+fn refresh_on(
+    s: &Arc<CudaStream>,
+    dst: &mut DeviceTensor,
+    src: DeviceTensor,
+) -> Result<(), CudaError> {
+    if src.shape() != dst.shape() || src.pending_scale() != 1.0 {
+        return Err(unfit(
+            &format!(
+                "refreshed buffer of shape {:?} (no pending scale)",
+                dst.shape()
+            ),
+            dst.len(),
+            src.len(),
+        ));
+    }
+    let Some(x) = src.into_slice() else {
+        return Ok(());
+    };
+    let x = rehome(x, s);
+    let d = dst
+        .slice_mut()
+        .ok_or_else(|| unfit("refreshed buffer", x.len(), 0))?;
+    s.memcpy_dtod(&x, d)
+        .map_err(CudaError::driver("cuMemcpyDtoDAsync"))
 }
 
 impl Payload for DeviceTensor {

@@ -1,7 +1,8 @@
 //! `pipefill train --backend cuda`: the steps run by the stream runtime
 //! ([`pipefill_host::runtime::streams::StreamExecutor`]) on [`CudaStreams`]: one host thread enqueues
 //! each whole step (stage calls, event records and waits, timing marks) on per-rank CUDA streams of
-//! GPU 0, then waits once; the measured timeline comes from the timing events.
+//! GPU 0, then waits once; the measured timeline comes from the timing events. With `--graph` the
+//! whole step is captured once as a CUDA graph and replayed ([`StreamExecutor::capture`]).
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use pipefill_host::plan::Plan;
 use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::runtime::{StepReport, Tensor};
 
+use super::setup::GRAPH_PLAIN_STEPS;
 use super::{output, Format, Setup};
 use crate::cli::CliError;
 use crate::cuda::{CudaError, CudaStage, CudaStreams, DeviceTensor, Gpu};
@@ -33,12 +35,50 @@ fn target(stream: &Arc<CudaStream>, kind: LossKind, t: &Tensor) -> Result<Device
     }
 }
 
-/// Runs `--steps` steps of `stages` (copied to GPU 0) with the stream runtime, showing progress.
+/// Host seconds spent enqueuing each step, per action (`--backend cuda`): what `--graph` saves.
+#[derive(Debug, Clone, Default)]
+pub struct HostEnqueue {
+    /// Actions per step (the host's per-action divisor).
+    pub actions: usize,
+    /// Per plain step after the warm-up (step 0): enqueue seconds / actions.
+    pub plain: Vec<f64>,
+    /// Per replayed step (`--graph`): seconds to refresh the inputs and launch the graph / actions.
+    pub graph: Vec<f64>,
+    /// Wall seconds of the same plain steps.
+    pub plain_steps: Vec<f64>,
+    /// Wall seconds of the same replayed steps.
+    pub graph_steps: Vec<f64>,
+    /// The step captured as a graph (`None` without `--graph`).
+    pub captured_at: Option<usize>,
+}
+
+/// How step `step` runs: plain, captured, or replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Capture,
+    Replay,
+}
+
+fn mode(graph: bool, step: usize) -> Mode {
+    if !graph || step < GRAPH_PLAIN_STEPS {
+        Mode::Plain
+    } else if step == GRAPH_PLAIN_STEPS {
+        Mode::Capture
+    } else {
+        Mode::Replay
+    }
+}
+
+/// Runs `--steps` steps of `stages` (copied to GPU 0) with the stream runtime, showing progress;
+/// with `--graph`, steps from [`GRAPH_PLAIN_STEPS`] on are captured once and replayed. A captured or
+/// replayed step has no per-action timing (nothing is marked inside a graph): its report carries
+/// the last plain step's timeline and action times, and its own losses and wall time.
 pub fn run_steps(
     setup: &Setup,
     plan: &Plan,
     stages: &[LinearStage],
-) -> Result<Vec<StepReport>, CliError> {
+) -> Result<(Vec<StepReport>, HostEnqueue), CliError> {
     let a = &setup.args;
     let gpu = Gpu::open(0).map_err(failed)?;
     let device = CudaStreams::new(gpu.clone());
@@ -58,28 +98,64 @@ pub fn run_steps(
         a.steps,
         a.format == Format::Text && std::io::stderr().is_terminal(),
     );
-    let mut reports = Vec::with_capacity(a.steps);
+    let mut host = HostEnqueue {
+        actions: ex.actions(),
+        ..HostEnqueue::default()
+    };
+    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps);
     for step in 0..a.steps {
         let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
-        let inputs = x
-            .iter()
-            .map(|x| DeviceTensor::from_host(&upload, x))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        let targets = t
-            .iter()
-            .map(|t| target(&upload, setup.spec.loss, t))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
-        upload
-            .synchronize()
-            .map_err(|e| failed(CudaError::driver("cuStreamSynchronize")(e)))?;
-        let r = ex
-            .step(inputs, &targets, &loss)
-            .map_err(|e| CliError::Failed(format!("step {step}: {e}")))?;
+        let (inputs, targets) = upload_batch(&upload, setup.spec.loss, &x, &t).map_err(failed)?;
+        let m = mode(a.graph, step);
+        let r = match m {
+            Mode::Plain => ex.step(inputs, &targets, &loss),
+            Mode::Capture => ex.capture(inputs, targets, &loss),
+            Mode::Replay => ex.replay(inputs, targets),
+        };
+        let mut r = r.map_err(|e| CliError::Failed(format!("step {step}: {e}")))?;
+        let per_action = ex.enqueue_seconds() / host.actions.max(1) as f64;
+        match m {
+            Mode::Plain if step > 0 || a.steps == 1 => {
+                host.plain.push(per_action);
+                host.plain_steps.push(r.seconds);
+            }
+            Mode::Replay => {
+                host.graph.push(per_action);
+                host.graph_steps.push(r.seconds);
+            }
+            Mode::Capture => host.captured_at = Some(step),
+            Mode::Plain => {}
+        }
+        if m != Mode::Plain {
+            if let Some(last) = reports.last() {
+                r.timeline = last.timeline.clone();
+                r.action_seconds = last.action_seconds.clone();
+            }
+        }
         progress.step(step, r.loss, r.seconds, a.format == Format::Text);
         reports.push(r);
     }
     progress.finish();
-    Ok(reports)
+    Ok((reports, host))
+}
+
+/// A step's inputs and targets copied to the device on `upload` (waits for the copies).
+fn upload_batch(
+    upload: &Arc<CudaStream>,
+    kind: LossKind,
+    x: &[Tensor],
+    t: &[Tensor],
+) -> Result<(Vec<DeviceTensor>, Vec<DeviceTensor>), CudaError> {
+    let inputs = x
+        .iter()
+        .map(|x| DeviceTensor::from_host(upload, x))
+        .collect::<Result<Vec<_>, _>>()?;
+    let targets = t
+        .iter()
+        .map(|t| target(upload, kind, t))
+        .collect::<Result<Vec<_>, _>>()?;
+    upload
+        .synchronize()
+        .map_err(CudaError::driver("cuStreamSynchronize"))?;
+    Ok((inputs, targets))
 }

@@ -10,6 +10,7 @@ use pipefill_host::profile::median;
 
 use pipefill_host::plan::Plan;
 
+use super::cuda::HostEnqueue;
 use super::{Chosen, CliError, Outcome, Setup};
 use crate::cli::output::write_atomic;
 
@@ -246,6 +247,53 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
             t.display()
         );
     }
+    if let Some(h) = &outcome.host_enqueue {
+        print_host_enqueue(h);
+    }
+}
+
+/// `--backend cuda`: the host's enqueue time per action, plain and replayed (`--graph`).
+fn print_host_enqueue(h: &HostEnqueue) {
+    let us = |v: &[f64]| median(&mut v.to_vec()) * 1e6;
+    let ms = |v: &[f64]| median(&mut v.to_vec()) * 1e3;
+    if !h.plain.is_empty() {
+        println!(
+            "host enqueue: {:.2} us per action without a graph (median of {} plain steps, {} \
+             actions each; step time {:.2} ms)",
+            us(&h.plain),
+            h.plain.len(),
+            h.actions,
+            ms(&h.plain_steps)
+        );
+    }
+    if let (Some(at), false) = (h.captured_at, h.graph.is_empty()) {
+        println!(
+            "host enqueue: {:.2} us per action with the graph (median of {} replays of the step \
+             captured at step {at}; step time {:.2} ms)",
+            us(&h.graph),
+            h.graph.len(),
+            ms(&h.graph_steps)
+        );
+        println!(
+            "  (a graph step is not timed inside: its timeline and action times above are the \
+             last plain step's)"
+        );
+    }
+}
+
+/// The JSON value of [`HostEnqueue`] (medians; `null` where no step of that kind ran).
+fn host_enqueue_json(h: &HostEnqueue) -> serde_json::Value {
+    let med = |v: &[f64]| (!v.is_empty()).then(|| median(&mut v.to_vec()));
+    json!({
+        "actions": h.actions,
+        "plain_per_action_s": med(&h.plain),
+        "graph_per_action_s": med(&h.graph),
+        "plain_step_time_s": med(&h.plain_steps),
+        "graph_step_time_s": med(&h.graph_steps),
+        "plain_steps": h.plain.len(),
+        "graph_steps": h.graph.len(),
+        "captured_at_step": h.captured_at,
+    })
 }
 
 /// The JSON object on stdout (keys documented in the README).
@@ -305,6 +353,11 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
     });
     // Apart from the object above, which is at serde_json's macro recursion limit.
     value["first_step"] = json!(outcome.first_step);
+    value["graph"] = json!(a.graph);
+    value["host_enqueue"] = outcome
+        .host_enqueue
+        .as_ref()
+        .map_or(serde_json::Value::Null, host_enqueue_json);
     value["resumed_from"] = json!(setup
         .resume
         .as_ref()

@@ -149,6 +149,11 @@ pub struct Args {
     /// device is usable, else the CPU).
     #[arg(long, value_enum, default_value_t = TrainBackend::Cpu)]
     pub backend: TrainBackend,
+    /// With `--backend cuda`: capture the whole training step as one CUDA graph and replay it.
+    /// Step 0 warms up, step 1 runs plain (measured), step 2 is captured, later steps replay it;
+    /// the report gives the host time per action with and without the graph. Needs --steps 4+.
+    #[arg(long)]
+    pub graph: bool,
 }
 
 /// Everything checked and ready to run.
@@ -202,6 +207,7 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     if backend == Backend::Cuda {
         check_cuda_run(&args)?;
     }
+    check_graph(&args, backend)?;
     let mut setup = Setup {
         args,
         spec,
@@ -233,6 +239,32 @@ fn check_cuda_run(args: &Args) -> Result<(), CliError> {
         ))),
         None => Ok(()),
     }
+}
+
+/// The steps before the captured one with `--graph`: a warm-up and a plain, measured step.
+pub const GRAPH_PLAIN_STEPS: usize = 2;
+
+/// `--graph`: only on the CUDA backend, and with a step left to replay after the capture.
+fn check_graph(args: &Args, backend: Backend) -> Result<(), CliError> {
+    if !args.graph {
+        return Ok(());
+    }
+    if backend != Backend::Cuda {
+        return Err(usage(
+            "--graph: whole-step graphs need --backend cuda (the CPU path runs one thread per \
+             rank and has no graph to capture): add --backend cuda, or drop --graph"
+                .to_string(),
+        ));
+    }
+    let least = GRAPH_PLAIN_STEPS + 2;
+    if args.steps < least {
+        return Err(usage(format!(
+            "--graph: --steps {} leaves no step to replay (step 0 warms up, step 1 runs plain, \
+             step 2 is captured, later steps replay it): give --steps {least} or more",
+            args.steps
+        )));
+    }
+    Ok(())
 }
 
 /// `--backend`: `cuda` must find a device (else a usage error saying what is missing); `auto` takes

@@ -18,9 +18,19 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{Device, DeviceError, StreamId};
+
+mod capture;
 use crate::runtime::{Loss, Payload, Stage, StageError, Tensor};
 
-type Job = Box<dyn FnOnce() + Send>;
+/// What a stream worker is sent.
+enum Job {
+    /// Run this once now.
+    Once(Box<dyn FnOnce() + Send>),
+    /// Keep this for every [`Job::Replay`] (sent while capturing).
+    Keep(Box<dyn Fn() + Send>),
+    /// Run every kept job, in the order kept.
+    Replay,
+}
 
 /// A value a stream worker fills later (or one given ready).
 pub struct Pending<T> {
@@ -113,6 +123,10 @@ impl Flag {
         })
     }
 
+    fn lower(&self) {
+        *self.set.lock().unwrap_or_else(PoisonError::into_inner) = false;
+    }
+
     fn raise(&self) {
         *self.set.lock().unwrap_or_else(PoisonError::into_inner) = true;
         self.cond.notify_all();
@@ -137,6 +151,8 @@ struct Link {
     current: AtomicUsize,
     failed: AtomicBool,
     error: Mutex<Option<String>>,
+    /// Jobs are kept for replay instead of run (between `begin_capture` and `end_capture`).
+    capturing: AtomicBool,
 }
 
 impl Link {
@@ -149,29 +165,51 @@ impl Link {
             .map_err(|_| DeviceError::new(format!("stream {stream}'s worker has stopped")))
     }
 
+    /// Sends `job` to run once, or to be kept for replay while capturing.
+    fn submit(&self, stream: usize, job: impl Fn() + Send + 'static) -> Result<(), DeviceError> {
+        let job = if self.capturing.load(Ordering::SeqCst) {
+            Job::Keep(Box::new(job))
+        } else {
+            Job::Once(Box::new(job))
+        };
+        self.send(stream, job)
+    }
+
+    /// Keeps `message` as the device's error (the first one wins) and skips later work.
+    fn fail(&self, message: String) {
+        let mut error = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        error.get_or_insert(message);
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
     /// Enqueues layer work on the bound stream; skipped once anything failed, and a failure or a
     /// panic is kept as the device's error.
     fn enqueue(
         self: &Arc<Self>,
-        work: impl FnOnce() -> Result<(), String> + Send + 'static,
+        work: impl Fn() -> Result<(), String> + Send + 'static,
     ) -> Result<(), StageError> {
+        self.enqueue_on(self.current.load(Ordering::SeqCst), work)
+            .map_err(|e| StageError::new(e.message))
+    }
+
+    /// [`enqueue`](Link::enqueue) on `stream`.
+    fn enqueue_on(
+        self: &Arc<Self>,
+        stream: usize,
+        work: impl Fn() -> Result<(), String> + Send + 'static,
+    ) -> Result<(), DeviceError> {
         let link = Arc::clone(self);
-        let stream = self.current.load(Ordering::SeqCst);
-        let job: Job = Box::new(move || {
+        self.submit(stream, move || {
             if link.failed.load(Ordering::SeqCst) {
                 return;
             }
-            let message = match catch_unwind(AssertUnwindSafe(work)) {
+            let message = match catch_unwind(AssertUnwindSafe(&work)) {
                 Ok(Ok(())) => return,
                 Ok(Err(m)) => m,
                 Err(_) => "a layer panicked".to_string(),
             };
-            let mut error = link.error.lock().unwrap_or_else(PoisonError::into_inner);
-            error.get_or_insert(format!("stream {stream}: {message}"));
-            link.failed.store(true, Ordering::SeqCst);
-        });
-        self.send(stream, job)
-            .map_err(|e| StageError::new(e.message))
+            link.fail(format!("stream {stream}: {message}"));
+        })
     }
 }
 
@@ -181,6 +219,10 @@ impl Link {
 pub struct CpuStreams {
     link: Arc<Link>,
     workers: Vec<JoinHandle<()>>,
+    /// The events recorded while capturing: lowered before each replay.
+    captured_flags: Vec<Arc<Flag>>,
+    /// Whether the workers keep a captured step.
+    captured: bool,
 }
 
 impl Default for CpuStreams {
@@ -198,8 +240,11 @@ impl CpuStreams {
                 current: AtomicUsize::new(0),
                 failed: AtomicBool::new(false),
                 error: Mutex::new(None),
+                capturing: AtomicBool::new(false),
             }),
             workers: Vec::new(),
+            captured_flags: Vec::new(),
+            captured: false,
         }
     }
 
@@ -219,12 +264,8 @@ impl CpuStreams {
         }
     }
 
-    fn control(
-        &self,
-        stream: usize,
-        job: impl FnOnce() + Send + 'static,
-    ) -> Result<(), DeviceError> {
-        self.link.send(stream, Box::new(job))
+    fn control(&self, stream: usize, job: impl Fn() + Send + 'static) -> Result<(), DeviceError> {
+        self.link.submit(stream, job)
     }
 }
 
@@ -258,8 +299,13 @@ impl Device for CpuStreams {
             let worker = std::thread::Builder::new()
                 .name(format!("stream-r{}l{}", id.rank, id.lane))
                 .spawn(move || {
+                    let mut kept: Vec<Box<dyn Fn() + Send>> = Vec::new();
                     while let Ok(job) = rx.recv() {
-                        job();
+                        match job {
+                            Job::Once(job) => job(),
+                            Job::Keep(job) => kept.push(job),
+                            Job::Replay => kept.iter().for_each(|job| job()),
+                        }
                     }
                 })
                 .map_err(|e| DeviceError::new(format!("cannot start a stream worker: {e}")))?;
@@ -278,6 +324,9 @@ impl Device for CpuStreams {
         let flag = Flag::new();
         let f = Arc::clone(&flag);
         self.control(stream, move || f.raise())?;
+        if self.link.capturing.load(Ordering::SeqCst) {
+            self.captured_flags.push(Arc::clone(&flag));
+        }
         Ok(flag)
     }
 
@@ -294,6 +343,9 @@ impl Device for CpuStreams {
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {
+        if self.link.capturing.load(Ordering::SeqCst) {
+            return Err(DeviceError::new("synchronize during a capture"));
+        }
         let streams = self.workers.len();
         let mut flags = Vec::with_capacity(streams);
         for s in 0..streams {
@@ -328,6 +380,38 @@ impl Device for CpuStreams {
         Ok(read(mark)?
             .saturating_duration_since(read(origin)?)
             .as_secs_f64())
+    }
+
+    fn begin_capture(&mut self) -> Result<(), DeviceError> {
+        self.start_capture()
+    }
+
+    fn end_capture(&mut self) -> Result<(), DeviceError> {
+        self.finish_capture()
+    }
+
+    fn replay(&mut self) -> Result<(), DeviceError> {
+        self.replay_captured()
+    }
+
+    fn copy(
+        &mut self,
+        stream: usize,
+        src: &Pending<Tensor>,
+    ) -> Result<Pending<Tensor>, DeviceError> {
+        self.copy_on(stream, src)
+    }
+
+    fn refresh(
+        &mut self,
+        dst: &mut Pending<Tensor>,
+        src: Pending<Tensor>,
+    ) -> Result<(), DeviceError> {
+        capture::refresh(dst, src)
+    }
+
+    fn read_loss(&self, loss: &Pending<f32>) -> Result<f32, DeviceError> {
+        (*loss.lock()).ok_or_else(|| DeviceError::new("the captured step left no loss value"))
     }
 }
 
@@ -421,8 +505,20 @@ where
         0
     }
 
+    /// Now, or (while the device captures) as a job on the bound stream, kept for every replay.
     fn zero_grad(&mut self) {
-        lock(&self.stage).zero_grad();
+        if !self.link.capturing.load(Ordering::SeqCst) {
+            lock(&self.stage).zero_grad();
+            return;
+        }
+        let stage = Arc::clone(&self.stage);
+        let queued = self.link.enqueue(move || {
+            lock(&stage).zero_grad();
+            Ok(())
+        });
+        if let Err(e) = queued {
+            self.link.fail(format!("zero_grad: {e}"));
+        }
     }
 
     fn optimizer_step(&mut self) -> Result<(), StageError> {

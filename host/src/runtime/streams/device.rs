@@ -60,4 +60,54 @@ pub trait Device {
 
     /// Seconds from `origin` to `mark` (both completed: call after [`synchronize`](Device::synchronize)).
     fn seconds(&self, origin: &Self::Mark, mark: &Self::Mark) -> Result<f64, DeviceError>;
+
+    // Capture and replay (a CUDA graph; a recorded job list on the CPU). Devices that cannot
+    // capture keep the defaults, which refuse. See `StreamExecutor::capture`.
+
+    /// Starts capturing on stream 0: work enqueued from now on is recorded, not run. Other streams
+    /// join the capture when they [`wait`](Device::wait) on an event recorded on a capturing stream.
+    fn begin_capture(&mut self) -> Result<(), DeviceError> {
+        Err(not_supported("graph capture"))
+    }
+
+    /// Ends the capture begun by [`begin_capture`](Device::begin_capture) (every stream must have
+    /// been joined back into stream 0) and keeps the captured step for [`replay`](Device::replay).
+    fn end_capture(&mut self) -> Result<(), DeviceError> {
+        Err(not_supported("graph capture"))
+    }
+
+    /// Enqueues the captured step once more (on stream 0); [`synchronize`](Device::synchronize)
+    /// waits for it.
+    fn replay(&mut self) -> Result<(), DeviceError> {
+        Err(not_supported("graph replay"))
+    }
+
+    /// A new payload holding `src`'s values, enqueued on `stream` (during capture: the copy is part
+    /// of the captured step, so each replay copies `src`'s values *at that time*).
+    fn copy(&mut self, stream: usize, src: &Self::Payload) -> Result<Self::Payload, DeviceError> {
+        let _ = (stream, src);
+        Err(not_supported("payload copies"))
+    }
+
+    /// Overwrites `dst`'s values with `src`'s (same size), ordered before the next
+    /// [`replay`](Device::replay): how a captured step gets each step's inputs and targets.
+    fn refresh(&mut self, dst: &mut Self::Payload, src: Self::Payload) -> Result<(), DeviceError> {
+        let _ = (dst, src);
+        Err(not_supported("payload refresh"))
+    }
+
+    /// The value of a loss produced during capture, as the latest replay left it (call after
+    /// [`synchronize`](Device::synchronize)); the loss stays readable for the next replay.
+    fn read_loss(
+        &self,
+        loss: &<Self::Payload as crate::runtime::Payload>::Loss,
+    ) -> Result<f32, DeviceError> {
+        let _ = loss;
+        Err(not_supported("reading a captured loss"))
+    }
+}
+
+/// The error of a capture method a device does not provide.
+fn not_supported(what: &str) -> DeviceError {
+    DeviceError::new(format!("this device does not support {what}"))
 }

@@ -10,6 +10,8 @@ use crate::schedule::deps::{output, Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::{Source, Timeline, Transfer};
 
+mod graph;
+
 /// Runs training steps of a [`Schedule`] over stages whose work a [`Device`] runs on streams.
 ///
 /// Built once per schedule: the [`StreamProgram`] is built and [`check`]ed, the device makes the
@@ -46,6 +48,10 @@ pub struct StreamExecutor<D: Device, S: Stage<D::Payload>> {
     program: StreamProgram,
     device: D,
     stages: Vec<S>,
+    /// Host seconds the last step spent enqueuing (or refreshing and replaying) its work.
+    enqueue_seconds: f64,
+    /// The captured step, once [`capture`](StreamExecutor::capture) ran (dropped after the device).
+    graph: Option<graph::Captured<D>>,
 }
 
 /// A stash and whether `I` has run on it.
@@ -93,6 +99,8 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             program,
             device,
             stages,
+            enqueue_seconds: 0.0,
+            graph: None,
         })
     }
 
@@ -123,20 +131,68 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         targets: &[D::Payload],
         loss: &L,
     ) -> Result<StepReport, RuntimeError> {
-        let m = self.schedule.microbatches;
-        if inputs.len() != m || targets.len() != m {
-            return Err(RuntimeError::BatchCount {
-                microbatches: m,
-                inputs: inputs.len(),
-                targets: targets.len(),
-            });
-        }
+        self.check_batch(inputs.len(), targets.len())?;
         let wall = Instant::now();
         for stage in &mut self.stages {
             stage.zero_grad();
         }
-        let p = self.schedule.ranks;
-        let mut step: Step<D, S::Stash> = Step {
+        let mut step = self.new_step(inputs);
+        let origin = self.device.mark(0).map_err(device_error)?;
+        self.enqueue_ops(&mut step, targets, loss, true)?;
+        self.enqueue_seconds = wall.elapsed().as_secs_f64();
+        self.device.synchronize().map_err(device_error)?;
+        self.optimizer_steps()?;
+        self.report(step, &origin, wall.elapsed().as_secs_f64())
+    }
+
+    /// Host seconds the last step spent enqueuing its work before waiting for the device: with
+    /// [`step`](StreamExecutor::step), every stage call, record, wait and timing mark; with
+    /// [`replay`](StreamExecutor::replay), refreshing the inputs and launching the captured step.
+    pub fn enqueue_seconds(&self) -> f64 {
+        self.enqueue_seconds
+    }
+
+    /// The number of actions a step runs (what [`enqueue_seconds`](StreamExecutor::enqueue_seconds)
+    /// is divided by for a time per action).
+    pub fn actions(&self) -> usize {
+        self.program
+            .ops
+            .iter()
+            .filter(|o| matches!(o, StreamOp::Run { .. }))
+            .count()
+    }
+
+    /// Every stage's optimizer step (host calls, after the step's work is done).
+    fn optimizer_steps(&mut self) -> Result<(), RuntimeError> {
+        for (s, stage) in self.stages.iter_mut().enumerate() {
+            stage
+                .optimizer_step()
+                .map_err(|e| RuntimeError::OptimizerFailed {
+                    rank: self.schedule.rank_of(s),
+                    stage: s,
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a batch whose size is not the schedule's microbatch count.
+    fn check_batch(&self, inputs: usize, targets: usize) -> Result<(), RuntimeError> {
+        let m = self.schedule.microbatches;
+        if inputs != m || targets != m {
+            return Err(RuntimeError::BatchCount {
+                microbatches: m,
+                inputs,
+                targets,
+            });
+        }
+        Ok(())
+    }
+
+    /// The empty state of a step whose microbatch inputs are `inputs`.
+    fn new_step(&self, inputs: Vec<D::Payload>) -> Step<D, S::Stash> {
+        let (p, m) = (self.schedule.ranks, self.schedule.microbatches);
+        Step {
             stashes: HashMap::new(),
             mailbox: HashMap::new(),
             inputs: inputs.into_iter().map(Some).collect(),
@@ -145,17 +201,31 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             peak: vec![0; p],
             marks: Vec::new(),
             bytes: HashMap::new(),
-        };
-        let origin = self.device.mark(0).map_err(device_error)?;
+        }
+    }
+
+    /// Walks the program once: binds, runs each action (between timing marks when `timed`),
+    /// records and waits on events.
+    fn enqueue_ops<L: Loss<D::Payload>>(
+        &mut self,
+        step: &mut Step<D, S::Stash>,
+        targets: &[D::Payload],
+        loss: &L,
+        timed: bool,
+    ) -> Result<Vec<D::Event>, RuntimeError> {
         let mut events = Vec::with_capacity(self.program.events.len());
         for i in 0..self.program.ops.len() {
             match self.program.ops[i] {
-                StreamOp::Run { stream, action } => {
+                StreamOp::Run { stream, action } if timed => {
                     self.device.bind(stream).map_err(device_error)?;
                     let start = self.device.mark(stream).map_err(device_error)?;
-                    self.run(&mut step, action, targets, loss)?;
+                    self.run(step, action, targets, loss)?;
                     let end = self.device.mark(stream).map_err(device_error)?;
                     step.marks.push((action, start, end));
+                }
+                StreamOp::Run { stream, action } => {
+                    self.device.bind(stream).map_err(device_error)?;
+                    self.run(step, action, targets, loss)?;
                 }
                 StreamOp::Record { stream, .. } => {
                     events.push(self.device.record(stream).map_err(device_error)?);
@@ -169,17 +239,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                 }
             }
         }
-        self.device.synchronize().map_err(device_error)?;
-        for (s, stage) in self.stages.iter_mut().enumerate() {
-            stage
-                .optimizer_step()
-                .map_err(|e| RuntimeError::OptimizerFailed {
-                    rank: self.schedule.rank_of(s),
-                    stage: s,
-                    message: e.to_string(),
-                })?;
-        }
-        self.report(step, &origin, wall.elapsed().as_secs_f64())
+        Ok(events)
     }
 
     /// Enqueues one action: takes its input, calls the stage, holds the stash, hands on the output.

@@ -15,6 +15,11 @@
 //! 3. [`StreamExecutor`] walks the ops once per step on the calling thread, calling the [`Stage`](super::Stage)
 //!    methods (which only enqueue, on a device) and the [`Device`]'s record / wait / timing marks,
 //!    then synchronises once and reads the timeline from the marks.
+//! 4. Optionally, [`StreamExecutor::capture`] enqueues one whole step while the device records it
+//!    (a CUDA graph; kept jobs on [`CpuStreams`]) and [`StreamExecutor::replay`] reruns it on new
+//!    inputs copied into fixed buffers, so later steps cost the host one launch instead of one
+//!    enqueue per action ([`Device::begin_capture`] and its siblings; devices that cannot capture
+//!    refuse by default).
 //!
 //! Stream choice: one stream per **rank** (plus the second lane), not per model stage: a rank's list
 //! is an order the schedule chose, and one in-order stream keeps it on the device. Ranks sharing one
