@@ -122,12 +122,21 @@ impl DeviceLinear {
         Ok(l)
     }
 
-    /// Rounds `W` into its BF16 copy (under [`Precision::Bf16`]; nothing otherwise).
+    /// Rounds `W` into its BF16 copy (under [`Precision::Bf16`]; nothing otherwise). The copy is
+    /// made once and overwritten in place afterwards, in the update's stream order: replacing it would
+    /// free the old one in the order of the stream that made it, which may run ahead of a reader on
+    /// another stream.
     fn refresh_bf16(&mut self, la: &Launcher) -> Result<(), CudaError> {
-        if self.precision == Precision::Bf16 {
-            self.weight_bf16 = Some(la.to_bf16(&self.weight.value)?);
+        if self.precision != Precision::Bf16 {
+            return Ok(());
         }
-        Ok(())
+        match &mut self.weight_bf16 {
+            Some(w16) => la.to_bf16_into(&self.weight.value, w16),
+            slot => {
+                *slot = Some(la.to_bf16(&self.weight.value)?);
+                Ok(())
+            }
+        }
     }
 
     fn weights(&self) -> Weights<'_> {

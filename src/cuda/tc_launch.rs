@@ -220,18 +220,28 @@ impl Launcher {
 
     /// `x` rounded to BF16 into a new buffer on the stream ([`entry::F32_TO_BF16`]).
     pub fn to_bf16(&self, x: &CudaSlice<f32>) -> Result<CudaSlice<u16>, CudaError> {
-        let n = x.len();
-        // SAFETY: the kernel writes all `n` values before anything on the stream reads them.
-        let y = unsafe { self.stream().alloc::<u16>(n) }
+        // SAFETY: `to_bf16_into` writes all `x.len()` values before anything on the stream reads them.
+        let mut y = unsafe { self.stream().alloc::<u16>(x.len()) }
             .map_err(CudaError::driver("cuMemAllocAsync (bf16)"))?;
+        self.to_bf16_into(x, &mut y)?;
+        Ok(y)
+    }
+
+    /// `x` rounded to BF16 into `y` (same length), on the stream ([`entry::F32_TO_BF16`]).
+    pub fn to_bf16_into(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let n = x.len();
+        need("bf16 conversion output", Some(&*y), n)?;
         let args = [
             self.ptr(Some(x)),
-            self.ptr(Some(&y)),
+            self.ptr(Some(&*y)),
             Arg::U32(arg_u32("n", n)?),
         ];
         // SAFETY: the kernel's argument list; both buffers hold `n` values.
-        unsafe { self.launch_shared(entry::F32_TO_BF16, elementwise_grid(n), 0, &args)? };
-        Ok(y)
+        unsafe { self.launch_shared(entry::F32_TO_BF16, elementwise_grid(n), 0, &args) }
     }
 
     /// BF16 `x` widened to `f32` into a new buffer on the stream ([`entry::BF16_TO_F32`], exact).
