@@ -171,6 +171,8 @@ fn profile(spec: &ModelSpec, quick: bool) -> CostFile {
             repeats: if quick { 3 } else { 9 },
         },
         seed: 0,
+        precision: Default::default(),
+        activations: Default::default(),
     };
     profile_model(spec, &how).expect("profile")
 }

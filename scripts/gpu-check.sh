@@ -9,9 +9,10 @@
 #                                      everything written to $OUT (or ./gpu-results when unset):
 #                                      nvidia-smi and the driver version, a CuPy check of the PTX
 #                                      against NumPy (independent of Rust), the GPU tests with
-#                                      PIPEFILL_REQUIRE_GPU=1, bench overlap, the gpu_sync bench, a CUDA
-#                                      profile, train --backend cuda for four families at P = 4, and
-#                                      step time with and without --graph (a table in the summary).
+#                                      PIPEFILL_REQUIRE_GPU=1, bench overlap, the gpu_sync bench, the
+#                                      kernels bench (its table: bench-kernels.txt), a CUDA profile,
+#                                      train --backend cuda for four families at P = 4, and step time
+#                                      with and without --graph (a table in the summary).
 #                                      Exit 1 when any step failed or ran out of time.
 #
 # cudarc finds libraries by name (lib{n}.so, .so.12, .11, .10, .9, .1); CUDA 13 ships .so.13, so `run`
@@ -22,8 +23,11 @@ set -euo pipefail
 
 LIMIT_BYTES=$((64 * 1024 * 1024))
 RUN_SECONDS=480
-GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_graph gpu_graph_cli)
-GPU_BENCHES=(gpu_sync)
+GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_graph gpu_graph_cli gpu_tc gpu_tc_cli)
+GPU_BENCHES=(gpu_sync kernels)
+# The kernels bench's shapes (square sizes and `model`): about 2 minutes on an H200 by estimate, not
+# measured; drop 8192 first if the run gets short of time.
+KERNELS_SIZES="1024,2048,4096,8192,model"
 
 usage() {
     echo "usage: $0 build [DIR] | run" >&2
@@ -227,6 +231,7 @@ run() {
     done
     step bench-overlap ./pipefill bench overlap --hidden 512,1024,2048,4096 --rows 256,1024
     local b
+    export PIPEFILL_KERNELS_SIZES="$KERNELS_SIZES" CRITERION_HOME="$OUT/criterion"
     for b in "${GPU_BENCHES[@]}"; do
         step "bench-$b" "./benches/$b" --bench
     done

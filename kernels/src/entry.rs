@@ -54,6 +54,13 @@ pub const LINEAR_BACKWARD_INPUT_BF16: &str = "pf_linear_backward_input_bf16";
 /// `dw` and `db` `f32`. Launch: [`crate::tc::launch`]`(Product::BackwardWeight, Precision::Bf16, ..)`.
 pub const LINEAR_BACKWARD_WEIGHT_BF16: &str = "pf_linear_backward_weight_bf16";
 
+/// `f32` to BF16 (round to nearest even): `y[i] = bf16(x[i])`, `y` holding BF16 bits (`u16`).
+/// Args: `x, y, n`. Grid: `elementwise_grid(n)`.
+pub const F32_TO_BF16: &str = "pf_f32_to_bf16";
+/// BF16 to `f32` (exact): `y[i] = f32(x[i])`, `x` holding BF16 bits (`u16`).
+/// Args: `x, y, n`. Grid: `elementwise_grid(n)`.
+pub const BF16_TO_F32: &str = "pf_bf16_to_f32";
+
 /// The tensor-core entry points (dynamic shared memory above 48 KiB: see [`crate::tc`]).
 pub const TENSOR_CORE: [&str; 6] = [
     LINEAR_FORWARD_TF32,
@@ -65,7 +72,7 @@ pub const TENSOR_CORE: [&str; 6] = [
 ];
 
 /// Every entry point, for checks that the PTX has them all.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 19] = [
     LINEAR_FORWARD,
     LINEAR_BACKWARD_INPUT,
     LINEAR_BACKWARD_WEIGHT,
@@ -83,4 +90,6 @@ pub const ALL: [&str; 17] = [
     LINEAR_FORWARD_BF16,
     LINEAR_BACKWARD_INPUT_BF16,
     LINEAR_BACKWARD_WEIGHT_BF16,
+    F32_TO_BF16,
+    BF16_TO_F32,
 ];

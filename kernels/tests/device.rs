@@ -406,3 +406,49 @@ fn softmax_cross_entropy_kernels_equal_host_functions() {
         }
     }
 }
+
+#[test]
+fn bf16_conversion_kernels_equal_host_functions() {
+    use pipefill_kernels::device::convert::{bf16_to_f32_kernel, f32_to_bf16_kernel, to_bf16};
+    let mut rng = Rng::new(57);
+    for n in LENGTHS {
+        for grid in [SMALL_GRID, elementwise_grid(n)] {
+            let mut x = rng.vec(n, -3.0, 3.0);
+            // A tie (rounds to even), a value that rounds up, NaN and infinity.
+            let specials = [f32::from_bits(0x3f80_8000), f32::from_bits(0x3f80_8001)];
+            for (v, s) in x
+                .iter_mut()
+                .zip(specials.into_iter().chain([f32::NAN, f32::INFINITY]))
+            {
+                *v = s;
+            }
+            let mut h = vec![0xdead_u16; n];
+            let p = Shared((x.as_ptr(), h.as_mut_ptr()));
+            launch(grid, |g| unsafe {
+                f32_to_bf16_kernel(g, p.get().0, p.get().1, n)
+            });
+            let want: Vec<u16> = to_bf16(&x).collect();
+            assert_eq!(h, want, "f32 -> bf16 n={n} grid={grid:?}");
+            for (&b, &v) in h.iter().zip(&x) {
+                // Against f64: within half a BF16 ulp (at most 2^-8 relative), NaN kept.
+                let back = f64::from(f32::from_bits(u32::from(b) << 16));
+                let v = f64::from(v);
+                assert!(
+                    (v.is_nan() && back.is_nan())
+                        || back == v
+                        || (back - v).abs() <= v.abs() / 256.0,
+                    "bf16({v}) = {back}"
+                );
+            }
+
+            let mut y = vec![f32::NAN; n];
+            let p = Shared((h.as_ptr(), y.as_mut_ptr()));
+            launch(grid, |g| unsafe {
+                bf16_to_f32_kernel(g, p.get().0, p.get().1, n)
+            });
+            for (i, (&b, &got)) in h.iter().zip(&y).enumerate() {
+                assert_eq!(got.to_bits(), u32::from(b) << 16, "bf16 -> f32 [{i}] n={n}");
+            }
+        }
+    }
+}

@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 
+use pipefill_host::cost::ActivationDtype;
 use pipefill_kernels::Activation;
 
 use super::CliError;
+use crate::cuda::Precision;
 use crate::layers::{LossKind, Optimizer};
 use crate::model::{available_memory, check_memory, Footprint, MemoryError, ModelSpec, RunShape};
 
@@ -33,6 +35,44 @@ pub struct ModelArgs {
     /// Loss: mse or ce (softmax cross-entropy).
     #[arg(long, default_value = "mse")]
     pub loss: String,
+}
+
+/// Flags of the layers' arithmetic and storage: `--precision` (the CUDA kernels) and `--activations`
+/// (how activations are counted in the memory check and the cost file).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NumericsArgs {
+    /// Arithmetic of the CUDA layers' matrix products: tf32 (tensor cores, the default on
+    /// --backend cuda), fp32 (exact, the SIMT kernels) or bf16 (tensor cores, BF16 inputs). Only
+    /// with --backend cuda: the CPU layers compute in f32.
+    #[arg(long, value_name = "tf32|fp32|bf16")]
+    pub precision: Option<Precision>,
+    /// How activations are counted in the memory check and in the cost file (and so the plan's
+    /// memory): f32 (4 bytes) or bf16 (2 bytes). Accounting only: the layers keep their
+    /// activations in f32 on both backends.
+    #[arg(long, value_name = "f32|bf16", default_value = "f32")]
+    pub activations: String,
+}
+
+impl NumericsArgs {
+    /// The precision on `backend_flag` (`--backend cpu` refuses `--precision`; CUDA defaults to TF32).
+    pub fn precision(&self, cuda: bool, backend_flag: &str) -> Result<Precision, CliError> {
+        match (self.precision, cuda) {
+            (Some(p), false) => Err(CliError::Usage(format!(
+                "--precision {p} chooses the CUDA kernels' arithmetic, but {backend_flag} runs on the                  CPU (f32 only): give it with --backend cuda, or drop it"
+            ))),
+            (p, _) => Ok(p.unwrap_or_default()),
+        }
+    }
+
+    /// `--activations`, checked.
+    pub fn activations(&self) -> Result<ActivationDtype, CliError> {
+        ActivationDtype::from_name(self.activations.trim()).ok_or_else(|| {
+            CliError::Usage(format!(
+                "--activations {}: give f32 or bf16 (how activations are counted in the memory                  check and the cost file)",
+                self.activations
+            ))
+        })
+    }
 }
 
 impl ModelArgs {
@@ -72,9 +112,11 @@ pub fn check_train(
     args: &super::train::Args,
     optimizer: Optimizer,
 ) -> Result<(), CliError> {
-    let run = RunShape::training(spec.batch, args.microbatches, args.ranks, optimizer);
+    let dtype = args.numerics.activations()?;
+    let run = RunShape::training(spec.batch, args.microbatches, args.ranks, optimizer)
+        .with_activation_dtype(dtype);
     let context = format!(
-        "{} with --microbatches {} --ranks {} --optimizer {optimizer}",
+        "{} with --microbatches {} --ranks {} --optimizer {optimizer} --activations {dtype}",
         args.model.describe(spec),
         args.microbatches,
         args.ranks
@@ -89,13 +131,14 @@ pub fn check_profile(spec: &ModelSpec, args: &super::profile::Args) -> Result<()
     let largest = super::profile::sizes(&args.sizes, spec.batch)?
         .into_iter()
         .fold(rows, usize::max);
+    let dtype = args.numerics.activations()?;
     let context = format!(
-        "{} with --microbatches {} --sizes {}",
+        "{} with --microbatches {} --sizes {} --activations {dtype}",
         args.model.describe(spec),
         args.microbatches,
         args.sizes
     );
-    let run = RunShape::profiling(largest);
+    let run = RunShape::profiling(largest).with_activation_dtype(dtype);
     let names = ("--batch or --sizes", args.model.size_flags());
     refuse_if_too_large(spec, &run, &context, names)
 }

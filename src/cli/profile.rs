@@ -22,7 +22,7 @@
 
 use std::path::PathBuf;
 
-use pipefill_host::cost::{CostFile, LayerCost, LinkCost, SizeSample};
+use pipefill_host::cost::{ActivationDtype, CostFile, LayerCost, LinkCost, SizeSample};
 use pipefill_host::profile::{
     fit_fixed, profile_layers, PairExecution, ProfileError, ProfileOptions, ProfiledLayer,
 };
@@ -30,6 +30,7 @@ use pipefill_host::runtime::Tensor;
 
 use super::output::write_atomic;
 use super::CliError;
+use crate::cuda::Precision;
 use crate::layers::gemm::GemmBackend;
 use crate::layers::{LinearStage, Optimizer};
 use crate::model::ModelSpec;
@@ -124,6 +125,9 @@ pub struct Args {
     /// Seed of the weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// `--precision` (with --backend cuda), `--activations`.
+    #[command(flatten)]
+    pub numerics: super::model_flags::NumericsArgs,
 }
 
 /// The model the flags describe.
@@ -192,6 +196,10 @@ pub struct Measure {
     pub options: ProfileOptions,
     /// Seed of the weights.
     pub seed: u64,
+    /// The CUDA layers' arithmetic (ignored on the CPU).
+    pub precision: Precision,
+    /// How the cost file counts activations (`meta.activation_dtype`).
+    pub activations: ActivationDtype,
 }
 
 /// Profiles every layer of `spec` on `m.rows` rows on `m.backend` and returns the cost file (free
@@ -208,11 +216,13 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
         gemm,
         options,
         seed,
+        precision,
+        activations,
     } = *m;
     let failed = |e: ProfileError| CliError::Failed(e.to_string());
     let at = |rows| match backend {
         Backend::Cpu => profile_rows(spec, rows, gemm, options, seed),
-        Backend::Cuda => profile_rows_cuda(spec, rows, options, seed),
+        Backend::Cuda => profile_rows_cuda(spec, rows, options, seed, precision),
     };
     let mut costs = at(rows)?;
     let mut sampled: Vec<(usize, Vec<LayerCost>)> = Vec::new();
@@ -240,7 +250,7 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
         }
     }
     let sample_rows: Vec<usize> = sampled.iter().map(|(s, _)| *s).collect();
-    Ok(CostFile {
+    let file = CostFile {
         layers: costs,
         transfer: LinkCost::default(),
         overlap_share: backend.pair_execution().overlap_share(),
@@ -251,14 +261,16 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
             "fit_microbatch_size": fit_rows,
             "sample_microbatch_sizes": sample_rows,
             "gemm": match backend {
-                Backend::Cpu => gemm.name(),
-                Backend::Cuda => "pipefill-kernels (PTX)",
+                Backend::Cpu => gemm.name().to_string(),
+                Backend::Cuda => format!("pipefill-kernels (PTX), {precision}"),
             },
             "warmup": options.warmup,
             "repeats": options.repeats,
             "clock": backend.clock(),
         }),
-    })
+    };
+    // Measured with f32 activations; counted as the run will store them.
+    Ok(file.with_activation_dtype(activations))
 }
 
 /// Every layer of `spec` as a one-layer stage: name, stage, parameter bytes.
@@ -314,12 +326,13 @@ fn profile_rows_cuda(
     rows: usize,
     options: ProfileOptions,
     seed: u64,
+    precision: Precision,
 ) -> Result<Vec<LayerCost>, CliError> {
     use crate::cuda::profile::{device_layers, profile_device_layers};
     let failed = |e: crate::cuda::CudaError| CliError::Failed(e.to_string());
     let gpu = crate::cuda::Gpu::open(0).map_err(failed)?;
     let stages = one_layer_stages(spec, GemmBackend::default(), seed);
-    let mut layers = device_layers(&gpu, stages).map_err(failed)?;
+    let mut layers = device_layers(&gpu, stages, precision).map_err(failed)?;
     let input = profile_input(spec, rows)?;
     profile_device_layers(&mut layers, &input, options).map_err(failed)
 }
@@ -330,6 +343,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if args.backend == Backend::Cuda {
         cuda_or_usage("--backend cuda")?;
     }
+    let precision = args
+        .numerics
+        .precision(args.backend == Backend::Cuda, "--backend cpu")?;
+    let activations = args.numerics.activations()?;
     let gemm: GemmBackend = args
         .gemm
         .parse()
@@ -352,6 +369,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         gemm,
         options,
         seed: args.seed,
+        precision,
+        activations,
     };
     let file = profile_model(&spec, &measure)?;
     write_atomic("--out", &args.out, file.to_json())?;

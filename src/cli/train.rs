@@ -166,6 +166,8 @@ pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
         gemm: setup.gemm,
         options,
         seed: setup.args.seed,
+        precision: setup.precision,
+        activations: setup.activations,
     };
     profile_model(&setup.spec, &measure)
 }

@@ -18,7 +18,7 @@ use crate::ptx::entry;
 
 /// One kernel argument, by value (pointers as device addresses).
 #[derive(Debug, Clone, Copy)]
-enum Arg {
+pub(super) enum Arg {
     Ptr(u64),
     U32(u32),
     F32(f32),
@@ -45,7 +45,7 @@ pub struct Launcher {
 }
 
 /// `slice` must hold exactly `n` values.
-fn need(what: &str, slice: Option<&CudaSlice<f32>>, n: usize) -> Result<(), CudaError> {
+pub(super) fn need<T>(what: &str, slice: Option<&CudaSlice<T>>, n: usize) -> Result<(), CudaError> {
     let got = slice.map_or(0, CudaSlice::len);
     if got == n {
         Ok(())
@@ -74,7 +74,7 @@ impl Launcher {
         &self.stream
     }
 
-    fn ptr(&self, s: Option<&CudaSlice<f32>>) -> Arg {
+    pub(super) fn ptr<T>(&self, s: Option<&CudaSlice<T>>) -> Arg {
         Arg::Ptr(address(s, &self.stream))
     }
 
@@ -89,7 +89,25 @@ impl Launcher {
         grid: (u32, u32, u32),
         args: &[Arg],
     ) -> Result<(), CudaError> {
+        self.launch_shared(name, grid, 0, args)
+    }
+
+    /// [`Launcher::launch`] with `shared_bytes` of dynamic shared memory per block; a kernel asking for
+    /// more than the default 48 KiB has its limit raised once ([`super::tc_launch`]).
+    ///
+    /// # Safety
+    /// As for [`Launcher::launch`].
+    pub(super) unsafe fn launch_shared(
+        &self,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        shared_bytes: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
         let f = self.gpu.function(name)?;
+        if shared_bytes > super::tc_launch::DEFAULT_SHARED_BYTES {
+            super::tc_launch::allow_shared(&self.gpu, name, &f, shared_bytes)?;
+        }
         let mut b = self.stream.launch_builder(&f);
         for a in args {
             match a {
@@ -101,14 +119,14 @@ impl Launcher {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared_bytes,
         };
         b.launch(cfg)
             .map(|_| ())
             .map_err(CudaError::driver(format!("launch {name}")))
     }
 
-    fn dims(d: &LinearDims) -> Result<[Arg; 3], CudaError> {
+    pub(super) fn dims(d: &LinearDims) -> Result<[Arg; 3], CudaError> {
         Ok([
             Arg::U32(arg_u32("rows", d.rows)?),
             Arg::U32(arg_u32("inputs", d.inputs)?),
@@ -163,7 +181,7 @@ impl Launcher {
         need("linear backward dy", Some(dy), d.rows * d.outputs)?;
         match z {
             Some(z) => need("linear backward z", Some(z), d.rows * d.outputs)?,
-            None if d.act != Activation::Identity => need(
+            None if d.act != Activation::Identity => need::<f32>(
                 "linear backward z (needed by the activation)",
                 None,
                 d.rows * d.outputs,

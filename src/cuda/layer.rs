@@ -3,13 +3,15 @@
 //!
 //! Same semantics as the CPU [`Linear`]: gradients accumulate over microbatches, and after
 //! [`DeviceLinear::zero_grad`] the first `W` overwrites them (here: zeroes them on the stream first).
+//! Its products run in the layer's [`Precision`] ([`super::products`]).
 
 use cudarc::driver::CudaSlice;
 use pipefill_kernels::Activation;
 
 use super::error::CudaError;
 use super::launch::{Launcher, LinearDims};
-use super::tensor::zeros;
+use super::precision::Precision;
+use super::products::{self, Weights};
 use crate::layers::{Linear, Optimizer};
 
 /// One parameter buffer with its gradient and optimizer state on the device.
@@ -25,11 +27,7 @@ struct DeviceParam {
 
 /// A zeroed buffer of `n > 0` values.
 fn alloc(la: &Launcher, n: usize) -> Result<CudaSlice<f32>, CudaError> {
-    zeros(la.stream(), n)?.ok_or_else(|| CudaError::Shape {
-        what: "a layer buffer (must not be empty)".into(),
-        expected: 1,
-        got: 0,
-    })
+    products::alloc::<f32>(la, n)
 }
 
 impl DeviceParam {
@@ -78,7 +76,11 @@ pub struct DeviceLinear {
     pub outputs: usize,
     /// The fused activation.
     pub activation: Activation,
+    /// The arithmetic of its products.
+    pub precision: Precision,
     weight: DeviceParam,
+    /// `W` rounded to BF16, refreshed after every update (only under [`Precision::Bf16`]).
+    weight_bf16: Option<CudaSlice<u16>>,
     bias: DeviceParam,
     /// `true` after `zero_grad` until the first `W`: the gradient buffers count as zero.
     fresh: bool,
@@ -95,16 +97,54 @@ pub struct InputGrad {
 
 impl DeviceLinear {
     /// The host layer's weights and biases copied to the device (gradients zero, no optimizer
-    /// state yet).
+    /// state yet), computing in exact `f32` ([`Precision::Fp32`]).
     pub fn from_host(la: &Launcher, layer: &Linear) -> Result<Self, CudaError> {
-        Ok(DeviceLinear {
+        Self::from_host_in(la, layer, Precision::Fp32)
+    }
+
+    /// [`DeviceLinear::from_host`] computing its products in `precision`.
+    pub fn from_host_in(
+        la: &Launcher,
+        layer: &Linear,
+        precision: Precision,
+    ) -> Result<Self, CudaError> {
+        let mut l = DeviceLinear {
             inputs: layer.inputs,
             outputs: layer.outputs,
             activation: layer.activation,
+            precision,
             weight: DeviceParam::new(la, &layer.weight)?,
+            weight_bf16: None,
             bias: DeviceParam::new(la, &layer.bias)?,
             fresh: true,
-        })
+        };
+        l.refresh_bf16(la)?;
+        Ok(l)
+    }
+
+    /// Rounds `W` into its BF16 copy (under [`Precision::Bf16`]; nothing otherwise). The copy is
+    /// made once and overwritten in place afterwards, in the update's stream order: replacing it would
+    /// free the old one in the order of the stream that made it, which may run ahead of a reader on
+    /// another stream.
+    fn refresh_bf16(&mut self, la: &Launcher) -> Result<(), CudaError> {
+        if self.precision != Precision::Bf16 {
+            return Ok(());
+        }
+        match &mut self.weight_bf16 {
+            Some(w16) => la.to_bf16_into(&self.weight.value, w16),
+            slot => {
+                *slot = Some(la.to_bf16(&self.weight.value)?);
+                Ok(())
+            }
+        }
+    }
+
+    fn weights(&self) -> Weights<'_> {
+        Weights {
+            w: &self.weight.value,
+            w16: self.weight_bf16.as_ref(),
+            b: &self.bias.value,
+        }
     }
 
     fn dims(&self, rows: usize) -> LinearDims {
@@ -128,20 +168,15 @@ impl DeviceLinear {
         x: &CudaSlice<f32>,
         rows: usize,
     ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>), CudaError> {
-        let mut y = alloc(la, rows * self.outputs)?;
-        let mut z = match self.keeps_pre_activation() {
-            true => Some(alloc(la, rows * self.outputs)?),
-            false => None,
-        };
-        la.linear_forward(
+        let keep = self.keeps_pre_activation();
+        products::forward(
+            la,
+            self.precision,
+            &self.weights(),
             x,
-            &self.weight.value,
-            &self.bias.value,
-            &mut y,
-            z.as_mut(),
+            keep,
             self.dims(rows),
-        )?;
-        Ok((y, z))
+        )
     }
 
     /// `I`: `dZ = dY act'(Z)` (consuming `dY` and `Z`) and, if `want_input`, `dX = dZ W^T`.
@@ -158,28 +193,18 @@ impl DeviceLinear {
         match (z, want_input) {
             // Identity: dZ is dY.
             (None, false) => Ok(InputGrad { dz: dy, dx: None }),
-            (None, true) => {
-                let mut dx = alloc(la, rows * self.inputs)?;
-                la.linear_backward_input(&dy, None, &self.weight.value, &mut dx, None, d)?;
-                Ok(InputGrad {
-                    dz: dy,
-                    dx: Some(dx),
-                })
-            }
             (Some(z), false) => {
                 let mut dz = alloc(la, dy.len())?;
                 la.activation_backward(&dy, &z, &mut dz, self.activation)?;
                 Ok(InputGrad { dz, dx: None })
             }
-            (Some(z), true) => {
-                let mut dz = alloc(la, dy.len())?;
-                let mut dx = alloc(la, rows * self.inputs)?;
-                la.linear_backward_input(
-                    &dy,
-                    Some(&z),
-                    &self.weight.value,
-                    &mut dx,
-                    Some(&mut dz),
+            (z, true) => {
+                let (dz, dx) = products::backward_input(
+                    la,
+                    self.precision,
+                    &self.weights(),
+                    dy,
+                    z.as_ref(),
                     d,
                 )?;
                 Ok(InputGrad { dz, dx: Some(dx) })
@@ -200,7 +225,8 @@ impl DeviceLinear {
         }
         self.fresh = false;
         let d = self.dims(rows);
-        la.linear_backward_weight(x, dz, &mut self.weight.grad, Some(&mut self.bias.grad), d)
+        let (dw, db) = (&mut self.weight.grad, &mut self.bias.grad);
+        products::backward_weight(la, self.precision, x, dz, dw, db, d)
     }
 
     fn clear_grads(&mut self, la: &Launcher) -> Result<(), CudaError> {
@@ -221,7 +247,8 @@ impl DeviceLinear {
             self.clear_grads(la)?;
         }
         self.weight.update(la, opt, t)?;
-        self.bias.update(la, opt, t)
+        self.bias.update(la, opt, t)?;
+        self.refresh_bf16(la)
     }
 
     /// Copies `(W, b)` back to the host (waits for the stream).

@@ -10,6 +10,9 @@
 //! | [`device`] | discovery ([`probe`], [`device_count`]) and [`Gpu`]: a context per device, the PTX loaded once, kernels found lazily by name |
 //! | [`tensor`] | [`DeviceTensor`]: a device buffer with a shape, the payload device stages exchange |
 //! | [`launch`] | [`Launcher`]: one typed, size-checked launch per kernel of [`crate::ptx::entry`] |
+//! | [`tc_launch`] | the tensor-core GEMMs and BF16 conversions as more [`Launcher`] methods (shared-memory limit raised once per kernel) |
+//! | [`products`] | the three products of a layer in each precision (conversions around the BF16 ones) |
+//! | [`precision`] | [`Precision`]: TF32 tensor cores (default), exact fp32 SIMT, or BF16 tensor cores for the device layers |
 //! | [`layer`] | [`DeviceLinear`]: `Y = act(X W + b)` with gradients and optimizer state on the device |
 //! | [`stage`] | [`CudaStage`]: a run of layers on a stream; device methods plus the runtime's `Stage` trait |
 //! | [`streams`] | [`CudaStreams`]: the stream runtime's `Device` on CUDA (streams, events, timing marks), its stage and loss wrappers, [`DeviceTensor`] as the payload |
@@ -25,10 +28,13 @@ pub mod launch;
 pub mod layer;
 pub mod loss;
 pub mod overlap;
+pub mod precision;
+pub mod products;
 pub mod profile;
 pub mod skip;
 pub mod stage;
 pub mod streams;
+pub mod tc_launch;
 pub mod tensor;
 pub mod timing;
 
@@ -37,8 +43,10 @@ pub use error::CudaError;
 pub use launch::{Launcher, LinearDims};
 pub use layer::DeviceLinear;
 pub use loss::{loss_and_grad, DeviceTarget};
+pub use precision::{Precision, UnknownPrecision};
 pub use skip::{gpu_or_skip, SKIP_LINE};
 pub use stage::{CudaStage, CudaStash};
 pub use streams::{CudaLoss, CudaStreams, DeviceLoss, OnCudaStreams};
+pub use tc_launch::TcElem;
 pub use tensor::DeviceTensor;
 pub use timing::Span;

@@ -32,6 +32,8 @@ pub struct OverlapSize {
     pub rows: usize,
     /// Layers per stage.
     pub layers: usize,
+    /// The layers' arithmetic.
+    pub precision: super::Precision,
 }
 
 /// Median device times (seconds) of the F half alone, the B half alone and the two together.
@@ -78,7 +80,11 @@ fn stage(gpu: &Arc<Gpu>, size: OverlapSize, salt: usize) -> Result<CudaStage, Cu
         })
         .collect();
     let host = LinearStage::new(layers, Optimizer::sgd(0.0), GemmBackend::default(), false);
-    CudaStage::on_stream(Launcher::new(gpu.clone(), gpu.new_stream()?), &host)
+    CudaStage::on_stream_in(
+        Launcher::new(gpu.clone(), gpu.new_stream()?),
+        &host,
+        size.precision,
+    )
 }
 
 fn input(stage: &CudaStage, size: OverlapSize) -> Result<DeviceTensor, CudaError> {
@@ -171,6 +177,7 @@ mod tests {
                 hidden: 1,
                 rows: 1,
                 layers: 1,
+                precision: super::super::Precision::Tf32,
             },
             forward: f,
             backward: b,

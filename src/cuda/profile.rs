@@ -40,10 +40,12 @@ struct Samples {
     memory: (usize, usize, usize),
 }
 
-/// The one-layer host stages copied to `gpu`, all on one new stream (profiling runs them in order).
+/// The one-layer host stages copied to `gpu` computing in `precision`, all on one new stream
+/// (profiling runs them in order).
 pub fn device_layers(
     gpu: &Arc<Gpu>,
     layers: Vec<(String, LinearStage, f64)>,
+    precision: super::Precision,
 ) -> Result<Vec<DeviceLayer>, CudaError> {
     let launcher = Launcher::new(gpu.clone(), gpu.new_stream()?);
     layers
@@ -51,7 +53,7 @@ pub fn device_layers(
         .map(|(name, stage, parameter_bytes)| {
             Ok(DeviceLayer {
                 name,
-                stage: CudaStage::on_stream(launcher.clone(), &stage)?,
+                stage: CudaStage::on_stream_in(launcher.clone(), &stage, precision)?,
                 parameter_bytes,
             })
         })

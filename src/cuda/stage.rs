@@ -17,6 +17,7 @@ use super::device::Gpu;
 use super::error::CudaError;
 use super::launch::Launcher;
 use super::layer::DeviceLinear;
+use super::precision::Precision;
 use super::tensor::{rehome, DeviceTensor};
 use crate::layers::{LinearStage, Optimizer};
 
@@ -77,18 +78,38 @@ fn stage_error(e: CudaError) -> StageError {
 }
 
 impl CudaStage {
-    /// The host stage's layers copied to `gpu`, with a new stream of its own.
+    /// The host stage's layers copied to `gpu`, with a new stream of its own, computing in exact
+    /// `f32` ([`Precision::Fp32`]; [`CudaStage::from_host_in`] chooses).
     pub fn from_host(gpu: &Arc<Gpu>, stage: &LinearStage) -> Result<Self, CudaError> {
-        let launcher = Launcher::new(gpu.clone(), gpu.new_stream()?);
-        Self::on_stream(launcher, stage)
+        Self::from_host_in(gpu, stage, Precision::Fp32)
     }
 
-    /// The host stage's layers copied to the device of `launcher`, running on its stream.
+    /// [`CudaStage::from_host`] with the layers' products in `precision`.
+    pub fn from_host_in(
+        gpu: &Arc<Gpu>,
+        stage: &LinearStage,
+        precision: Precision,
+    ) -> Result<Self, CudaError> {
+        let launcher = Launcher::new(gpu.clone(), gpu.new_stream()?);
+        Self::on_stream_in(launcher, stage, precision)
+    }
+
+    /// The host stage's layers copied to the device of `launcher`, running on its stream, in exact
+    /// `f32` ([`CudaStage::on_stream_in`] chooses).
     pub fn on_stream(launcher: Launcher, stage: &LinearStage) -> Result<Self, CudaError> {
+        Self::on_stream_in(launcher, stage, Precision::Fp32)
+    }
+
+    /// [`CudaStage::on_stream`] with the layers' products in `precision`.
+    pub fn on_stream_in(
+        launcher: Launcher,
+        stage: &LinearStage,
+        precision: Precision,
+    ) -> Result<Self, CudaError> {
         let layers = stage
             .layers
             .iter()
-            .map(|l| DeviceLinear::from_host(&launcher, l))
+            .map(|l| DeviceLinear::from_host_in(&launcher, l, precision))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(CudaStage {
             launcher,

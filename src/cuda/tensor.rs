@@ -54,7 +54,7 @@ pub fn zeros(stream: &Arc<CudaStream>, n: usize) -> Result<Option<CudaSlice<f32>
 ///
 /// The context runs without cudarc's event tracking ([`super::Gpu::open`]), so taking the address
 /// records nothing; ordering the use is the caller's.
-pub fn address(slice: Option<&CudaSlice<f32>>, stream: &CudaStream) -> u64 {
+pub fn address<T>(slice: Option<&CudaSlice<T>>, stream: &CudaStream) -> u64 {
     slice.map_or(0, |s| s.device_ptr(stream).0)
 }
 

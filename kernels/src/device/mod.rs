@@ -5,6 +5,7 @@
 //! Each documents the buffers it touches (row-major `f32`), the grid it expects, and what it computes.
 //! Null is allowed only where a pointer is documented as optional.
 
+pub mod convert;
 pub mod elementwise;
 pub mod linear;
 pub mod linear_tc;

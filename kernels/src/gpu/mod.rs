@@ -7,7 +7,7 @@ use core::arch::nvptx;
 use core::arch::{asm, global_asm};
 
 use crate::activation::Activation;
-use crate::device::{elementwise, linear, reduce};
+use crate::device::{convert, elementwise, linear, reduce};
 use crate::grid::{Grid, SHARED_FLOATS};
 use crate::optim::{AdamWStep, SgdMomentum};
 
@@ -148,6 +148,16 @@ pub unsafe extern "ptx-kernel" fn pf_linear_backward_weight(
         outputs: outputs as usize,
     };
     linear::linear_backward_weight(&Nvptx, &args);
+}
+
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn pf_f32_to_bf16(x: *const f32, y: *mut u16, n: u32) {
+    convert::f32_to_bf16_kernel(&Nvptx, x, y, n as usize);
+}
+
+#[no_mangle]
+pub unsafe extern "ptx-kernel" fn pf_bf16_to_f32(x: *const u16, y: *mut f32, n: u32) {
+    convert::bf16_to_f32_kernel(&Nvptx, x, y, n as usize);
 }
 
 #[no_mangle]

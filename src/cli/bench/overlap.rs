@@ -15,7 +15,7 @@
 use crate::cli::CliError;
 use crate::cuda::overlap::{measure_overlap, OverlapResult, OverlapSize};
 use crate::cuda::skip::{gpu_required, REQUIRE_GPU_VAR, SKIP_LINE};
-use crate::cuda::Gpu;
+use crate::cuda::{Gpu, Precision};
 
 /// Flags of `pipefill bench overlap`.
 #[derive(Debug, clap::Args)]
@@ -35,6 +35,10 @@ pub struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Arithmetic of the layers' matrix products: tf32 (tensor cores), fp32 (exact, SIMT kernels)
+    /// or bf16 (tensor cores).
+    #[arg(long, value_name = "tf32|fp32|bf16", default_value = "tf32")]
+    pub precision: Precision,
 }
 
 /// A comma-separated list of sizes >= 1 given to `flag`.
@@ -67,6 +71,7 @@ pub fn sizes(args: &Args) -> Result<Vec<OverlapSize>, CliError> {
                 hidden: h,
                 rows: r,
                 layers: args.layers,
+                precision: args.precision,
             })
         })
         .collect())
@@ -180,6 +185,7 @@ mod tests {
             layers: 2,
             repeats: 3,
             json: false,
+            precision: Precision::Bf16,
         }
     }
 
@@ -188,6 +194,7 @@ mod tests {
         let s = sizes(&args("8,16", "4")).unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!((s[1].hidden, s[1].rows, s[1].layers), (16, 4, 2));
+        assert_eq!(s[1].precision, Precision::Bf16);
         assert!(matches!(sizes(&args("8,x", "4")), Err(CliError::Usage(m)) if m.contains("`x`")));
         assert!(matches!(sizes(&args("8", "0")), Err(CliError::Usage(_))));
     }
@@ -199,6 +206,7 @@ mod tests {
                 hidden: 8,
                 rows: 4,
                 layers: 1,
+                precision: Precision::Tf32,
             },
             forward: 0.002,
             backward: 0.001,

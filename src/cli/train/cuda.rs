@@ -84,7 +84,7 @@ pub fn run_steps(
     let device = CudaStreams::new(gpu.clone());
     let on_gpu = stages
         .iter()
-        .map(|s| CudaStage::from_host(&gpu, s).map(|c| device.stage(c)))
+        .map(|s| CudaStage::from_host_in(&gpu, s, setup.precision).map(|c| device.stage(c)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(failed)?;
     // The weights were copied on each stage's own stream; the step runs on the program's streams.

@@ -3,12 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::plan::Split;
 use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::{families, Schedule};
 
 use crate::cli::profile::{cuda_or_usage, Backend};
 use crate::cli::CliError;
+use crate::cuda::Precision;
 use crate::layers::gemm::GemmBackend;
 use crate::layers::Optimizer;
 use crate::model::ModelSpec;
@@ -154,6 +156,9 @@ pub struct Args {
     /// the report gives the host time per action with and without the graph. Needs --steps 4+.
     #[arg(long)]
     pub graph: bool,
+    /// `--precision`, `--activations`.
+    #[command(flatten)]
+    pub numerics: crate::cli::model_flags::NumericsArgs,
 }
 
 /// Everything checked and ready to run.
@@ -176,6 +181,10 @@ pub struct Setup {
     pub resume: Option<super::checkpoint::Resume>,
     /// Where the layers run (`--backend`, `auto` resolved).
     pub backend: Backend,
+    /// The CUDA layers' arithmetic (`--precision`; TF32 unless given).
+    pub precision: Precision,
+    /// How activations are counted (`--activations`).
+    pub activations: ActivationDtype,
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
@@ -208,6 +217,13 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         check_cuda_run(&args)?;
     }
     check_graph(&args, backend)?;
+    let flag = match args.backend {
+        TrainBackend::Cpu => "--backend cpu",
+        TrainBackend::Cuda => "--backend cuda",
+        TrainBackend::Auto => "--backend auto (which found no GPU here)",
+    };
+    let precision = args.numerics.precision(backend == Backend::Cuda, flag)?;
+    let activations = args.numerics.activations()?;
     let mut setup = Setup {
         args,
         spec,
@@ -217,6 +233,8 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         schedule_file,
         resume: None,
         backend,
+        precision,
+        activations,
     };
     setup.resume = super::checkpoint::prepare(&setup)?;
     Ok(setup)

@@ -1,0 +1,262 @@
+//! Launches of the tensor-core kernels ([`crate::ptx::entry::TENSOR_CORE`]) and of the BF16 conversions
+//! ([`entry::F32_TO_BF16`], [`entry::BF16_TO_F32`]), as more [`Launcher`] methods.
+//!
+//! The GEMMs are generic over their element type [`TcElem`]: `f32` buffers run the TF32 kernels, `u16`
+//! buffers (BF16 bits) the BF16 ones; bias, `dW` and `db` are `f32` in both. Grid and dynamic shared
+//! memory come from [`tc::launch`]; every one of these kernels needs more than the 48 KiB a launch gets
+//! by default, so the first launch of each function on a device raises its limit
+//! (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, [`allow_shared`]).
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr};
+use pipefill_kernels::tc::{self, Product};
+use pipefill_kernels::{elementwise_grid, Activation};
+
+use super::device::Gpu;
+use super::error::{arg_u32, CudaError};
+use super::launch::{need, Arg, Launcher, LinearDims};
+use crate::ptx::entry;
+
+/// Dynamic shared memory a kernel may use without raising its limit (48 KiB on every GPU).
+pub const DEFAULT_SHARED_BYTES: u32 = 48 << 10;
+
+/// `(device ordinal, entry, bytes)`: the shared-memory limits raised so far.
+static RAISED: Mutex<Vec<(usize, &'static str, u32)>> = Mutex::new(Vec::new());
+
+/// Raises kernel `name`'s dynamic shared memory limit on `gpu` to `bytes`, once per device and kernel
+/// (later calls asking for no more are a lookup).
+pub fn allow_shared(
+    gpu: &Arc<Gpu>,
+    name: &'static str,
+    f: &CudaFunction,
+    bytes: u32,
+) -> Result<(), CudaError> {
+    let mut raised = RAISED.lock().unwrap_or_else(|p| p.into_inner());
+    let ordinal = gpu.ordinal();
+    if raised
+        .iter()
+        .any(|&(o, n, b)| o == ordinal && n == name && b >= bytes)
+    {
+        return Ok(());
+    }
+    let op = format!("cuFuncSetAttribute {name} (max dynamic shared memory {bytes} bytes)");
+    let value = i32::try_from(bytes).map_err(|_| CudaError::TooLarge {
+        what: "dynamic shared memory",
+        value: bytes as usize,
+    })?;
+    gpu.context()
+        .bind_to_thread()
+        .map_err(CudaError::driver(op.clone()))?;
+    f.set_attribute(
+        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        value,
+    )
+    .map_err(CudaError::driver(op))?;
+    raised.retain(|&(o, n, _)| !(o == ordinal && n == name));
+    raised.push((ordinal, name, bytes));
+    Ok(())
+}
+
+/// The element type of a tensor-core GEMM's matrices: `f32` (TF32 kernels) or `u16` (BF16 bits).
+pub trait TcElem: DeviceRepr {
+    /// The kernels' input precision for this element.
+    const PRECISION: tc::Precision;
+}
+
+impl TcElem for f32 {
+    const PRECISION: tc::Precision = tc::Precision::Tf32;
+}
+
+impl TcElem for u16 {
+    const PRECISION: tc::Precision = tc::Precision::Bf16;
+}
+
+/// Distinct, distinguishable labels for size errors (`"<what> (tf32)"`).
+fn label(what: &str, p: tc::Precision) -> String {
+    match p {
+        tc::Precision::Tf32 => format!("{what} (tf32)"),
+        tc::Precision::Bf16 => format!("{what} (bf16)"),
+    }
+}
+
+impl Launcher {
+    /// Enqueues `product` in `E`'s precision for the layer `d` with `args`.
+    ///
+    /// # Safety
+    /// `args` must be the kernel's argument list with every buffer's size checked.
+    unsafe fn launch_tc<E: TcElem>(
+        &self,
+        product: Product,
+        d: &LinearDims,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        let l = tc::launch(product, E::PRECISION, d.rows, d.inputs, d.outputs);
+        let name = tc::entry_name(product, E::PRECISION);
+        self.launch_shared(name, l.grid, l.shared_bytes, args)
+    }
+
+    /// Tensor-core forward: `y = act(x w + b)`, storing `z = x w + b` when given. `E = f32` runs the TF32
+    /// kernel ([`entry::LINEAR_FORWARD_TF32`]), `E = u16` (BF16 bits) the BF16 one; `b` is `f32`.
+    pub fn linear_forward_tc<E: TcElem>(
+        &self,
+        x: &CudaSlice<E>,
+        w: &CudaSlice<E>,
+        b: &CudaSlice<f32>,
+        y: &mut CudaSlice<E>,
+        z: Option<&mut CudaSlice<E>>,
+        d: LinearDims,
+    ) -> Result<(), CudaError> {
+        let p = E::PRECISION;
+        need(&label("linear forward x", p), Some(x), d.rows * d.inputs)?;
+        need(&label("linear forward w", p), Some(w), d.inputs * d.outputs)?;
+        need(&label("linear forward b", p), Some(b), d.outputs)?;
+        need(&label("linear forward y", p), Some(y), d.rows * d.outputs)?;
+        if let Some(z) = z.as_deref() {
+            need(&label("linear forward z", p), Some(z), d.rows * d.outputs)?;
+        }
+        let [r, i, o] = Self::dims(&d)?;
+        let args = [
+            self.ptr(Some(x)),
+            self.ptr(Some(w)),
+            self.ptr(Some(b)),
+            self.ptr(Some(y)),
+            self.ptr(z.as_deref()),
+            r,
+            i,
+            o,
+            Arg::U32(d.act.code()),
+        ];
+        // SAFETY: the argument list is the kernel's (`entry::LINEAR_FORWARD`'s, in `E`); every buffer's
+        // size was checked above.
+        unsafe { self.launch_tc::<E>(Product::Forward, &d, &args) }
+    }
+
+    /// Tensor-core input gradient: `dz = dy act'(z)`, `dx = dz w^T`, storing `dz` when given (`z` may be
+    /// `None` only for the identity). `E` as for [`Launcher::linear_forward_tc`].
+    pub fn linear_backward_input_tc<E: TcElem>(
+        &self,
+        dy: &CudaSlice<E>,
+        z: Option<&CudaSlice<E>>,
+        w: &CudaSlice<E>,
+        dx: &mut CudaSlice<E>,
+        dz: Option<&mut CudaSlice<E>>,
+        d: LinearDims,
+    ) -> Result<(), CudaError> {
+        let p = E::PRECISION;
+        let n_out = d.rows * d.outputs;
+        need(&label("linear backward dy", p), Some(dy), n_out)?;
+        if z.is_some() || d.act != Activation::Identity {
+            need(
+                &label("linear backward z (needed by the activation)", p),
+                z,
+                n_out,
+            )?;
+        }
+        need(
+            &label("linear backward w", p),
+            Some(w),
+            d.inputs * d.outputs,
+        )?;
+        need(&label("linear backward dx", p), Some(dx), d.rows * d.inputs)?;
+        if let Some(dz) = dz.as_deref() {
+            need(&label("linear backward dz", p), Some(dz), n_out)?;
+        }
+        let [r, i, o] = Self::dims(&d)?;
+        let args = [
+            self.ptr(Some(dy)),
+            self.ptr(z),
+            self.ptr(Some(w)),
+            self.ptr(Some(dx)),
+            self.ptr(dz.as_deref()),
+            r,
+            i,
+            o,
+            Arg::U32(d.act.code()),
+        ];
+        // SAFETY: as in `linear_forward_tc`.
+        unsafe { self.launch_tc::<E>(Product::BackwardInput, &d, &args) }
+    }
+
+    /// Tensor-core weight gradient: `dw += x^T dz`, and `db += colsum(dz)` when given (`dw`, `db` in
+    /// `f32`). `E` as for [`Launcher::linear_forward_tc`].
+    pub fn linear_backward_weight_tc<E: TcElem>(
+        &self,
+        x: &CudaSlice<E>,
+        dz: &CudaSlice<E>,
+        dw: &mut CudaSlice<f32>,
+        db: Option<&mut CudaSlice<f32>>,
+        d: LinearDims,
+    ) -> Result<(), CudaError> {
+        let p = E::PRECISION;
+        need(&label("weight gradient x", p), Some(x), d.rows * d.inputs)?;
+        need(
+            &label("weight gradient dz", p),
+            Some(dz),
+            d.rows * d.outputs,
+        )?;
+        need(
+            &label("weight gradient dw", p),
+            Some(dw),
+            d.inputs * d.outputs,
+        )?;
+        if let Some(db) = db.as_deref() {
+            need(&label("weight gradient db", p), Some(db), d.outputs)?;
+        }
+        let [r, i, o] = Self::dims(&d)?;
+        let args = [
+            self.ptr(Some(x)),
+            self.ptr(Some(dz)),
+            self.ptr(Some(dw)),
+            self.ptr(db.as_deref()),
+            r,
+            i,
+            o,
+        ];
+        // SAFETY: as in `linear_forward_tc`.
+        unsafe { self.launch_tc::<E>(Product::BackwardWeight, &d, &args) }
+    }
+
+    /// `x` rounded to BF16 into a new buffer on the stream ([`entry::F32_TO_BF16`]).
+    pub fn to_bf16(&self, x: &CudaSlice<f32>) -> Result<CudaSlice<u16>, CudaError> {
+        // SAFETY: `to_bf16_into` writes all `x.len()` values before anything on the stream reads them.
+        let mut y = unsafe { self.stream().alloc::<u16>(x.len()) }
+            .map_err(CudaError::driver("cuMemAllocAsync (bf16)"))?;
+        self.to_bf16_into(x, &mut y)?;
+        Ok(y)
+    }
+
+    /// `x` rounded to BF16 into `y` (same length), on the stream ([`entry::F32_TO_BF16`]).
+    pub fn to_bf16_into(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<u16>,
+    ) -> Result<(), CudaError> {
+        let n = x.len();
+        need("bf16 conversion output", Some(&*y), n)?;
+        let args = [
+            self.ptr(Some(x)),
+            self.ptr(Some(&*y)),
+            Arg::U32(arg_u32("n", n)?),
+        ];
+        // SAFETY: the kernel's argument list; both buffers hold `n` values.
+        unsafe { self.launch_shared(entry::F32_TO_BF16, elementwise_grid(n), 0, &args) }
+    }
+
+    /// BF16 `x` widened to `f32` into a new buffer on the stream ([`entry::BF16_TO_F32`], exact).
+    pub fn to_f32(&self, x: &CudaSlice<u16>) -> Result<CudaSlice<f32>, CudaError> {
+        let n = x.len();
+        // SAFETY: as in `to_bf16`.
+        let y = unsafe { self.stream().alloc::<f32>(n) }
+            .map_err(CudaError::driver("cuMemAllocAsync (f32)"))?;
+        let args = [
+            self.ptr(Some(x)),
+            self.ptr(Some(&y)),
+            Arg::U32(arg_u32("n", n)?),
+        ];
+        // SAFETY: as in `to_bf16`.
+        unsafe { self.launch_shared(entry::BF16_TO_F32, elementwise_grid(n), 0, &args)? };
+        Ok(y)
+    }
+}
