@@ -11,6 +11,10 @@
 #                                      against NumPy (independent of Rust), the GPU tests with
 #                                      PIPEFILL_REQUIRE_GPU=1, bench overlap, the gpu_sync bench, a CUDA
 #                                      profile, and train --backend cuda for four families at P = 4.
+#                                      gpu_nccl starts two processes on the one GPU
+#                                      (NCCL_MULTI_RANK_GPU_ENABLE=1, the NCCL id through a file): a
+#                                      grouped exchange and an all-reduce; where NCCL refuses, the
+#                                      summary gets a note instead of a result.
 #                                      Exit 1 when any step failed or ran out of time.
 #
 # cudarc finds libraries by name (lib{n}.so, .so.12, .11, .10, .9, .1); CUDA 13 ships .so.13, so `run`
@@ -21,7 +25,7 @@ set -euo pipefail
 
 LIMIT_BYTES=$((64 * 1024 * 1024))
 RUN_SECONDS=480
-GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli)
+GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_nccl)
 GPU_BENCHES=(gpu_sync)
 
 usage() {
@@ -192,6 +196,9 @@ run() {
     for t in "${GPU_TESTS[@]}"; do
         step "test-$t" "./tests/$t" --test-threads=1 --nocapture
     done
+    if grep -q "NCCL refused" "$OUT/test-gpu_nccl.txt" 2>/dev/null; then
+        echo "| note | gpu_nccl: NCCL refused, not run: $(grep -m1 'NCCL refused' "$OUT/test-gpu_nccl.txt") |" >> "$SUMMARY"
+    fi
     step bench-overlap ./pipefill bench overlap --hidden 512,1024,2048,4096 --rows 256,1024
     local b
     for b in "${GPU_BENCHES[@]}"; do
