@@ -97,7 +97,7 @@ fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut codes = vec![None; 2];
+    let mut codes = [None; 2];
     while codes.iter().any(Option::is_none) {
         for (c, code) in children.iter_mut().zip(codes.iter_mut()) {
             if code.is_none() {
