@@ -196,13 +196,21 @@ impl NcclLink {
     }
 
     /// Enqueues a send of `data` to `peer` and a receive into `buf` from it as one NCCL group, so
-    /// two ranks that exchange at once cannot block each other.
+    /// two ranks that exchange at once cannot block each other (both buffers of one length, else
+    /// [`NcclError::Length`]).
     pub fn exchange(
         &self,
         data: &CudaSlice<f32>,
         buf: &mut CudaSlice<f32>,
         peer: usize,
     ) -> Result<(), NcclError> {
+        if data.len() != buf.len() {
+            return Err(NcclError::Length {
+                op: "exchange",
+                a: data.len(),
+                b: buf.len(),
+            });
+        }
         nccl_result::group_start().map_err(call("group start"))?;
         let inner = self.send(data, peer).and_then(|()| self.recv(buf, peer));
         // The group is closed whatever happened inside it.
