@@ -13,6 +13,10 @@
 #                                      kernels bench (its table: bench-kernels.txt), a CUDA profile,
 #                                      train --backend cuda for four families at P = 4, and step time
 #                                      with and without --graph (a table in the summary).
+#                                      gpu_nccl starts two processes on the one GPU
+#                                      (NCCL_MULTI_RANK_GPU_ENABLE=1, the NCCL id through a file): a
+#                                      grouped exchange and an all-reduce; where NCCL refuses, the
+#                                      summary gets a note instead of a result.
 #                                      Exit 1 when any step failed or ran out of time.
 #
 # cudarc finds libraries by name (lib{n}.so, .so.12, .11, .10, .9, .1); CUDA 13 ships .so.13, so `run`
@@ -23,7 +27,7 @@ set -euo pipefail
 
 LIMIT_BYTES=$((64 * 1024 * 1024))
 RUN_SECONDS=480
-GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_graph gpu_graph_cli gpu_tc gpu_tc_cli)
+GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_graph gpu_graph_cli gpu_tc gpu_tc_cli gpu_nccl)
 GPU_BENCHES=(gpu_sync kernels)
 # The kernels bench's shapes (square sizes and `model`): about 2 minutes on an H200 by estimate, not
 # measured; drop 8192 first if the run gets short of time.
@@ -229,6 +233,9 @@ run() {
     for t in "${GPU_TESTS[@]}"; do
         step "test-$t" "./tests/$t" --test-threads=1 --nocapture
     done
+    if grep -q "NCCL refused" "$OUT/test-gpu_nccl.txt" 2>/dev/null; then
+        echo "| note | gpu_nccl: NCCL refused, not run: $(grep -m1 'NCCL refused' "$OUT/test-gpu_nccl.txt") |" >> "$SUMMARY"
+    fi
     step bench-overlap ./pipefill bench overlap --hidden 512,1024,2048,4096 --rows 256,1024
     local b
     export PIPEFILL_KERNELS_SIZES="$KERNELS_SIZES" CRITERION_HOME="$OUT/criterion"

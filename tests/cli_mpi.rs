@@ -1,6 +1,8 @@
 //! `pipefill train --launcher mpi` (feature `mpi`): under `mpirun -n 2` every schedule family trains
-//! with the losses of the threaded run; a world of another size is refused; a checkpoint saved by
-//! the processes resumes in either launcher with an uninterrupted run's losses. Needs OpenMPI's
+//! with the losses of the threaded run; two data-parallel replicas of two ranks over four processes
+//! train with the losses of the threaded runs; a world of another size is refused; a checkpoint
+//! saved by the processes resumes in either launcher with an uninterrupted run's losses; a rank
+//! that is killed, or fails with an error, ends the whole job within seconds. Needs OpenMPI's
 //! `mpirun` on the path (`.ci/run` installs it).
 #![cfg(feature = "mpi")]
 
@@ -66,9 +68,14 @@ fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 
 /// `|a - b| <= 1e-6` step by step, and as many steps.
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_within(a, b, 1e-6, what);
+}
+
+/// `|a - b| <= tol` step by step, and as many steps.
+fn assert_within(a: &[f32], b: &[f32], tol: f32, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: {a:?} vs {b:?}");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= 1e-6, "{what}: step {i}: {x} vs {y}");
+        assert!((x - y).abs() <= tol, "{what}: step {i}: {x} vs {y}");
     }
 }
 
@@ -317,4 +324,171 @@ fn a_killed_rank_ends_the_whole_job_within_seconds() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn two_replicas_of_two_ranks_over_four_processes_train_like_the_threaded_runs() {
+    let dir = scratch("mpi-dp");
+    // SGD too: AdamW's update barely sees a gradient scaled by D (a sum for a mean); SGD's does.
+    for (family, optimizer) in [
+        ("1f1b", "adamw"),
+        ("zb-h1", "adamw"),
+        ("interleaved-1f1b", "adamw"),
+        ("1f1b", "sgd"),
+    ] {
+        let opt = ["--optimizer", optimizer, "--lr", "0.05"];
+        let args = with(&[&["--schedule", family, "--steps", "4"][..], &opt].concat());
+        let one = losses(pipefill_in(Some(&dir), &args));
+        let dp = [&args[..], &["--data-parallel", "2"]].concat();
+        let threads = losses(pipefill_in(Some(&dir), &dp));
+        let mpi = losses(mpirun(&dir, 4, &[&dp[..], &["--launcher", "mpi"]].concat()));
+        assert_within(
+            &mpi,
+            &one,
+            1e-5,
+            &format!("{family} {optimizer}: P2 x D2 under mpirun vs --ranks 2"),
+        );
+        assert_within(
+            &mpi,
+            &threads,
+            1e-5,
+            &format!("{family} {optimizer}: vs threaded --data-parallel 2"),
+        );
+    }
+    let (code, out, err) = mpirun(
+        &dir,
+        3,
+        &with(&["--launcher", "mpi", "--data-parallel", "2"]),
+    );
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        err.contains("3 processes for 2 ranks x 2 replicas") && err.contains("mpirun -n 4"),
+        "{err}"
+    );
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_checkpoint_of_replicas_under_mpirun_resumes_in_either_launcher() {
+    let dir = scratch("mpi-dp-checkpoint");
+    let s = ["--schedule", "1f1b", "--data-parallel", "2"];
+    let full = losses(pipefill_in(
+        Some(&dir),
+        &with(&[&s[..], &["--steps", "5"]].concat()),
+    ));
+    let save = [
+        &s[..],
+        &["--steps", "2", "--launcher", "mpi", "--checkpoint", "ck"],
+    ]
+    .concat();
+    let head = losses(mpirun(&dir, 4, &with(&save)));
+    assert_within(&head, &full[..2], 1e-5, "the first steps under mpirun");
+    // Replica 0 saved: one file per rank, not per process.
+    let files = std::fs::read_dir(dir.join("ck/step-00000002"))
+        .expect("the checkpoint folder")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rank-"))
+        .count();
+    assert_eq!(files, 2);
+    let resume = [&s[..], &["--steps", "5", "--resume", "ck"]].concat();
+    let threads = losses(pipefill_in(Some(&dir), &with(&resume)));
+    assert_within(&threads, &full[2..], 1e-5, "resumed in threads");
+    let mpi = losses(mpirun(
+        &dir,
+        4,
+        &with(&[&resume[..], &["--launcher", "mpi"]].concat()),
+    ));
+    assert_within(&mpi, &full[2..], 1e-5, "resumed under mpirun");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Waits up to `limit` for `job` to end, noting every process it started; kills them all and
+/// fails if it does not end. Returns its exit status and stderr once none of its processes is
+/// left.
+fn end_within(mut job: std::process::Child, limit: Duration) -> (std::process::ExitStatus, String) {
+    let start = Instant::now();
+    let mut seen: Vec<i32> = Vec::new();
+    let status = loop {
+        for pid in children(job.id()) {
+            if !seen.contains(&pid) {
+                seen.push(pid);
+            }
+        }
+        if let Some(s) = job.try_wait().expect("wait for mpirun") {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = job.kill();
+            for &pid in &seen {
+                // SAFETY: `kill` on a child of the mpirun this test started.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+            panic!("the job still runs {limit:?} after it started");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = job.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    let gone = Instant::now() + Duration::from_secs(10);
+    for pid in seen {
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(
+                Instant::now() < gone,
+                "process {pid} outlived the job: {err}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    (status, err)
+}
+
+#[test]
+fn a_rank_that_fails_with_an_error_ends_the_whole_job_within_seconds() {
+    // Rank 1's checkpoint file cannot be written: its name is taken by a folder. Only that
+    // process fails (an I/O error, exit code 1), mid-run, while the other ranks wait on it (for
+    // its file's checksum, its activations, or, in the other replica, the gradient all-reduce).
+    for (replicas, name) in [(1, "rank 1:"), (2, "rank 1 of replica 0 (process 1):")] {
+        let dir = scratch(&format!("mpi-error-{replicas}"));
+        std::fs::create_dir_all(dir.join("ck/step-00000002/rank-1.bin/x")).expect("a folder");
+        let d = replicas.to_string();
+        let args = with(&[
+            "--launcher",
+            "mpi",
+            "--data-parallel",
+            &d,
+            "--steps",
+            "100000",
+            "--checkpoint",
+            "ck",
+            "--checkpoint-every",
+            "2",
+        ]);
+        let job = Command::new("mpirun")
+            .current_dir(&dir)
+            .args(["--oversubscribe", "-n", &(2 * replicas).to_string()])
+            .arg(env!("CARGO_BIN_EXE_pipefill"))
+            .args(&args)
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn mpirun");
+        let (status, err) = end_within(job, Duration::from_secs(60));
+        assert!(!status.success(), "{err}");
+        assert!(
+            err.contains(&format!("error: {name} --checkpoint `ck`: saving step 2"))
+                && err.contains("rank-1.bin"),
+            "{err}"
+        );
+        assert_eq!(err.matches("error:").count(), 1, "{err}");
+        assert!(!dir.join("ck/step-00000002/manifest.json").exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -17,6 +17,7 @@
 //! | [`stage`] | [`CudaStage`]: a run of layers on a stream; device methods plus the runtime's `Stage` trait |
 //! | [`streams`] | [`CudaStreams`]: the stream runtime's `Device` on CUDA (streams, events, timing marks), its stage and loss wrappers, [`DeviceTensor`] as the payload |
 //! | [`loss`] | MSE and softmax cross-entropy on the device |
+//! | [`nccl`] | [`NcclLink`]: NCCL point-to-point and all-reduce between processes, the id passed by MPI or a file |
 //! | [`timing`] | [`Span`]: device time between two timing events |
 //! | [`profile`](mod@profile) | the per-layer F/I/W profile timed with events (`pipefill profile --backend cuda`) |
 //! | [`overlap`] | one stage's F and another's B on two streams, alone and together (`pipefill bench overlap`) |
@@ -27,6 +28,7 @@ pub mod error;
 pub mod launch;
 pub mod layer;
 pub mod loss;
+pub mod nccl;
 pub mod overlap;
 pub mod precision;
 pub mod products;
@@ -43,6 +45,7 @@ pub use error::CudaError;
 pub use launch::{Launcher, LinearDims};
 pub use layer::DeviceLinear;
 pub use loss::{loss_and_grad, DeviceTarget};
+pub use nccl::{NcclError, NcclLink, UniqueId};
 pub use precision::{Precision, UnknownPrecision};
 pub use skip::{gpu_or_skip, SKIP_LINE};
 pub use stage::{CudaStage, CudaStash};

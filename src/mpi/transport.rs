@@ -12,7 +12,7 @@ use pipefill_host::runtime::{Parcel, Tensor, Transport, TransportError};
 use pipefill_host::schedule::deps::{Edge, Flow};
 use pipefill_host::schedule::{Action, Op};
 
-use super::World;
+use super::Comm;
 
 /// Tag of a parcel's header.
 const HEADER: i32 = 11;
@@ -23,22 +23,23 @@ const VALUES: i32 = 12;
 const MESSAGE_OVERHEAD: usize = 256;
 
 /// One process's end of the MPI transport.
-pub struct MpiTransport<'w> {
-    world: &'w World,
+pub struct MpiTransport<'c> {
+    comm: &'c Comm,
     mailbox: HashMap<Edge, Parcel>,
 }
 
-impl<'w> MpiTransport<'w> {
-    /// The transport of this process over `world`.
-    pub fn new(world: &'w World) -> Self {
+impl<'c> MpiTransport<'c> {
+    /// The transport of this process over `comm`, whose process indices are the pipeline's ranks
+    /// (the world, or the communicator of one replica).
+    pub fn new(comm: &'c Comm) -> Self {
         MpiTransport {
-            world,
+            comm,
             mailbox: HashMap::new(),
         }
     }
 
     /// Send-buffer bytes for `parcels` parcels of at most `values` values of at most `dims`
-    /// dimensions each: what [`World::reserve_send_buffer`] needs so that a step's sends never wait.
+    /// dimensions each: what [`World::reserve_send_buffer`](super::World::reserve_send_buffer) needs so that a step's sends never wait.
     pub fn buffer_bytes(parcels: usize, values: usize, dims: usize) -> usize {
         let one = 2 * MESSAGE_OVERHEAD + 8 * (HEADER_FIELDS + dims) + 4 * values;
         parcels.saturating_mul(one)
@@ -104,8 +105,8 @@ fn parcel(h: &[u64], values: Vec<f32>) -> Result<Parcel, String> {
 
 impl Transport for MpiTransport<'_> {
     fn send(&mut self, to: usize, parcel: Parcel) -> Result<(), TransportError> {
-        self.world.send_buffered(to, HEADER, &header(&parcel)[..]);
-        self.world.send_buffered(to, VALUES, parcel.tensor.data());
+        self.comm.send_buffered(to, HEADER, &header(&parcel)[..]);
+        self.comm.send_buffered(to, VALUES, parcel.tensor.data());
         Ok(())
     }
 
@@ -114,8 +115,8 @@ impl Transport for MpiTransport<'_> {
             return Ok(p);
         }
         loop {
-            let h: Vec<u64> = self.world.recv_vec(from, HEADER);
-            let values: Vec<f32> = self.world.recv_vec(from, VALUES);
+            let h: Vec<u64> = self.comm.recv_vec(from, HEADER);
+            let values: Vec<f32> = self.comm.recv_vec(from, VALUES);
             let p = parcel(&h, values).map_err(|why| TransportError::Lost {
                 message: format!("a message from process {from} is not a parcel: {why}"),
             })?;
@@ -127,7 +128,7 @@ impl Transport for MpiTransport<'_> {
     }
 
     /// A failed rank ends the whole job: its caller reports the error and calls
-    /// [`World::abort`], which stops every process (none waits forever).
+    /// [`Comm::abort`], which stops every process (none waits forever).
     fn abort(&mut self) {}
 
     fn aborted(&self) -> bool {
@@ -137,7 +138,7 @@ impl Transport for MpiTransport<'_> {
     fn finish(&mut self, ok: bool) -> bool {
         // A failed rank does not wait: it is about to abort the job.
         if ok {
-            self.world.barrier();
+            self.comm.barrier();
         }
         ok
     }

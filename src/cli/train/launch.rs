@@ -1,19 +1,26 @@
-//! `pipefill train --launcher mpi` (feature `mpi`): one process per rank under `mpirun`.
+//! `pipefill train --launcher mpi` (feature `mpi`): one process per rank of each data-parallel
+//! replica under `mpirun`.
 //!
-//! Every process checks the flags; the world must have one process per rank. Process 0 profiles
-//! and plans (or takes the `--resume` checkpoint's plan) and sends the plans to the others, so all
-//! run one schedule and partition. Each process builds the model, keeps the stages the schedule
-//! places on its rank and runs that rank's lowered list with the runtime's per-rank runner over
-//! [`MpiTransport`]; the data of a step is the same `(seed, step)` batch everywhere. After each step
-//! the ranks send their outcome to process 0, which assembles the step report and prints what the
-//! threaded run prints. Checkpoints: each process writes its own rank file, then process 0 the
-//! manifest. A rank that fails reports its error and aborts the job (no process waits forever).
+//! Every process checks the flags; the world must have `P * D` processes (`--ranks P`,
+//! `--data-parallel D`); process `w` is rank `w % P` of replica `w / P`. Process 0 profiles and
+//! plans (or takes the `--resume` checkpoint's plan) and sends the plans to the others, so all run
+//! one schedule and partition. Each process builds the model, keeps the stages the schedule places
+//! on its rank and runs that rank's lowered list with the runtime's per-rank runner over
+//! [`MpiTransport`] on its replica's communicator; with replicas, each stage's gradients are
+//! averaged over the replicas of its rank ([`GradientMean`], an MPI all-reduce) as soon as the
+//! stage's last `W`/`B` is done. The data of a step is the `(seed, step)` global batch, split as in
+//! the threaded run: replica `d` takes microbatches `d*M .. (d+1)*M` of `M * D`. After each step
+//! the processes send their outcome to process 0, which assembles each replica's step report and
+//! prints what the threaded run prints. Checkpoints: replica 0's processes write their rank files,
+//! then process 0 the manifest. A rank that fails (an error or a panic) reports its error naming
+//! the rank and aborts the job (no process waits forever).
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
 use pipefill_host::plan::Plan;
 use pipefill_host::runtime::{
-    assemble, run_rank, RankOutcome, RankProgram, RankStep, RankStop, StepReport,
+    assemble, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer, StepReport,
 };
 use pipefill_host::schedule::{Action, Item, Schedule};
 use pipefill_host::timeline::{Span, Transfer};
@@ -25,7 +32,7 @@ use crate::checkpoint::{store, RankFile, RankState, StageState};
 use crate::cli::CliError;
 use crate::layers::LinearStage;
 use crate::model::Teacher;
-use crate::mpi::{MpiError, MpiTransport, World};
+use crate::mpi::{GradientMean, MpiError, MpiTransport, Place, World};
 
 /// Tag of the plans process 0 sends.
 const PLANS: i32 = 21;
@@ -37,19 +44,29 @@ const SAVED: i32 = 23;
 /// Runs `pipefill train --launcher mpi` in this process.
 pub fn run(args: Args) -> Result<(), CliError> {
     let world = World::init().map_err(|e| CliError::Failed(format!("--launcher mpi: {e}")))?;
-    let me = world.rank();
     let checked = setup(args).and_then(|s| {
-        world
-            .expect_size(s.args.ranks)
-            .map_err(|e| world_size(e, s.args.ranks))?;
+        let (p, d) = (s.args.ranks, s.args.data_parallel);
+        world.expect_size(p, d).map_err(|e| world_size(e, p, d))?;
         Ok(s)
     });
     let (mut world, setup) = agree_on_setup(world, checked);
-    if let Err(e) = train_rank(&mut world, &setup) {
-        eprintln!("error: rank {me}: {e}");
-        world.abort(e.exit_code());
+    // After `setup`: `--schedule-file` may have set the rank count.
+    let place = Place::of(world.rank(), setup.args.ranks, setup.args.data_parallel);
+    let result = catch_unwind(AssertUnwindSafe(|| train_rank(&mut world, &setup, place)))
+        .unwrap_or_else(|p| Err(CliError::Failed(format!("panicked: {}", panic_text(&*p)))));
+    if let Err(e) = result {
+        eprintln!("error: {}: {e}", place.name());
+        world.abort(e.exit_code().max(1));
     }
     Ok(())
+}
+
+/// The message of a caught panic.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// The checked setup when every process has one; otherwise the job ends here: the lowest rank
@@ -63,8 +80,8 @@ fn agree_on_setup(world: World, checked: Result<Setup, CliError>) -> (World, Set
         Err(e) => (size - me, e.exit_code().max(1) as u64),
     };
     // The lowest failing rank, as the highest `size - rank`.
-    let reporter = size - world.max_over_world(reporter);
-    let code = world.max_over_world(code);
+    let reporter = size - world.max_over(reporter);
+    let code = world.max_over(code);
     match checked {
         Ok(s) if code == 0 => return (world, s),
         Err(e) if reporter == me => eprintln!("error: {e}"),
@@ -76,10 +93,15 @@ fn agree_on_setup(world: World, checked: Result<Setup, CliError>) -> (World, Set
 }
 
 /// The world-size error with its fix.
-fn world_size(e: MpiError, ranks: usize) -> CliError {
+fn world_size(e: MpiError, ranks: usize, replicas: usize) -> CliError {
+    let fix = if replicas == 1 {
+        "give --ranks equal to the process count".to_string()
+    } else {
+        format!("give --ranks x --data-parallel equal to the process count ({ranks} x {replicas})")
+    };
     CliError::Usage(format!(
-        "--launcher mpi: {e}; launch with `mpirun -n {ranks}`, or give --ranks equal to the \
-         process count"
+        "--launcher mpi: {e}; launch with `mpirun -n {}`, or {fix}",
+        ranks * replicas
     ))
 }
 
@@ -110,7 +132,8 @@ fn send_buffer(setup: &Setup, program: &RankProgram, rank: usize) -> usize {
         .iter()
         .filter(|i| matches!(i, Item::Comm(c) if c.op.is_send()))
         .count();
-    let rows = setup.spec.batch / setup.args.microbatches.max(1);
+    let a = &setup.args;
+    let rows = setup.spec.batch / (a.microbatches * a.data_parallel).max(1);
     let widest = setup
         .spec
         .dims()
@@ -121,61 +144,46 @@ fn send_buffer(setup: &Setup, program: &RankProgram, rank: usize) -> usize {
 }
 
 /// This process's rank through every step; process 0 reports.
-fn train_rank(world: &mut World, setup: &Setup) -> Result<(), CliError> {
-    let me = world.rank();
+fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliError> {
     let a = &setup.args;
     let plans = agree_on_plans(world, setup)?;
     let chosen = choose(&plans)?;
     let schedule = &chosen.plan.schedule;
     let program = RankProgram::of(schedule);
-    world.reserve_send_buffer(send_buffer(setup, &program, me));
+    world.reserve_send_buffer(send_buffer(setup, &program, place.rank));
+    let (pipe, grads) = world.split(&place).map_err(failed)?;
+    let reducer = grads
+        .map(GradientMean::new)
+        .map(|mean| move |_stage: usize, g: Vec<&mut [f32]>| mean.reduce(g));
     let (mut stages, first_step) = build(setup, &chosen.plan)?;
-    let saver = Saver::new(setup, &chosen.plan);
+    let saver = Saver::new(setup, &chosen.plan).filter(|_| place.replica == 0);
     let teacher = Teacher::new(&setup.spec, a.seed);
-    let mut transport = MpiTransport::new(world);
-    let mut progress = (me == 0).then(|| progress(setup, first_step));
+    let mut transport = MpiTransport::new(&pipe);
+    let job = Job {
+        world,
+        setup,
+        place,
+        schedule,
+        program: &program,
+        reduce: reducer.as_ref().map(|r| r as &Reducer),
+    };
+    let mut progress = (place.world == 0).then(|| progress(setup, first_step));
     let mut reports = Vec::with_capacity(a.steps - first_step);
     for step in first_step..a.steps {
-        let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
-        world.barrier();
-        let epoch = Instant::now();
-        let mine: Vec<(usize, &mut LinearStage)> = stages
-            .iter_mut()
-            .enumerate()
-            .filter(|(s, _)| schedule.rank_of(*s) == me)
-            .collect();
-        let inputs = if schedule.rank_of(0) == me {
-            x
-        } else {
-            Vec::new()
-        };
-        let rank_step = RankStep {
-            schedule,
-            program: &program,
-            rank: me,
-            stages: mine,
-            inputs,
-            targets: &t,
-            loss: &setup.spec.loss,
-            epoch,
-            exclusive: None,
-            hook: None,
-        };
-        let out = run_rank(rank_step, &mut transport);
-        let seconds = epoch.elapsed().as_secs_f64();
-        match &out.result {
-            Ok(()) => {}
-            Err(RankStop::Failed(e)) => return Err(failed(format!("step {step}: {e}"))),
-            Err(RankStop::Aborted) => return Err(failed(format!("step {step}: aborted"))),
-        }
-        if let Some(r) = gather(world, &chosen.plan, out, seconds)? {
+        let (x, t) = teacher.batch(
+            step as u64,
+            setup.spec.batch,
+            a.microbatches * place.replicas,
+        );
+        let (out, seconds) = job.step(step, &mut stages, x, t, &mut transport)?;
+        if let Some(r) = gather(&job, &chosen.plan, out, seconds)? {
             if let Some(p) = progress.as_mut() {
                 p.step(step, r.loss, r.seconds, a.format == Format::Text);
             }
             reports.push(r);
         }
         if let Some(s) = saver.as_ref().filter(|s| s.due(step + 1)) {
-            save(world, s, step + 1, schedule, &stages)?;
+            save(&job, s, step + 1, &stages)?;
         }
     }
     if let Some(mut p) = progress {
@@ -184,6 +192,67 @@ fn train_rank(world: &mut World, setup: &Setup) -> Result<(), CliError> {
         report(setup, &plans, &chosen, &outcome)?;
     }
     Ok(())
+}
+
+/// What every step of this process shares.
+struct Job<'a> {
+    world: &'a World,
+    setup: &'a Setup,
+    place: Place,
+    schedule: &'a Schedule,
+    program: &'a RankProgram,
+    /// The gradient mean over replicas, with more than one.
+    reduce: Option<&'a Reducer>,
+}
+
+impl Job<'_> {
+    /// Runs this rank's part of step `step` on this replica's microbatches of the global batch
+    /// `x`, `t` (`M * D` microbatches); its outcome and wall seconds.
+    fn step(
+        &self,
+        step: usize,
+        stages: &mut [LinearStage],
+        x: Vec<pipefill_host::runtime::Tensor>,
+        t: Vec<pipefill_host::runtime::Tensor>,
+        transport: &mut MpiTransport<'_>,
+    ) -> Result<(RankOutcome, f64), CliError> {
+        let (me, m) = (self.place.rank, self.setup.args.microbatches);
+        let mine =
+            |v: Vec<_>| -> Vec<_> { v.into_iter().skip(self.place.replica * m).take(m).collect() };
+        let (x, t) = (mine(x), mine(t));
+        let inputs = if self.schedule.rank_of(0) == me {
+            x
+        } else {
+            Vec::new()
+        };
+        let schedule = self.schedule;
+        self.world.barrier();
+        let epoch = Instant::now();
+        let rank_step = RankStep {
+            schedule,
+            program: self.program,
+            rank: me,
+            stages: stages
+                .iter_mut()
+                .enumerate()
+                .filter(|(s, _)| schedule.rank_of(*s) == me)
+                .collect(),
+            inputs,
+            targets: &t,
+            loss: &self.setup.spec.loss,
+            epoch,
+            exclusive: None,
+            hook: None,
+            reduce: self.reduce,
+        };
+        let out = run_rank(rank_step, transport);
+        let seconds = epoch.elapsed().as_secs_f64();
+        match &out.result {
+            Ok(()) => Ok((out, seconds)),
+            Err(RankStop::Failed(e)) => Err(failed(format!("step {step}: {e}"))),
+            Err(RankStop::Aborted) => Err(failed(format!("step {step}: aborted"))),
+        }
+    }
 }
 
 /// A [`RankOutcome`] of a rank that succeeded, as it travels to process 0.
@@ -195,10 +264,12 @@ struct Wire {
     losses: Vec<(usize, u32)>,
     peak_held: usize,
     action_seconds: Vec<(String, f64)>,
+    /// The process's wall seconds of the step.
+    seconds: f64,
 }
 
 impl Wire {
-    fn of(o: RankOutcome) -> Self {
+    fn of(o: RankOutcome, seconds: f64) -> Self {
         Wire {
             spans: o.spans,
             transfers: o.transfers,
@@ -209,10 +280,11 @@ impl Wire {
                 .iter()
                 .map(|(a, t)| (a.to_string(), *t))
                 .collect(),
+            seconds,
         }
     }
 
-    fn outcome(self) -> Result<RankOutcome, String> {
+    fn outcome(self) -> Result<(RankOutcome, f64), String> {
         let action_seconds = self
             .action_seconds
             .into_iter()
@@ -222,7 +294,7 @@ impl Wire {
                     .map_err(|e| e.to_string())
             })
             .collect::<Result<_, _>>()?;
-        Ok(RankOutcome {
+        let outcome = RankOutcome {
             spans: self.spans,
             transfers: self.transfers,
             losses: self
@@ -233,45 +305,60 @@ impl Wire {
             peak_held: self.peak_held,
             action_seconds,
             result: Ok(()),
-        })
+        };
+        Ok((outcome, self.seconds))
     }
 }
 
-/// Sends this rank's outcome to process 0; on process 0, gathers every rank's into the step
-/// report (`None` elsewhere).
+/// Sends this process's outcome to process 0; on process 0, gathers every process's into the
+/// step report (`None` elsewhere): each replica's ranks assembled, the loss the mean over
+/// replicas, the time the slowest process's, the timeline replica 0's (as the threaded run).
 fn gather(
-    world: &World,
+    job: &Job<'_>,
     plan: &Plan,
     out: RankOutcome,
     seconds: f64,
 ) -> Result<Option<StepReport>, CliError> {
-    if world.rank() != 0 {
-        let bytes = serde_json::to_vec(&Wire::of(out)).map_err(failed)?;
+    let (world, place) = (job.world, job.place);
+    if place.world != 0 {
+        let bytes = serde_json::to_vec(&Wire::of(out, seconds)).map_err(failed)?;
         world.send_slice(0, OUTCOME, &bytes[..]);
         return Ok(None);
     }
-    let mut outcomes = vec![out];
-    for r in 1..world.size() {
-        let bytes: Vec<u8> = world.recv_vec(r, OUTCOME);
+    let mut replicas: Vec<Vec<RankOutcome>> = vec![vec![out]];
+    let mut slowest = seconds;
+    for w in 1..world.size() {
+        let bytes: Vec<u8> = world.recv_vec(w, OUTCOME);
+        let from = Place::of(w, place.ranks, place.replicas);
         let wire: Wire = serde_json::from_slice(&bytes)
-            .map_err(|e| failed(format!("the step outcome of rank {r}: {e}")))?;
-        outcomes.push(wire.outcome().map_err(failed)?);
+            .map_err(|e| failed(format!("the step outcome of {}: {e}", from.name())))?;
+        let (o, s) = wire.outcome().map_err(failed)?;
+        slowest = slowest.max(s);
+        if from.rank == 0 {
+            replicas.push(Vec::with_capacity(place.ranks));
+        }
+        replicas
+            .last_mut()
+            .ok_or_else(|| failed("no replica"))?
+            .push(o);
     }
-    assemble(&plan.schedule, outcomes, seconds)
-        .map(Some)
-        .map_err(failed)
+    let mut reports = replicas
+        .into_iter()
+        .map(|outcomes| assemble(&plan.schedule, outcomes, slowest).map_err(failed))
+        .collect::<Result<Vec<_>, _>>()?;
+    let d = reports.len();
+    let mean = reports.iter().map(|r| r.loss).sum::<f32>() / d as f32;
+    let mut first = reports.swap_remove(0);
+    if d > 1 {
+        first.loss = mean;
+    }
+    Ok(Some(first))
 }
 
-/// Writes this rank's file of the checkpoint after step `done`; process 0 then writes the manifest
-/// once every rank's file is written and synced.
-fn save(
-    world: &World,
-    saver: &Saver,
-    done: usize,
-    schedule: &Schedule,
-    stages: &[LinearStage],
-) -> Result<(), CliError> {
-    let me = world.rank();
+/// Writes this rank's file of the checkpoint after step `done` (replica 0's processes only);
+/// process 0 then writes the manifest once every rank's file is written and synced.
+fn save(job: &Job<'_>, saver: &Saver, done: usize, stages: &[LinearStage]) -> Result<(), CliError> {
+    let (world, me, schedule) = (job.world, job.place.rank, job.schedule);
     let state = RankState {
         rank: me,
         step: done as u64,
@@ -288,7 +375,8 @@ fn save(
         return Ok(());
     }
     let mut files = vec![file];
-    for r in 1..world.size() {
+    // Replica 0's rank `r` is process `r`.
+    for r in 1..job.place.ranks {
         let v: Vec<u64> = world.recv_vec(r, SAVED);
         let [bytes, checksum] = v[..] else {
             return Err(failed(format!(

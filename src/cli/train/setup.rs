@@ -140,8 +140,9 @@ pub struct Args {
     /// stage's gradients are averaged over the replicas as soon as its last backward is done.
     #[arg(long, default_value_t = 1, value_name = "D")]
     pub data_parallel: usize,
-    /// How the ranks run: `threads` (one process) or `mpi` (one process per rank:
-    /// `mpirun -n P pipefill train --launcher mpi --ranks P ...`, in a build with `--features mpi`).
+    /// How the ranks run: `threads` (one process) or `mpi` (one process per rank of each replica:
+    /// `mpirun -n P*D pipefill train --launcher mpi --ranks P --data-parallel D ...`, in a build
+    /// with `--features mpi`).
     #[arg(long, value_enum, default_value_t = Launcher::Threads)]
     pub launcher: Launcher,
     /// Checkpoints: `--checkpoint`, `--checkpoint-every`, `--resume`.
@@ -340,13 +341,6 @@ fn check_counts(args: &Args) -> Result<(), CliError> {
                  --launcher mpi"
                     .into(),
             ));
-        }
-        if args.data_parallel > 1 {
-            return Err(usage(format!(
-                "--data-parallel {} runs its replicas as threads of one process: give it without \
-                 --launcher mpi (data-parallel replicas over MPI are not built yet)",
-                args.data_parallel
-            )));
         }
     }
     Ok(())

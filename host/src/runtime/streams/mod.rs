@@ -40,7 +40,7 @@ pub use check::check;
 pub use cpu::{CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
 pub use device::{Device, DeviceError};
 pub use executor::StreamExecutor;
-pub use program::{EventRole, StreamId, StreamOp, StreamProgram};
+pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};
 
 use thiserror::Error;
 
