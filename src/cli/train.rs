@@ -106,7 +106,7 @@ pub fn candidates(setup: &Setup) -> Result<Vec<Plan>, CliError> {
 }
 
 /// The best of `plans` (sorted best first), with its predicted timeline (the shared-device one
-/// for a plan [`on_one_device`] re-scored).
+/// for a plan re-scored for one device).
 pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
     let plan = plans
         .first()
