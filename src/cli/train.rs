@@ -426,12 +426,18 @@ mod tests {
             meta: serde_json::Value::Null,
         };
         let fams = vec!["1f1b".to_string(), "zb-h1".to_string(), "gpipe".to_string()];
-        let report = plan_families(&costs, &Params::new(2, 4), &fams, Split::Uniform, None).unwrap();
+        let report =
+            plan_families(&costs, &Params::new(2, 4), &fams, Split::Uniform, None).unwrap();
         let serial = 4.0 * (4.0 * 1.0 + (1.0 + 1.1 + 1.2 + 1.3) + 4.0 * 0.5);
         let plans = on_one_device(report.plans);
         assert_eq!(plans.len(), 3);
         for p in &plans {
-            assert!((p.step_time - serial).abs() < 1e-9, "{}: {}", p.family, p.step_time);
+            assert!(
+                (p.step_time - serial).abs() < 1e-9,
+                "{}: {}",
+                p.family,
+                p.step_time
+            );
         }
         let chosen = choose(&plans).unwrap();
         assert!((chosen.predicted.makespan() - serial).abs() < 1e-9);

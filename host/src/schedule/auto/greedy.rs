@@ -69,6 +69,16 @@ struct Greedy<'a> {
 /// Per-rank lists from the heuristic with `flags`; `None` when the instance is not `V = 1`, or
 /// when memory cannot be met this way.
 pub(crate) fn build(inst: &Instance, flags: Flags) -> Option<Vec<Vec<Action>>> {
+    let g = run(inst, flags)?;
+    let mut orders = vec![Vec::new(); inst.p];
+    for (j, list) in g.orders.into_iter().enumerate() {
+        orders[inst.rank_of[j]] = list;
+    }
+    Some(orders)
+}
+
+/// The whole construction (see [`build`]).
+fn run(inst: &Instance, flags: Flags) -> Option<Greedy<'_>> {
     if inst.v != 1 {
         return None;
     }
@@ -92,11 +102,7 @@ pub(crate) fn build(inst: &Instance, flags: Flags) -> Option<Vec<Vec<Action>>> {
             g.put(j, 2)?;
         }
     }
-    let mut orders = vec![Vec::new(); p];
-    for (j, list) in g.orders.into_iter().enumerate() {
-        orders[inst.rank_of[j]] = list;
-    }
-    Some(orders)
+    Some(g)
 }
 
 impl Greedy<'_> {
@@ -295,5 +301,71 @@ impl Greedy<'_> {
             }
         }
         Some(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{CostModel, LinkCost, StageCost};
+    use crate::schedule::auto::score::schedule_of;
+    use crate::schedule::auto::{AutoRequest, MemoryLimit};
+    use crate::schedule::validate::validate;
+    use crate::sim::simulate;
+
+    fn instance(stages: &[(f64, f64, f64)], latency: f64, limit: f64, m: usize) -> Instance {
+        let link = LinkCost {
+            latency,
+            bandwidth: f64::INFINITY,
+        };
+        let mut c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), stages.len(), link);
+        for (st, &(f, i, w)) in c.stages.iter_mut().zip(stages) {
+            *st = StageCost::uniform(f, i, w);
+        }
+        let req = AutoRequest::new(stages.len(), m, c).with_limit(MemoryLimit::InFlight(limit));
+        Instance::new(&req).unwrap()
+    }
+
+    /// Every variant gives a valid schedule within the limit, and the times the heuristic computed
+    /// are the simulator's (the same transfer model: a delay per hop).
+    #[test]
+    fn every_variant_validates_and_its_times_are_the_simulators() {
+        let stages = [
+            (1.5, 1.4, 0.9),
+            (1.0, 1.1, 0.7),
+            (1.0, 1.0, 0.8),
+            (1.6, 1.3, 1.0),
+        ];
+        for limit in [4.0, 6.0, 8.0] {
+            let inst = instance(&stages, 0.1, limit, 12);
+            for flags in Flags::all() {
+                let orders = build(&inst, flags).unwrap();
+                let s = schedule_of(&inst, "auto", &orders);
+                validate(&s).unwrap();
+                let sim = simulate(&s, &inst.scoring).unwrap();
+                assert!(sim.peak_activations.iter().all(|&x| x <= limit + 1e-9));
+                // The heuristic's own end time of every action is the simulated one.
+                let g = run(&inst, flags).unwrap();
+                for lane in &sim.timeline.spans {
+                    for span in lane {
+                        for a in span.item().actions() {
+                            let op = crate::schedule::auto::instance::OPS
+                                .iter()
+                                .position(|&o| o == a.op)
+                                .unwrap();
+                            let id = inst.id(op, a.stage, a.microbatch);
+                            assert!((g.end[id] - span.end).abs() < 1e-9, "{flags:?} {a:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_one_chunk_per_rank() {
+        let mut inst = instance(&[(1.0, 1.0, 1.0); 4], 0.0, 4.0, 4);
+        inst.v = 2;
+        assert!(build(&inst, Flags::all()[0]).is_none());
     }
 }
