@@ -1,5 +1,5 @@
 //! The zero-bubble authors' one-pass greedy heuristic (Qi et al., arXiv:2401.10241, section 3.1),
-//! re-derived from its description and used as a seed family of `auto` on `V = 1`.
+//! re-derived from its description (written anew) and used as a seed family of `auto` on `V = 1`.
 //!
 //! It builds the schedule wave by wave. Wave 0 runs microbatch 0's forward down the pipeline, then
 //! lets each stage (from the last up) take as many extra forwards as fit, in memory and in the time

@@ -89,7 +89,8 @@ pub struct SolverInfo {
     pub gap: f64,
     /// Whether the exact method proved `value` optimal (under the memory limit).
     pub proven_optimal: bool,
-    /// Where the schedule came from: a family name, `list` (the constructive phase), with
+    /// Where the schedule came from: a family name, `zb-greedy` (the zero-bubble authors' greedy),
+    /// `list` (the list rules of the constructive phase), with
     /// `+improved` when the improvement phase changed it, or `exact`.
     pub origin: String,
     /// The memory limit, if any.
