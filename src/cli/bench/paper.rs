@@ -50,6 +50,8 @@ pub struct PaperRow {
     pub paper_auto: f64,
     /// Whether `auto` is proven optimal.
     pub proven_optimal: bool,
+    /// Where `auto`'s schedule came from (a family, `zb-greedy`, `list`, `+improved`).
+    pub origin: String,
     /// The rates pipefill's simulator gives the handcrafted families that fit the limit (a check
     /// of the inputs against the paper's own columns).
     pub families: BTreeMap<String, f64>,
@@ -148,6 +150,7 @@ fn row(
         auto: rate(out.solver.value),
         paper_auto: d.rates.get(key).copied().unwrap_or(f64::NAN),
         proven_optimal: out.solver.proven_optimal,
+        origin: out.solver.origin.clone(),
         families,
         paper: d.rates.clone(),
         seconds,

@@ -6,9 +6,11 @@
 //!
 //! 1. **seeds**: every handcrafted family of the same `V` and placement that fits the limit
 //!    ([`FamilyResult`]); `auto` never returns anything worse than the best of them;
-//! 2. **constructive**: list scheduling under several priority rules (backward or forward first,
-//!    deepest chunk / oldest microbatch / shallowest chunk first, three `W` policies, 1F1B- and
-//!    ZB-H2-shaped warm-up caps), memory-safe by construction (module `list`);
+//! 2. **constructive**: on `V = 1`, the zero-bubble authors' one-pass greedy heuristic in its eight
+//!    variants (module `greedy`, origin `zb-greedy`); list scheduling under several priority rules
+//!    (backward or forward first, deepest chunk / oldest microbatch / shallowest chunk first, three
+//!    `W` policies, 1F1B- and ZB-H2-shaped warm-up caps), memory-safe by construction (module
+//!    `list`);
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
@@ -48,6 +50,7 @@ use crate::sim::lower_bound;
 
 mod error;
 mod exact;
+mod greedy;
 mod improve;
 mod instance;
 mod list;
@@ -86,7 +89,8 @@ pub struct SolverInfo {
     pub gap: f64,
     /// Whether the exact method proved `value` optimal (under the memory limit).
     pub proven_optimal: bool,
-    /// Where the schedule came from: a family name, `list` (the constructive phase), with
+    /// Where the schedule came from: a family name, `zb-greedy` (the zero-bubble authors' greedy),
+    /// `list` (the list rules of the constructive phase), with
     /// `+improved` when the improvement phase changed it, or `exact`.
     pub origin: String,
     /// The memory limit, if any.
@@ -146,6 +150,14 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     for s in seeded {
         let name = s.schedule.name.clone();
         offer(s, name);
+    }
+    for flags in greedy::Flags::all() {
+        let Some(orders) = greedy::build(&inst, flags) else {
+            continue;
+        };
+        if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
+            offer(s, "zb-greedy".into());
+        }
     }
     for rule in Rule::standard(&inst) {
         let Some(orders) = build(&inst, &rule) else {
