@@ -254,3 +254,56 @@ fn bench_auto_quick_meets_the_aims() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("aims over"), "{out}");
 }
+
+/// `train --schedule auto` takes the automatic scheduler's flags: a tighter in-flight limit cannot
+/// predict a shorter step (profiles differ between runs, so the comparison is on one run's plan each,
+/// with generous slack), and auto's flags without auto are refused.
+#[test]
+fn train_takes_the_auto_flags() {
+    let dir = common::scratch("auto-train");
+    let svg = dir.join("t.svg");
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "train",
+            "--schedule",
+            "auto",
+            "--steps",
+            "1",
+            "--format",
+            "json",
+            "--svg",
+            svg.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = common::pipefill(&args);
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let free = run(&[]);
+    let tight = run(&[
+        "--max-in-flight",
+        "1",
+        "--time-budget",
+        "0.05",
+        "--objective",
+        "span",
+    ]);
+    assert_eq!(tight["schedule"], "auto");
+    // One microbatch in flight per rank leaves no overlap between the ranks' forwards: the
+    // predicted bubble is far above the unconstrained plan's.
+    let (b_free, b_tight) = (
+        free["bubble_predicted"].as_f64().unwrap(),
+        tight["bubble_predicted"].as_f64().unwrap(),
+    );
+    assert!(b_tight > b_free + 0.1, "free {b_free}, tight {b_tight}");
+    common::assert_refused([
+        (
+            vec!["train", "--schedule", "1f1b", "--max-in-flight", "2"],
+            "--max-in-flight",
+        ),
+        (
+            vec!["train", "--schedule", "gpipe", "--objective", "span"],
+            "--objective",
+        ),
+    ]);
+}

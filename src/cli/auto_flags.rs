@@ -37,6 +37,44 @@ pub struct AutoArgs {
     pub placement: Placement,
 }
 
+/// The `auto` flags of `pipefill train` (its `--seed` seeds `auto` too, and the costs are the run's
+/// profile).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainAutoArgs {
+    /// auto: at most this many microbatches in flight per rank (fractional allowed; one unit is one
+    /// rank's activations for one microbatch, a V-shape chunk counts 1/2).
+    #[arg(long = "max-in-flight", value_name = "N", value_parser = parse_in_flight, allow_hyphen_values = true)]
+    pub max_in_flight: Option<f64>,
+    /// auto: what to minimise, `makespan` (the step) or `span` (the longest per-rank span).
+    #[arg(long, value_name = "OBJECTIVE", default_value = "makespan", value_parser = parse_objective)]
+    pub objective: Objective,
+    /// auto: seconds of improvement after the constructive phase (counted as work: the result
+    /// depends only on the inputs and --seed).
+    #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time, allow_hyphen_values = true)]
+    pub time_budget: f64,
+    /// auto: stage placement, `looped` or `vshape` (V = 2).
+    #[arg(long, value_name = "PLACEMENT", default_value = "looped", value_parser = parse_placement)]
+    pub placement: Placement,
+}
+
+impl TrainAutoArgs {
+    /// The first of these flags given away from its default.
+    pub fn given(&self) -> Option<&'static str> {
+        self.with_seed(0).given().filter(|f| *f != "--seed")
+    }
+
+    /// These flags as `auto`'s, seeded with `seed`.
+    pub fn with_seed(&self, seed: u64) -> AutoArgs {
+        AutoArgs {
+            max_in_flight: self.max_in_flight,
+            objective: self.objective,
+            time_budget: self.time_budget,
+            seed,
+            placement: self.placement,
+        }
+    }
+}
+
 /// The cost flags of `pipefill schedule` (the same as `simulate`'s, read by the same code).
 #[derive(Debug, Clone, clap::Args)]
 pub struct CostArgs {

@@ -31,7 +31,7 @@ use pipefill_host::plan::{
 };
 use pipefill_host::profile::ProfileOptions;
 use pipefill_host::runtime::{Executor, StepReport};
-use pipefill_host::schedule::auto::{Objective, AUTO, DEFAULT_TIME_BUDGET};
+use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::Params;
 use pipefill_host::schedule::Placement;
 use pipefill_host::sim::{simulate, simulate_with, DeviceSharing, SimOptions};
@@ -235,23 +235,22 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
     Ok(report)
 }
 
-/// `auto` for the run's `P`, `M` and `V` (1 when not given; looped placement) on the profile, no
-/// memory limit, the default budget and the run's seed, planned like the families (`--plan`).
+/// `auto` for the run's `P`, `M` and `V` (1 when not given) on the profile, with the run's auto
+/// flags (`--max-in-flight`, `--objective`, `--time-budget`, `--placement`) and its seed, planned like
+/// the families (`--plan`).
 fn auto_plan(setup: &Setup, costs: &CostFile, split: Split) -> Result<Plan, PlanError> {
     let a = &setup.args;
+    let flags = a.auto.with_seed(a.seed);
     let shape = auto_flags::Shape {
         ranks: a.ranks,
         microbatches: a.microbatches,
-        chunks: a.chunks.unwrap_or(1),
+        chunks: a.chunks.unwrap_or(match flags.placement {
+            Placement::Vshape => 2,
+            Placement::Looped => 1,
+        }),
     };
-    let flags = auto_flags::AutoArgs {
-        max_in_flight: None,
-        objective: Objective::Makespan,
-        time_budget: DEFAULT_TIME_BUDGET,
-        seed: a.seed,
-        placement: Placement::Looped,
-    };
-    let schedule = auto_schedule(costs, shape, None, &flags).map_err(|e| PlanError::NoPlan {
+    let limit = auto_flags::limit(None, a.auto.max_in_flight);
+    let schedule = auto_schedule(costs, shape, limit, &flags).map_err(|e| PlanError::NoPlan {
         skipped: vec![Skipped {
             family: AUTO.into(),
             chunks: shape.chunks,

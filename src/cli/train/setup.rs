@@ -157,6 +157,10 @@ pub struct Args {
     /// the report gives the host time per action with and without the graph. Needs --steps 4+.
     #[arg(long)]
     pub graph: bool,
+    /// The automatic scheduler's flags (for `--schedule auto`, and `auto` among the default
+    /// candidates).
+    #[command(flatten)]
+    pub auto: crate::cli::auto_flags::TrainAutoArgs,
     /// `--precision`, `--activations`.
     #[command(flatten)]
     pub numerics: crate::cli::model_flags::NumericsArgs,
@@ -211,6 +215,11 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
                 "--schedule: {e}, or auto (the automatic scheduler)"
             ))
         })?;
+        // `auto` is not among the candidates: its flags would do nothing.
+        crate::cli::auto_flags::only_for_auto(args.auto.given())?;
+    }
+    if args.schedule_file.is_some() {
+        crate::cli::auto_flags::only_for_auto(args.auto.given())?;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let backend = resolve_backend(args.backend)?;
