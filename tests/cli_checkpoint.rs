@@ -114,10 +114,10 @@ fn stopped_and_resumed_runs_match_an_uninterrupted_one_bit_for_bit() {
 #[test]
 fn a_killed_run_resumes_from_its_last_checkpoint_bit_for_bit() {
     let dir = scratch("ckpt-kill");
-    let steps = 120;
+    let steps = 400;
     let every = 5;
     let model = ["--layers", "6", "--hidden", "128", "--batch", "128"];
-    let shape = [&model[..], &["--schedule", "1f1b", "--steps", "120"]].concat();
+    let shape = [&model[..], &["--schedule", "1f1b", "--steps", "400"]].concat();
     let (full, _) = train_ok(&dir, &shape);
     let ck = dir.join("ck");
     let save = [
