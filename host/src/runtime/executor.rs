@@ -98,16 +98,7 @@ impl<S: Stage> Executor<S> {
     /// An executor for `schedule` over `stages` (global order, `schedule.stages()` of them).
     /// Refuses a schedule that does not validate or a stage count that does not fit.
     pub fn new(schedule: Schedule, stages: Vec<S>) -> Result<Self, RuntimeError> {
-        super::check::check_schedule(&schedule)?;
-        if stages.len() != schedule.stages() {
-            return Err(RuntimeError::StageCount {
-                schedule: schedule.name.clone(),
-                expected: schedule.stages(),
-                ranks: schedule.ranks,
-                chunks: schedule.chunks,
-                got: stages.len(),
-            });
-        }
+        super::check::check_run(&schedule, stages.len())?;
         let poll = default_poll(schedule.ranks);
         Ok(Executor {
             program: RankProgram::of(&schedule),

@@ -561,7 +561,7 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
 }
 
 /// The edge that delivers `F(s, k)`'s input (from `F(s-1, k)`).
-fn input_edge(a: Action) -> Edge {
+pub(super) fn input_edge(a: Action) -> Edge {
     Edge {
         flow: Flow::Activation,
         from: a.stage.wrapping_sub(1),
@@ -571,7 +571,7 @@ fn input_edge(a: Action) -> Edge {
 
 /// The edge that delivers the output gradient of `I/B(s, k)`: from stage `s+1`, or, on the last
 /// stage, from the loss (named as a gradient from one stage past the last).
-fn grad_edge(a: Action) -> Edge {
+pub(super) fn grad_edge(a: Action) -> Edge {
     Edge {
         flow: Flow::Gradient,
         from: a.stage + 1,

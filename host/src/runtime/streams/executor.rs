@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use super::program::lanes;
 use super::{check, Device, EventRole, StreamOp, StreamProgram};
+use crate::runtime::worker::{grad_edge, input_edge};
 use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError, StepReport};
 use crate::schedule::deps::{output, Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
@@ -79,16 +80,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
     /// An executor for `schedule` over `stages` (global order) on `device`. Refuses a schedule that
     /// does not validate, a stage count that does not fit, and a program [`check`] refuses.
     pub fn new(schedule: Schedule, stages: Vec<S>, mut device: D) -> Result<Self, RuntimeError> {
-        crate::runtime::check::check_schedule(&schedule)?;
-        if stages.len() != schedule.stages() {
-            return Err(RuntimeError::StageCount {
-                schedule: schedule.name.clone(),
-                expected: schedule.stages(),
-                ranks: schedule.ranks,
-                chunks: schedule.chunks,
-                got: stages.len(),
-            });
-        }
+        crate::runtime::check::check_run(&schedule, stages.len())?;
         let program = StreamProgram::build(&schedule).map_err(RuntimeError::Streams)?;
         check(&program, &schedule).map_err(RuntimeError::Streams)?;
         device
@@ -259,7 +251,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                 let input = if a.stage == 0 {
                     step.inputs.get_mut(a.microbatch).and_then(Option::take)
                 } else {
-                    step.mailbox.remove(&edge_into(a))
+                    step.mailbox.remove(&input_edge(a))
                 };
                 let input = input.ok_or_else(|| no_input(rank, a))?;
                 let (out, stash) = stage.forward(input).map_err(|e| act(rank, a, e))?;
@@ -279,7 +271,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                     grad.scale_by(1.0 / self.schedule.microbatches as f32)
                         .map_err(|e| act(rank, a, e))?;
                     step.losses[a.microbatch] = Some(value);
-                    step.mailbox.insert(loss_edge(a), grad);
+                    step.mailbox.insert(grad_edge(a), grad);
                     None
                 } else {
                     Some(out)
@@ -288,7 +280,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             Op::I | Op::B => {
                 let grad = step
                     .mailbox
-                    .remove(&grad_into(a))
+                    .remove(&grad_edge(a))
                     .ok_or_else(|| no_input(rank, a))?;
                 let held = if a.op == Op::I {
                     step.stashes.get_mut(&key)
@@ -429,29 +421,6 @@ impl<D: Device, T> Step<D, T> {
         self.held[rank] = (self.held[rank] + add).saturating_sub(remove);
         self.peak[rank] = self.peak[rank].max(self.held[rank]);
     }
-}
-
-/// The edge that delivers `F(s, k)`'s input.
-fn edge_into(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Activation,
-        from: a.stage - 1,
-        microbatch: a.microbatch,
-    }
-}
-
-/// The mailbox key of the last stage's loss gradient (an edge from a stage past the last).
-fn loss_edge(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Gradient,
-        from: a.stage + 1,
-        microbatch: a.microbatch,
-    }
-}
-
-/// The edge that delivers the output gradient of `I/B(s, k)` (for the last stage: the loss's).
-fn grad_into(a: Action) -> Edge {
-    loss_edge(a)
 }
 
 fn act(rank: usize, action: Action, e: impl ToString) -> RuntimeError {
