@@ -4,71 +4,13 @@
 //! refuses to run twice, and a device without capture support says so.
 
 use pipefill_host::runtime::streams::{CpuStreams, OnStreams, Pending, StreamExecutor};
-use pipefill_host::runtime::{RuntimeError, Stage, StageError, Tensor};
+use pipefill_host::runtime::{RuntimeError, Tensor};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::{Params, Schedule};
 
-/// `y = tanh(w * x + b)` per element with learnable `w`, `b` (nonlinear: order matters).
-#[derive(Clone)]
-struct Cell {
-    w: f32,
-    b: f32,
-    grads: (f32, f32),
-}
+mod streams_support;
 
-impl Stage for Cell {
-    type Stash = (Tensor, Tensor, Option<Tensor>);
-
-    fn forward(&mut self, x: Tensor) -> Result<(Tensor, Self::Stash), StageError> {
-        let mut y = x.clone();
-        y.data_mut()
-            .iter_mut()
-            .for_each(|v| *v = (self.w * *v + self.b).tanh());
-        Ok((y.clone(), (x, y, None)))
-    }
-
-    fn backward_input(&mut self, st: &mut Self::Stash, dy: Tensor) -> Result<Tensor, StageError> {
-        let dz: Vec<f32> = dy
-            .data()
-            .iter()
-            .zip(st.1.data())
-            .map(|(d, y)| d * (1.0 - y * y))
-            .collect();
-        let dz = Tensor::new(dy.shape().to_vec(), dz)?;
-        let mut dx = dz.clone();
-        dx.scale(self.w);
-        st.2 = Some(dz);
-        Ok(dx)
-    }
-
-    fn backward_weight(&mut self, st: Self::Stash) -> Result<(), StageError> {
-        let dz = st.2.ok_or_else(|| StageError::new("W before I"))?;
-        let xs = st.0.data().iter().zip(dz.data());
-        self.grads.0 += xs.map(|(x, d)| x * d).sum::<f32>();
-        self.grads.1 += dz.data().iter().sum::<f32>();
-        Ok(())
-    }
-
-    fn held_bytes(&self, st: &Self::Stash) -> usize {
-        st.0.bytes() + st.1.bytes()
-    }
-
-    fn zero_grad(&mut self) {
-        self.grads = (0.0, 0.0);
-    }
-
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
-        self.w -= 0.1 * self.grads.0;
-        self.b -= 0.1 * self.grads.1;
-        Ok(())
-    }
-}
-
-fn mse(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
-    let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
-    let v = 0.5 * d.iter().map(|x| x * x).sum::<f32>();
-    Ok((v, Tensor::new(y.shape().to_vec(), d)?))
-}
+use streams_support::{cells, mse, Cell};
 
 type Batch = (Vec<Pending<Tensor>>, Vec<Pending<Tensor>>);
 
@@ -90,14 +32,9 @@ type Ex = StreamExecutor<CpuStreams, OnStreams<Cell>>;
 
 fn executor(schedule: &Schedule) -> Ex {
     let device = CpuStreams::new();
-    let stages = (0..schedule.stages())
-        .map(|s| {
-            device.stage(Cell {
-                w: 0.9 + 0.07 * s as f32,
-                b: 0.05 * s as f32 - 0.1,
-                grads: (0.0, 0.0),
-            })
-        })
+    let stages = cells(schedule.stages())
+        .into_iter()
+        .map(|c| device.stage(c))
         .collect();
     StreamExecutor::new(schedule.clone(), stages, device).unwrap()
 }
