@@ -134,6 +134,115 @@ impl Launcher {
         ])
     }
 
+    /// The checked argument list of a forward kernel (the SIMT one and the tensor-core ones take the
+    /// same list); `tag` ends every size-error label (`""`, `" (tf32)"`, `" (bf16)"`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward_args<E>(
+        &self,
+        tag: &str,
+        x: &CudaSlice<E>,
+        w: &CudaSlice<E>,
+        b: &CudaSlice<f32>,
+        y: &CudaSlice<E>,
+        z: Option<&CudaSlice<E>>,
+        d: &LinearDims,
+    ) -> Result<[Arg; 9], CudaError> {
+        let l = |what: &str| format!("{what}{tag}");
+        need(&l("linear forward x"), Some(x), d.rows * d.inputs)?;
+        need(&l("linear forward w"), Some(w), d.inputs * d.outputs)?;
+        need(&l("linear forward b"), Some(b), d.outputs)?;
+        need(&l("linear forward y"), Some(y), d.rows * d.outputs)?;
+        if let Some(z) = z {
+            need(&l("linear forward z"), Some(z), d.rows * d.outputs)?;
+        }
+        let [r, i, o] = Self::dims(d)?;
+        Ok([
+            self.ptr(Some(x)),
+            self.ptr(Some(w)),
+            self.ptr(Some(b)),
+            self.ptr(Some(y)),
+            self.ptr(z),
+            r,
+            i,
+            o,
+            Arg::U32(d.act.code()),
+        ])
+    }
+
+    /// The checked argument list of an input-gradient kernel (`z` may be `None` only for the
+    /// identity); `tag` as for [`Launcher::forward_args`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward_input_args<E>(
+        &self,
+        tag: &str,
+        dy: &CudaSlice<E>,
+        z: Option<&CudaSlice<E>>,
+        w: &CudaSlice<E>,
+        dx: &CudaSlice<E>,
+        dz: Option<&CudaSlice<E>>,
+        d: &LinearDims,
+    ) -> Result<[Arg; 9], CudaError> {
+        let l = |what: &str| format!("{what}{tag}");
+        let n_out = d.rows * d.outputs;
+        need(&l("linear backward dy"), Some(dy), n_out)?;
+        match z {
+            Some(z) => need(&l("linear backward z"), Some(z), n_out)?,
+            None if d.act != Activation::Identity => need::<E>(
+                &l("linear backward z (needed by the activation)"),
+                None,
+                n_out,
+            )?,
+            None => {}
+        }
+        need(&l("linear backward w"), Some(w), d.inputs * d.outputs)?;
+        need(&l("linear backward dx"), Some(dx), d.rows * d.inputs)?;
+        if let Some(dz) = dz {
+            need(&l("linear backward dz"), Some(dz), n_out)?;
+        }
+        let [r, i, o] = Self::dims(d)?;
+        Ok([
+            self.ptr(Some(dy)),
+            self.ptr(z),
+            self.ptr(Some(w)),
+            self.ptr(Some(dx)),
+            self.ptr(dz),
+            r,
+            i,
+            o,
+            Arg::U32(d.act.code()),
+        ])
+    }
+
+    /// The checked argument list of a weight-gradient kernel (`dw`, `db` in `f32`); `tag` as for
+    /// [`Launcher::forward_args`].
+    pub(super) fn backward_weight_args<E>(
+        &self,
+        tag: &str,
+        x: &CudaSlice<E>,
+        dz: &CudaSlice<E>,
+        dw: &CudaSlice<f32>,
+        db: Option<&CudaSlice<f32>>,
+        d: &LinearDims,
+    ) -> Result<[Arg; 7], CudaError> {
+        let l = |what: &str| format!("{what}{tag}");
+        need(&l("weight gradient x"), Some(x), d.rows * d.inputs)?;
+        need(&l("weight gradient dz"), Some(dz), d.rows * d.outputs)?;
+        need(&l("weight gradient dw"), Some(dw), d.inputs * d.outputs)?;
+        if let Some(db) = db {
+            need(&l("weight gradient db"), Some(db), d.outputs)?;
+        }
+        let [r, i, o] = Self::dims(d)?;
+        Ok([
+            self.ptr(Some(x)),
+            self.ptr(Some(dz)),
+            self.ptr(Some(dw)),
+            self.ptr(db),
+            r,
+            i,
+            o,
+        ])
+    }
+
     /// `y = act(x w + b)`, storing `z = x w + b` when given ([`entry::LINEAR_FORWARD`]).
     pub fn linear_forward(
         &self,
@@ -144,26 +253,8 @@ impl Launcher {
         z: Option<&mut CudaSlice<f32>>,
         d: LinearDims,
     ) -> Result<(), CudaError> {
-        need("linear forward x", Some(x), d.rows * d.inputs)?;
-        need("linear forward w", Some(w), d.inputs * d.outputs)?;
-        need("linear forward b", Some(b), d.outputs)?;
-        need("linear forward y", Some(y), d.rows * d.outputs)?;
-        if let Some(z) = z.as_deref() {
-            need("linear forward z", Some(z), d.rows * d.outputs)?;
-        }
-        let [r, i, o] = Self::dims(&d)?;
-        let args = [
-            self.ptr(Some(x)),
-            self.ptr(Some(w)),
-            self.ptr(Some(b)),
-            self.ptr(Some(y)),
-            self.ptr(z.as_deref()),
-            r,
-            i,
-            o,
-            Arg::U32(d.act.code()),
-        ];
-        // SAFETY: the argument list is the kernel's; every buffer's size was checked above.
+        let args = self.forward_args("", x, w, b, y, z.as_deref(), &d)?;
+        // SAFETY: the argument list is the kernel's; every buffer's size was checked.
         unsafe { self.launch(entry::LINEAR_FORWARD, gemm_grid(d.rows, d.outputs), &args) }
     }
 
@@ -178,33 +269,7 @@ impl Launcher {
         dz: Option<&mut CudaSlice<f32>>,
         d: LinearDims,
     ) -> Result<(), CudaError> {
-        need("linear backward dy", Some(dy), d.rows * d.outputs)?;
-        match z {
-            Some(z) => need("linear backward z", Some(z), d.rows * d.outputs)?,
-            None if d.act != Activation::Identity => need::<f32>(
-                "linear backward z (needed by the activation)",
-                None,
-                d.rows * d.outputs,
-            )?,
-            None => {}
-        }
-        need("linear backward w", Some(w), d.inputs * d.outputs)?;
-        need("linear backward dx", Some(dx), d.rows * d.inputs)?;
-        if let Some(dz) = dz.as_deref() {
-            need("linear backward dz", Some(dz), d.rows * d.outputs)?;
-        }
-        let [r, i, o] = Self::dims(&d)?;
-        let args = [
-            self.ptr(Some(dy)),
-            self.ptr(z),
-            self.ptr(Some(w)),
-            self.ptr(Some(dx)),
-            self.ptr(dz.as_deref()),
-            r,
-            i,
-            o,
-            Arg::U32(d.act.code()),
-        ];
+        let args = self.backward_input_args("", dy, z, w, dx, dz.as_deref(), &d)?;
         // SAFETY: as in `linear_forward`.
         unsafe {
             self.launch(
@@ -224,22 +289,7 @@ impl Launcher {
         db: Option<&mut CudaSlice<f32>>,
         d: LinearDims,
     ) -> Result<(), CudaError> {
-        need("weight gradient x", Some(x), d.rows * d.inputs)?;
-        need("weight gradient dz", Some(dz), d.rows * d.outputs)?;
-        need("weight gradient dw", Some(dw), d.inputs * d.outputs)?;
-        if let Some(db) = db.as_deref() {
-            need("weight gradient db", Some(db), d.outputs)?;
-        }
-        let [r, i, o] = Self::dims(&d)?;
-        let args = [
-            self.ptr(Some(x)),
-            self.ptr(Some(dz)),
-            self.ptr(Some(dw)),
-            self.ptr(db.as_deref()),
-            r,
-            i,
-            o,
-        ];
+        let args = self.backward_weight_args("", x, dz, dw, db.as_deref(), &d)?;
         // SAFETY: as in `linear_forward`.
         unsafe {
             self.launch(

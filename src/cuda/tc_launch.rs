@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr};
+use pipefill_kernels::elementwise_grid;
 use pipefill_kernels::tc::{self, Product};
-use pipefill_kernels::{elementwise_grid, Activation};
 
 use super::device::Gpu;
 use super::error::{arg_u32, CudaError};
@@ -73,11 +73,11 @@ impl TcElem for u16 {
     const PRECISION: tc::Precision = tc::Precision::Bf16;
 }
 
-/// Distinct, distinguishable labels for size errors (`"<what> (tf32)"`).
-fn label(what: &str, p: tc::Precision) -> String {
+/// What ends a size error's label, so the precision shows (`"<what> (tf32)"`).
+fn tag(p: tc::Precision) -> &'static str {
     match p {
-        tc::Precision::Tf32 => format!("{what} (tf32)"),
-        tc::Precision::Bf16 => format!("{what} (bf16)"),
+        tc::Precision::Tf32 => " (tf32)",
+        tc::Precision::Bf16 => " (bf16)",
     }
 }
 
@@ -108,26 +108,8 @@ impl Launcher {
         z: Option<&mut CudaSlice<E>>,
         d: LinearDims,
     ) -> Result<(), CudaError> {
-        let p = E::PRECISION;
-        need(&label("linear forward x", p), Some(x), d.rows * d.inputs)?;
-        need(&label("linear forward w", p), Some(w), d.inputs * d.outputs)?;
-        need(&label("linear forward b", p), Some(b), d.outputs)?;
-        need(&label("linear forward y", p), Some(y), d.rows * d.outputs)?;
-        if let Some(z) = z.as_deref() {
-            need(&label("linear forward z", p), Some(z), d.rows * d.outputs)?;
-        }
-        let [r, i, o] = Self::dims(&d)?;
-        let args = [
-            self.ptr(Some(x)),
-            self.ptr(Some(w)),
-            self.ptr(Some(b)),
-            self.ptr(Some(y)),
-            self.ptr(z.as_deref()),
-            r,
-            i,
-            o,
-            Arg::U32(d.act.code()),
-        ];
+        let tag = tag(E::PRECISION);
+        let args = self.forward_args(tag, x, w, b, y, z.as_deref(), &d)?;
         // SAFETY: the argument list is the kernel's (`entry::LINEAR_FORWARD`'s, in `E`); every buffer's
         // size was checked above.
         unsafe { self.launch_tc::<E>(Product::Forward, &d, &args) }
@@ -144,37 +126,8 @@ impl Launcher {
         dz: Option<&mut CudaSlice<E>>,
         d: LinearDims,
     ) -> Result<(), CudaError> {
-        let p = E::PRECISION;
-        let n_out = d.rows * d.outputs;
-        need(&label("linear backward dy", p), Some(dy), n_out)?;
-        if z.is_some() || d.act != Activation::Identity {
-            need(
-                &label("linear backward z (needed by the activation)", p),
-                z,
-                n_out,
-            )?;
-        }
-        need(
-            &label("linear backward w", p),
-            Some(w),
-            d.inputs * d.outputs,
-        )?;
-        need(&label("linear backward dx", p), Some(dx), d.rows * d.inputs)?;
-        if let Some(dz) = dz.as_deref() {
-            need(&label("linear backward dz", p), Some(dz), n_out)?;
-        }
-        let [r, i, o] = Self::dims(&d)?;
-        let args = [
-            self.ptr(Some(dy)),
-            self.ptr(z),
-            self.ptr(Some(w)),
-            self.ptr(Some(dx)),
-            self.ptr(dz.as_deref()),
-            r,
-            i,
-            o,
-            Arg::U32(d.act.code()),
-        ];
+        let tag = tag(E::PRECISION);
+        let args = self.backward_input_args(tag, dy, z, w, dx, dz.as_deref(), &d)?;
         // SAFETY: as in `linear_forward_tc`.
         unsafe { self.launch_tc::<E>(Product::BackwardInput, &d, &args) }
     }
@@ -189,31 +142,8 @@ impl Launcher {
         db: Option<&mut CudaSlice<f32>>,
         d: LinearDims,
     ) -> Result<(), CudaError> {
-        let p = E::PRECISION;
-        need(&label("weight gradient x", p), Some(x), d.rows * d.inputs)?;
-        need(
-            &label("weight gradient dz", p),
-            Some(dz),
-            d.rows * d.outputs,
-        )?;
-        need(
-            &label("weight gradient dw", p),
-            Some(dw),
-            d.inputs * d.outputs,
-        )?;
-        if let Some(db) = db.as_deref() {
-            need(&label("weight gradient db", p), Some(db), d.outputs)?;
-        }
-        let [r, i, o] = Self::dims(&d)?;
-        let args = [
-            self.ptr(Some(x)),
-            self.ptr(Some(dz)),
-            self.ptr(Some(dw)),
-            self.ptr(db.as_deref()),
-            r,
-            i,
-            o,
-        ];
+        let tag = tag(E::PRECISION);
+        let args = self.backward_weight_args(tag, x, dz, dw, db.as_deref(), &d)?;
         // SAFETY: as in `linear_forward_tc`.
         unsafe { self.launch_tc::<E>(Product::BackwardWeight, &d, &args) }
     }
