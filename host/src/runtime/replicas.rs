@@ -8,7 +8,7 @@
 //! stage's last `W`/`B` is done (through [`Executor::set_reducer`]), so it overlaps the cool-down of
 //! the other stages; no optimizer step runs before every replica's reduction of that stage.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -212,16 +212,27 @@ impl<S: Stage> Replicas<S> {
         }
         self.reduce.reset();
         let reduce = &self.reduce;
+        // The first replica to fail is the cause: the others fail only after it poisoned the
+        // reduction they wait in.
+        let first_failed = AtomicUsize::new(usize::MAX);
+        let first_failed = &first_failed;
         let results: Vec<Result<StepReport, RuntimeError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = self
                 .executors
                 .iter_mut()
                 .zip(inputs)
                 .zip(targets)
-                .map(|((ex, x), t)| {
+                .enumerate()
+                .map(|(i, ((ex, x), t))| {
                     scope.spawn(move || {
                         let r = ex.step(x, t, loss);
                         if r.is_err() {
+                            let _ = first_failed.compare_exchange(
+                                usize::MAX,
+                                i,
+                                Ordering::SeqCst,
+                                Ordering::SeqCst,
+                            );
                             reduce.poison();
                         }
                         r
@@ -242,19 +253,19 @@ impl<S: Stage> Replicas<S> {
                 })
                 .collect()
         });
-        // The replica that failed first by itself is the cause; the others failed waiting for it.
+        let cause = first_failed.load(Ordering::SeqCst);
         let mut reports = Vec::with_capacity(d);
-        let mut waiting = None;
-        for r in results {
+        let mut first_error = None;
+        for (i, r) in results.into_iter().enumerate() {
             match r {
                 Ok(rep) => reports.push(rep),
-                Err(e) if e.to_string().contains("another replica failed") => {
-                    waiting.get_or_insert(e);
+                Err(e) if i == cause => return Err(e),
+                Err(e) => {
+                    first_error.get_or_insert(e);
                 }
-                Err(e) => return Err(e),
             }
         }
-        match waiting {
+        match first_error {
             Some(e) => Err(e),
             None => Ok(reports),
         }
