@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{assert_refused, pipefill};
 
@@ -30,7 +30,7 @@ fn cost_file(meta: &str) -> PathBuf {
 
 /// `plan` on `costs` with `extra` flags: each plan's (family, V, M, layers per stage) and peak
 /// memory per rank.
-fn plans(costs: &PathBuf, extra: &[&str]) -> Vec<(String, Vec<f64>)> {
+fn plans(costs: &Path, extra: &[&str]) -> Vec<(String, Vec<f64>)> {
     let c = costs.to_str().unwrap();
     let mut args = vec![
         "plan",
