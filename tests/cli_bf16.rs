@@ -177,3 +177,60 @@ fn train_activations_bf16_rounds_for_real() {
         assert!(((x - y) / x).abs() <= 8.0 * 5.0 / 256.0, "{f:?} vs {b:?}");
     }
 }
+
+/// Under `mpirun -n 2` (feature `mpi`) the BF16 tensors cross the wire as their bits: the losses
+/// are those of the threaded run storing BF16.
+#[cfg(feature = "mpi")]
+#[test]
+fn bf16_tensors_cross_mpi_as_the_threaded_run_passes_them() {
+    let mut args = vec![
+        "train",
+        "--ranks",
+        "2",
+        "--layers",
+        "4",
+        "--hidden",
+        "32",
+        "--batch",
+        "32",
+        "--microbatches",
+        "4",
+        "--plan",
+        "uniform",
+        "--steps",
+        "3",
+        "--format",
+        "json",
+        "--activations",
+        "bf16",
+        "--schedule",
+        "zb-h1",
+    ];
+    let threads = {
+        let (code, out, err) = pipefill(&args);
+        assert_eq!(code, 0, "{err}");
+        losses_of(&out)
+    };
+    args.extend(["--launcher", "mpi"]);
+    let out = std::process::Command::new("mpirun")
+        .args(["--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(&args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("run mpirun (install OpenMPI: see .ci/run)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let mpi = losses_of(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(mpi.len(), threads.len());
+    for (a, b) in mpi.iter().zip(&threads) {
+        assert!((a - b).abs() <= 1e-6, "{mpi:?} vs {threads:?}");
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn losses_of(out: &str) -> Vec<f32> {
+    let v: serde_json::Value = serde_json::from_str(out).expect("one JSON object");
+    serde_json::from_value(v["losses"].clone()).expect("losses")
+}
