@@ -302,7 +302,8 @@ impl DeviceLinear {
     }
 
     /// `I` on stored `dY` and `Z` (both consumed): `dZ = dY act'(Z)` stored as `store`, and when
-    /// `want_input`, `dX = dZ W^T` from the stored `dZ`, stored as `store`.
+    /// `want_input`, `dX = dZ W^T` from the stored `dZ`, stored as `store` (for `f32` storage, the
+    /// fused kernel: [`DeviceLinear::backward_input`]).
     pub fn backward_input_stored(
         &self,
         la: &Launcher,
@@ -312,9 +313,17 @@ impl DeviceLinear {
         want_input: bool,
         store: ActivationDtype,
     ) -> Result<StoredInputGrad, CudaError> {
+        if store == ActivationDtype::F32 {
+            // f32 storage: the fused kernel computes dZ and dX in one pass, as before.
+            let z = z.map(|z| z.into_f32(la)).transpose()?;
+            let out = self.backward_input(la, dy.into_f32(la)?, z, rows, want_input)?;
+            return Ok(StoredInputGrad {
+                dz: DeviceStored::F32(out.dz),
+                dx: out.dx.map(DeviceStored::F32),
+            });
+        }
         let z = z.filter(|_| self.keeps_pre_activation());
-        let direct =
-            want_input && store == ActivationDtype::Bf16 && self.reads_bf16(&dy, z.as_ref());
+        let direct = want_input && self.reads_bf16(&dy, z.as_ref());
         if let (true, DeviceStored::Bf16(dy16)) = (direct, &dy) {
             let z16 = match &z {
                 Some(DeviceStored::Bf16(z16)) => Some(z16),

@@ -178,7 +178,7 @@ impl CudaStage {
         self.steps
     }
 
-    /// The shape error of an input of `len` values in `rows` rows of `cols` (`None` when it fits).
+    /// Refuses an input of `len` values in `rows` rows of `cols` that does not fit the first layer.
     fn check_input(&self, rows: usize, cols: usize, len: usize) -> Result<(), CudaError> {
         if cols != self.inputs() || len == 0 {
             return Err(CudaError::Shape {
