@@ -9,16 +9,30 @@
 //! What a stage keeps from `F` for backward, per layer: its input `X` (for `dW = X^T dZ`) and its
 //! pre-activation `Z` (for `act'(Z)`, not kept for the identity). `I` turns `Z` into `dZ` and keeps
 //! it; `W` consumes `X` and `dZ`.
+//!
+//! # BF16 activations
+//!
+//! A stage made [`with_activations`](LinearStage::with_activations)`(ActivationDtype::Bf16)`
+//! stores every activation as BF16 ([`Stored`]): each tensor that crosses a layer boundary (the
+//! stage's input, each layer's output `Y`, each input gradient `dY` / `dX`) is rounded to BF16
+//! before the next layer reads it, and `Z` and `dZ` are rounded when stored. The math stays `f32`
+//! (products of BF16 values, accumulated in `f32`, as the BF16 tensor-core kernels do); the stash
+//! holds 2 bytes a value ([`Stage::held_bytes`] reports them) and the tensors the stage hands on
+//! are BF16 [`Tensor`]s (2 bytes a value in [`Tensor::bytes`] and on an MPI wire). Because the
+//! rounding happens at every layer boundary, where the model is split into stages changes nothing.
 
 pub mod gemm;
 mod linear;
 mod loss;
 mod optim;
+pub mod store;
 
 pub use linear::Linear;
 pub use loss::LossKind;
 pub use optim::{Optimizer, ParamState};
+pub use store::Stored;
 
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::{Stage, StageError, Tensor};
 
 use self::gemm::GemmBackend;
@@ -35,6 +49,9 @@ pub struct LinearStage {
     pub gemm: GemmBackend,
     /// `true` for the model's first stage: its input gradient is not computed (nobody needs it).
     pub first: bool,
+    /// How activations are stored (the stash and the tensors handed on); `f32` unless set by
+    /// [`with_activations`](LinearStage::with_activations).
+    pub activations: ActivationDtype,
     steps: u32,
 }
 
@@ -43,11 +60,11 @@ pub struct LinearStage {
 pub struct LinearStash {
     rows: usize,
     /// Per layer, its input `X`.
-    inputs: Vec<Vec<f32>>,
+    inputs: Vec<Stored>,
     /// Per layer, `Z` after `F` (if the activation needs it), dropped at `I`.
-    pre: Vec<Option<Vec<f32>>>,
+    pre: Vec<Option<Stored>>,
     /// Per layer, `dZ`, filled by `I`.
-    grads: Vec<Vec<f32>>,
+    grads: Vec<Stored>,
 }
 
 impl LinearStage {
@@ -58,8 +75,24 @@ impl LinearStage {
             optimizer,
             gemm,
             first,
+            activations: ActivationDtype::F32,
             steps: 0,
         }
+    }
+
+    /// The same stage storing its activations as `dtype` (see the module's "BF16 activations").
+    pub fn with_activations(mut self, dtype: ActivationDtype) -> Self {
+        self.activations = dtype;
+        self
+    }
+
+    /// A tensor of `rows x cols` handed on by this stage: BF16 when it stores BF16 (`values`
+    /// were rounded already, so this is exact).
+    fn hand_on(&self, rows: usize, cols: usize, values: Vec<f32>) -> Result<Tensor, StageError> {
+        Ok(match self.activations {
+            ActivationDtype::F32 => Tensor::matrix(rows, cols, values)?,
+            ActivationDtype::Bf16 => Tensor::from_bf16(vec![rows, cols], store::to_bf16(&values))?,
+        })
     }
 
     /// Width of the stage's input.
@@ -103,13 +136,17 @@ impl Stage for LinearStage {
             pre: Vec::with_capacity(n),
             grads: Vec::new(),
         };
+        let dtype = self.activations;
         let mut x = input.into_data();
+        store::round_in_place(dtype, &mut x);
         for layer in &self.layers {
-            let (y, z) = layer.forward(self.gemm, &x, rows);
-            stash.inputs.push(std::mem::replace(&mut x, y));
-            stash.pre.push(z);
+            let (mut y, z) = layer.forward(self.gemm, &x, rows);
+            store::round_in_place(dtype, &mut y);
+            let layer_input = std::mem::replace(&mut x, y);
+            stash.inputs.push(Stored::new(dtype, layer_input));
+            stash.pre.push(z.map(|z| Stored::new(dtype, z)));
         }
-        Ok((Tensor::matrix(rows, self.outputs(), x)?, stash))
+        Ok((self.hand_on(rows, self.outputs(), x)?, stash))
     }
 
     fn backward_input(
@@ -125,18 +162,28 @@ impl Stage for LinearStage {
                 self.outputs()
             )));
         }
-        let mut grads = vec![Vec::new(); self.layers.len()];
+        let dtype = self.activations;
+        let mut grads = Vec::with_capacity(self.layers.len());
         let mut g = grad_output.into_data();
         for (l, layer) in self.layers.iter().enumerate().rev() {
-            let want_input = l > 0 || !self.first;
-            let dx = layer.backward_input(self.gemm, &mut g, stash.pre[l].take(), rows, want_input);
-            grads[l] = std::mem::replace(&mut g, dx);
+            store::round_in_place(dtype, &mut g);
+            let pre = stash.pre[l].take().map(Stored::into_values);
+            layer.grad_pre_activation(&mut g, pre.as_deref());
+            store::round_in_place(dtype, &mut g);
+            let dx = if l > 0 || !self.first {
+                layer.input_grad(self.gemm, &g, rows)
+            } else {
+                Vec::new()
+            };
+            grads.push(Stored::new(dtype, std::mem::replace(&mut g, dx)));
         }
+        grads.reverse();
         stash.grads = grads;
         if self.first {
             Ok(Tensor::empty())
         } else {
-            Ok(Tensor::matrix(rows, self.inputs(), g)?)
+            store::round_in_place(dtype, &mut g);
+            self.hand_on(rows, self.inputs(), g)
         }
     }
 
@@ -148,16 +195,15 @@ impl Stage for LinearStage {
         }
         let gemm = self.gemm;
         for ((layer, x), dz) in self.layers.iter_mut().zip(&stash.inputs).zip(&stash.grads) {
-            layer.backward_weight(gemm, x, dz, stash.rows);
+            layer.backward_weight(gemm, &x.values(), &dz.values(), stash.rows);
         }
         Ok(())
     }
 
     fn held_bytes(&self, stash: &LinearStash) -> usize {
-        let values: usize = stash.inputs.iter().map(Vec::len).sum::<usize>()
-            + stash.pre.iter().flatten().map(Vec::len).sum::<usize>()
-            + stash.grads.iter().map(Vec::len).sum::<usize>();
-        values * std::mem::size_of::<f32>()
+        stash.inputs.iter().map(Stored::bytes).sum::<usize>()
+            + stash.pre.iter().flatten().map(Stored::bytes).sum::<usize>()
+            + stash.grads.iter().map(Stored::bytes).sum::<usize>()
     }
 
     fn zero_grad(&mut self) {

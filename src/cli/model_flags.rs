@@ -38,7 +38,7 @@ pub struct ModelArgs {
 }
 
 /// Flags of the layers' arithmetic and storage: `--precision` (the CUDA kernels) and `--activations`
-/// (how activations are counted in the memory check and the cost file).
+/// (how the layers store activations, and so how the memory check and the cost file count them).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct NumericsArgs {
     /// Arithmetic of the CUDA layers' matrix products: tf32 (tensor cores, the default on
@@ -46,9 +46,10 @@ pub struct NumericsArgs {
     /// with --backend cuda: the CPU layers compute in f32.
     #[arg(long, value_name = "tf32|fp32|bf16")]
     pub precision: Option<Precision>,
-    /// How activations are counted in the memory check and in the cost file (and so the plan's
-    /// memory): f32 (4 bytes) or bf16 (2 bytes). Accounting only: the layers keep their
-    /// activations in f32 on both backends.
+    /// How the layers store activations: f32 (4 bytes) or bf16 (2 bytes: the stash of layer
+    /// inputs, pre-activations and their gradients, and the tensors between layers and ranks, are
+    /// rounded to BF16 on both backends; the math and the weights stay f32). The memory check
+    /// and the cost file (and so the plan's memory) count them that way.
     #[arg(long, value_name = "f32|bf16", default_value = "f32")]
     pub activations: String,
 }
@@ -58,7 +59,8 @@ impl NumericsArgs {
     pub fn precision(&self, cuda: bool, backend_flag: &str) -> Result<Precision, CliError> {
         match (self.precision, cuda) {
             (Some(p), false) => Err(CliError::Usage(format!(
-                "--precision {p} chooses the CUDA kernels' arithmetic, but {backend_flag} runs on the                  CPU (f32 only): give it with --backend cuda, or drop it"
+                "--precision {p} chooses the CUDA kernels' arithmetic, but {backend_flag} runs on the \
+                 CPU (f32 only): give it with --backend cuda, or drop it"
             ))),
             (p, _) => Ok(p.unwrap_or_default()),
         }
@@ -68,7 +70,7 @@ impl NumericsArgs {
     pub fn activations(&self) -> Result<ActivationDtype, CliError> {
         ActivationDtype::from_name(self.activations.trim()).ok_or_else(|| {
             CliError::Usage(format!(
-                "--activations {}: give f32 or bf16 (how activations are counted in the memory                  check and the cost file)",
+                "--activations {}: give f32 or bf16 (how the layers store activations)",
                 self.activations
             ))
         })

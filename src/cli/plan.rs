@@ -3,7 +3,8 @@
 //! ```text
 //! pipefill plan --costs costs.json (--ranks 4 [--data-parallel 2] | --workers 8) --global-batch 64
 //!     [--dp-bandwidth B/s] [--dp-latency S] [--memory-limit BYTES]
-//!     [--cost-batch SAMPLES] [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
+//!     [--cost-batch SAMPLES] [--activations f32|bf16]
+//!     [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
 //!     [--top 10] [--format table|json] [--svg best.svg]
 //!     [--families auto,... [--max-in-flight N] [--objective makespan|span] [--time-budget S] [--seed N]]
 //! ```
@@ -23,12 +24,17 @@
 //! peak_memory, lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>}`, best plan
 //! first (each plan as [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
 //!
+//! `--activations bf16` (or `f32`) plans for activations stored in that type: the cost file's
+//! activation, release and output bytes are rescaled from the type it records
+//! (`meta.activation_dtype`) with [`CostFile::with_activation_dtype`], as `train --activations` does,
+//! so the predicted peak memory and the transfer bytes follow. Without the flag, the file's type.
+//!
 //! The overlap share of F/B pairs is the cost file's (`pipefill profile` writes the one of the
 //! backend it measured on), or `--overlap-share X` (e.g. what `pipefill bench overlap` measured).
 
 use std::path::PathBuf;
 
-use pipefill_host::cost::CostFile;
+use pipefill_host::cost::{ActivationDtype, CostFile};
 use pipefill_host::plan::{plan, plan_workers, Plan, PlanError, PlanReport, PlanRequest};
 use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::sim::data_parallel::DataParallel;
@@ -81,6 +87,11 @@ pub struct Args {
     /// `meta.microbatch_size` (written by `pipefill profile`).
     #[arg(long, value_name = "SAMPLES")]
     pub cost_batch: Option<f64>,
+    /// How the run stores activations: f32 (4 bytes) or bf16 (2 bytes, `train --activations
+    /// bf16`). The cost file's activation and transfer bytes are rescaled to it. Default: the cost
+    /// file's `meta.activation_dtype` (f32 when absent).
+    #[arg(long, value_name = "f32|bf16")]
+    pub activations: Option<String>,
     /// Schedule families to try (comma separated), `auto` included. Default: all handcrafted ones.
     #[arg(long, value_delimiter = ',')]
     pub families: Vec<String>,
@@ -154,9 +165,26 @@ pub fn cost_batch(flag: Option<f64>, file: &CostFile) -> Result<f64, CliError> {
     Ok(value)
 }
 
+/// `--activations`, checked: `None` when absent.
+fn activations(flag: Option<&str>) -> Result<Option<ActivationDtype>, CliError> {
+    flag.map(|text| {
+        ActivationDtype::from_name(text.trim()).ok_or_else(|| {
+            CliError::Usage(format!(
+                "--activations {text}: give f32 or bf16 (how the run stores activations; the \
+                 cost file's activation bytes are rescaled to it)"
+            ))
+        })
+    })
+    .transpose()
+}
+
 /// Reads the cost file and builds the request from the flags.
 pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
-    let file = CostFile::load(&args.costs).map_err(|e| CliError::Usage(e.to_string()))?;
+    let dtype = activations(args.activations.as_deref())?;
+    let mut file = CostFile::load(&args.costs).map_err(|e| CliError::Usage(e.to_string()))?;
+    if let Some(d) = dtype {
+        file = file.with_activation_dtype(d);
+    }
     let b0 = cost_batch(args.cost_batch, &file)?;
     let ranks = args.ranks.unwrap_or(1);
     if ranks == 0 {

@@ -220,9 +220,10 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
         activations,
     } = *m;
     let failed = |e: ProfileError| CliError::Failed(e.to_string());
+    let stages = || one_layer_stages(spec, gemm, seed, activations);
     let at = |rows| match backend {
-        Backend::Cpu => profile_rows(spec, rows, gemm, options, seed),
-        Backend::Cuda => profile_rows_cuda(spec, rows, options, seed, precision),
+        Backend::Cpu => profile_rows(spec, stages(), rows, options),
+        Backend::Cuda => profile_rows_cuda(spec, stages(), rows, options, precision),
     };
     let mut costs = at(rows)?;
     let mut sampled: Vec<(usize, Vec<LayerCost>)> = Vec::new();
@@ -267,17 +268,20 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
             "warmup": options.warmup,
             "repeats": options.repeats,
             "clock": backend.clock(),
+            // The layers stored their activations in this type while measured: the byte counts
+            // are in it.
+            (pipefill_host::cost::dtype::META_KEY): activations.name(),
         }),
     };
-    // Measured with f32 activations; counted as the run will store them.
-    Ok(file.with_activation_dtype(activations))
+    Ok(file)
 }
 
-/// Every layer of `spec` as a one-layer stage: name, stage, parameter bytes.
+/// Every layer of `spec` as a one-layer stage storing `activations`: name, stage, parameter bytes.
 fn one_layer_stages(
     spec: &ModelSpec,
     gemm: GemmBackend,
     seed: u64,
+    activations: ActivationDtype,
 ) -> Vec<(String, LinearStage, f64)> {
     spec.init_layers(seed)
         .into_iter()
@@ -286,7 +290,8 @@ fn one_layer_stages(
             let bytes = (layer.parameters() * std::mem::size_of::<f32>()) as f64;
             // Layer 0 is always in the model's first stage, which skips its input gradient (nobody
             // needs it); every other layer computes it, whichever stage it lands in.
-            let stage = LinearStage::new(vec![layer], Optimizer::sgd(0.0), gemm, l == 0);
+            let stage = LinearStage::new(vec![layer], Optimizer::sgd(0.0), gemm, l == 0)
+                .with_activations(activations);
             (format!("linear{l}"), stage, bytes)
         })
         .collect()
@@ -298,15 +303,14 @@ fn profile_input(spec: &ModelSpec, rows: usize) -> Result<Tensor, CliError> {
         .map_err(|e| CliError::Failed(e.to_string()))
 }
 
-/// Every layer of `spec` profiled on `rows` rows on the CPU, in passes over the whole model.
+/// Every layer of `spec` (its one-layer `stages`) profiled on `rows` rows on the CPU, in passes over
+/// the whole model.
 fn profile_rows(
     spec: &ModelSpec,
+    mut stages: Vec<(String, LinearStage, f64)>,
     rows: usize,
-    gemm: GemmBackend,
     options: ProfileOptions,
-    seed: u64,
 ) -> Result<Vec<LayerCost>, CliError> {
-    let mut stages = one_layer_stages(spec, gemm, seed);
     let layers = stages
         .iter_mut()
         .map(|(name, stage, bytes)| ProfiledLayer {
@@ -319,19 +323,18 @@ fn profile_rows(
     profile_layers(layers, input, options).map_err(|e| CliError::Failed(e.to_string()))
 }
 
-/// Every layer of `spec` profiled on `rows` rows on CUDA device 0, timed with CUDA events, in the
-/// same passes as on the CPU ([`crate::cuda::profile`]).
+/// Every layer of `spec` (its one-layer `stages`) profiled on `rows` rows on CUDA device 0, timed
+/// with CUDA events, in the same passes as on the CPU ([`crate::cuda::profile`]).
 fn profile_rows_cuda(
     spec: &ModelSpec,
+    stages: Vec<(String, LinearStage, f64)>,
     rows: usize,
     options: ProfileOptions,
-    seed: u64,
     precision: Precision,
 ) -> Result<Vec<LayerCost>, CliError> {
     use crate::cuda::profile::{device_layers, profile_device_layers};
     let failed = |e: crate::cuda::CudaError| CliError::Failed(e.to_string());
     let gpu = crate::cuda::Gpu::open(0).map_err(failed)?;
-    let stages = one_layer_stages(spec, GemmBackend::default(), seed);
     let mut layers = device_layers(&gpu, stages, precision).map_err(failed)?;
     let input = profile_input(spec, rows)?;
     profile_device_layers(&mut layers, &input, options).map_err(failed)

@@ -288,7 +288,10 @@ pub fn build(setup: &Setup, plan: &Plan) -> Result<(Vec<LinearStage>, usize), Cl
             setup.gemm,
             setup.args.seed,
         )
-        .map_err(|e| CliError::Failed(e.0))?;
+        .map_err(|e| CliError::Failed(e.0))?
+        .into_iter()
+        .map(|s| s.with_activations(setup.activations))
+        .collect::<Vec<_>>();
     let first_step = match &setup.resume {
         Some(r) => {
             checkpoint::restore(r, plan, &mut stages)?;

@@ -4,14 +4,23 @@
 //! Same semantics as the CPU [`Linear`]: gradients accumulate over microbatches, and after
 //! [`DeviceLinear::zero_grad`] the first `W` overwrites them (here: zeroes them on the stream first).
 //! Its products run in the layer's [`Precision`] ([`super::products`]).
+//!
+//! The `*_stored` passes take and give activations as a stage stores them ([`DeviceStored`]: `f32`
+//! or BF16 bits, `--activations bf16`), with the CPU layers' rounding points: every tensor between
+//! layers is BF16, `Z` and `dZ` are rounded when stored, and `dX` is computed from the rounded
+//! `dZ`. Under [`Precision::Bf16`] the BF16 tensor-core kernels read and write the BF16 buffers
+//! directly (no conversion); in the other precisions the operands are widened before the product
+//! and the results rounded after it.
 
 use cudarc::driver::CudaSlice;
+use pipefill_host::cost::ActivationDtype;
 use pipefill_kernels::Activation;
 
 use super::error::CudaError;
 use super::launch::{Launcher, LinearDims};
 use super::precision::Precision;
 use super::products::{self, Weights};
+use super::tensor::DeviceStored;
 use crate::layers::{Linear, Optimizer};
 
 /// One parameter buffer with its gradient and optimizer state on the device.
@@ -84,6 +93,15 @@ pub struct DeviceLinear {
     bias: DeviceParam,
     /// `true` after `zero_grad` until the first `W`: the gradient buffers count as zero.
     fresh: bool,
+}
+
+/// What one layer's stored `I` produced ([`DeviceLinear::backward_input_stored`]).
+#[derive(Debug)]
+pub struct StoredInputGrad {
+    /// `dZ`, as stored for `W`.
+    pub dz: DeviceStored,
+    /// `dX`, when asked for.
+    pub dx: Option<DeviceStored>,
 }
 
 /// What one layer's `I` produced: `dZ` (kept for `W`) and, when asked, `dX`.
@@ -249,6 +267,120 @@ impl DeviceLinear {
         self.weight.update(la, opt, t)?;
         self.bias.update(la, opt, t)?;
         self.refresh_bf16(la)
+    }
+
+    /// `true` when both buffers are BF16 and the products read BF16: no conversion is needed.
+    fn reads_bf16(&self, a: &DeviceStored, b: Option<&DeviceStored>) -> bool {
+        self.precision == Precision::Bf16
+            && a.dtype() == ActivationDtype::Bf16
+            && b.is_none_or(|b| b.dtype() == ActivationDtype::Bf16)
+    }
+
+    /// `F` on a stored `x`: `Y` and (when backward needs it) `Z`, stored as `store`.
+    pub fn forward_stored(
+        &self,
+        la: &Launcher,
+        x: &DeviceStored,
+        rows: usize,
+        store: ActivationDtype,
+    ) -> Result<(DeviceStored, Option<DeviceStored>), CudaError> {
+        if let (DeviceStored::Bf16(x16), true) = (x, self.reads_bf16(x, None)) {
+            if store == ActivationDtype::Bf16 {
+                let (y, z) = products::forward_bf16(
+                    la,
+                    &self.weights(),
+                    x16,
+                    self.keeps_pre_activation(),
+                    self.dims(rows),
+                )?;
+                return Ok((DeviceStored::Bf16(y), z.map(DeviceStored::Bf16)));
+            }
+        }
+        let (y, z) = self.forward(la, &*x.widen(la)?, rows)?;
+        let z = z.map(|z| DeviceStored::store(la, store, z)).transpose()?;
+        Ok((DeviceStored::store(la, store, y)?, z))
+    }
+
+    /// `I` on stored `dY` and `Z` (both consumed): `dZ = dY act'(Z)` stored as `store`, and when
+    /// `want_input`, `dX = dZ W^T` from the stored `dZ`, stored as `store` (for `f32` storage, the
+    /// fused kernel: [`DeviceLinear::backward_input`]).
+    pub fn backward_input_stored(
+        &self,
+        la: &Launcher,
+        dy: DeviceStored,
+        z: Option<DeviceStored>,
+        rows: usize,
+        want_input: bool,
+        store: ActivationDtype,
+    ) -> Result<StoredInputGrad, CudaError> {
+        if store == ActivationDtype::F32 {
+            // f32 storage: the fused kernel computes dZ and dX in one pass, as before.
+            let z = z.map(|z| z.into_f32(la)).transpose()?;
+            let out = self.backward_input(la, dy.into_f32(la)?, z, rows, want_input)?;
+            return Ok(StoredInputGrad {
+                dz: DeviceStored::F32(out.dz),
+                dx: out.dx.map(DeviceStored::F32),
+            });
+        }
+        let z = z.filter(|_| self.keeps_pre_activation());
+        let direct = want_input && self.reads_bf16(&dy, z.as_ref());
+        if let (true, DeviceStored::Bf16(dy16)) = (direct, &dy) {
+            let z16 = match &z {
+                Some(DeviceStored::Bf16(z16)) => Some(z16),
+                _ => None,
+            };
+            let (dz16, dx16) =
+                products::backward_input_bf16(la, &self.weights(), dy16, z16, self.dims(rows))?;
+            return Ok(StoredInputGrad {
+                dz: dz16.map_or(dy, DeviceStored::Bf16),
+                dx: Some(DeviceStored::Bf16(dx16)),
+            });
+        }
+        // dZ first, rounded as stored; then dX from the stored dZ (the identity's dZ is dY).
+        let dz = match z {
+            None => dy,
+            Some(z) => {
+                let (dyf, zf) = (dy.widen(la)?, z.widen(la)?);
+                let mut dz = products::alloc::<f32>(la, dyf.len())?;
+                la.activation_backward(&dyf, &zf, &mut dz, self.activation)?;
+                DeviceStored::store(la, store, dz)?
+            }
+        };
+        if !want_input {
+            return Ok(StoredInputGrad { dz, dx: None });
+        }
+        let identity = LinearDims {
+            act: Activation::Identity,
+            ..self.dims(rows)
+        };
+        let dzf = dz.widen(la)?;
+        let dx = products::input_grad(la, self.precision, &self.weights(), &dzf, identity)?;
+        drop(dzf);
+        let dx = DeviceStored::store(la, store, dx)?;
+        Ok(StoredInputGrad { dz, dx: Some(dx) })
+    }
+
+    /// `W` on stored `X` and `dZ`: `dW += X^T dZ`, `db += colsum(dZ)`.
+    pub fn backward_weight_stored(
+        &mut self,
+        la: &Launcher,
+        x: &DeviceStored,
+        dz: &DeviceStored,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        if let (DeviceStored::Bf16(x16), DeviceStored::Bf16(dz16), Precision::Bf16) =
+            (x, dz, self.precision)
+        {
+            if self.fresh {
+                self.clear_grads(la)?;
+            }
+            self.fresh = false;
+            let d = self.dims(rows);
+            let (dw, db) = (&mut self.weight.grad, &mut self.bias.grad);
+            return la.linear_backward_weight_tc(x16, dz16, dw, Some(db), d);
+        }
+        let (xf, dzf) = (x.widen(la)?, dz.widen(la)?);
+        self.backward_weight(la, &xf, &dzf, rows)
     }
 
     /// Copies `(W, b)` back to the host (waits for the stream).

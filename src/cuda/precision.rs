@@ -7,11 +7,13 @@ use pipefill_kernels::tc;
 
 /// The arithmetic of a device layer's GEMMs (`X W`, `dZ W^T`, `X^T dZ`); accumulation is `f32` in all.
 ///
-/// Parameters, gradients, optimizer state and the tensors between layers and stages stay `f32` in every
-/// precision. With [`Precision::Bf16`] a layer rounds its GEMM operands to BF16 with a conversion kernel
-/// just before each product (weights once per optimizer step, into a BF16 copy), and widens the BF16
-/// results back to `f32` (exactly) after it: the numbers are those of a layer that stores its activations
-/// in BF16, without the memory saving.
+/// Parameters, gradients and optimizer state stay `f32` in every precision. With [`Precision::Bf16`] a
+/// layer's GEMM operands are BF16 (weights rounded once per optimizer step, into a BF16 copy). How the
+/// activations are *stored* is a separate choice, `--activations`
+/// ([`LinearStage::activations`](crate::layers::LinearStage::activations)): with `f32` storage a BF16
+/// layer rounds its `f32` operands with a conversion kernel just before each product and widens the
+/// BF16 results back (exactly) after it; with BF16 storage the stash and the tensors between layers are
+/// BF16 buffers, which the BF16 kernels read and write as they are (no conversion, half the memory).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
     /// Tensor cores with TF32 inputs (10-bit mantissa, rounded in the kernel), `f32` buffers (default).

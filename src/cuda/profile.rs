@@ -186,7 +186,8 @@ fn split_round(
             break;
         };
         let after_f = stash.bytes();
-        let output = shape.iter().product::<usize>() * std::mem::size_of::<f32>();
+        // In the stored type, as the host tensor the stage hands on (BF16 under --activations bf16).
+        let output = shape.iter().product::<usize>() * l.stage.activations.bytes() as usize;
         let dy = upstream(launcher, grad.take(), &shape)?;
         let (dx, i) = Span::around(stream, || l.stage.backward_input_device(&mut stash, dy))?;
         let after_i = stash.bytes();

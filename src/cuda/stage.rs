@@ -7,10 +7,18 @@
 //! The runtime's [`Stage`] trait (host [`Tensor`]s) is implemented on top of them by copying the
 //! input to the device and the result back, which lets today's threaded executor and profiler run
 //! the device stages unchanged.
+//!
+//! A stage made from a host stage that stores BF16 activations
+//! ([`LinearStage::with_activations`](crate::layers::LinearStage::with_activations)) keeps its stash
+//! on the device as BF16 buffers ([`DeviceStored::Bf16`]: `X`, `Z`, `dZ`), rounded where the CPU layers
+//! round them; [`Stage::held_bytes`] reports 2 bytes a value. Through the host-tensor path the tensors
+//! it hands on are BF16 [`Tensor`]s (copied as BF16 bits, both ways); the device payload of the
+//! stream runtime ([`DeviceTensor`]) stays `f32` (BF16 values widened exactly).
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::CudaStream;
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::{Stage, StageError, Tensor};
 
 use super::device::Gpu;
@@ -18,7 +26,7 @@ use super::error::CudaError;
 use super::launch::Launcher;
 use super::layer::DeviceLinear;
 use super::precision::Precision;
-use super::tensor::{rehome, DeviceTensor};
+use super::tensor::{DeviceStored, DeviceTensor};
 use crate::layers::{LinearStage, Optimizer};
 
 /// A stage of the built-in model on a device.
@@ -31,6 +39,8 @@ pub struct CudaStage {
     pub optimizer: Optimizer,
     /// `true` for the model's first stage: its input gradient is not computed.
     pub first: bool,
+    /// How activations are stored (the host stage's choice).
+    pub activations: ActivationDtype,
     steps: u32,
 }
 
@@ -39,42 +49,56 @@ pub struct CudaStage {
 pub struct CudaStash {
     rows: usize,
     /// Per layer, its input `X`.
-    inputs: Vec<CudaSlice<f32>>,
+    inputs: Vec<DeviceStored>,
     /// Per layer, `Z` after `F` (when the activation needs it), dropped at `I`.
-    pre: Vec<Option<CudaSlice<f32>>>,
+    pre: Vec<Option<DeviceStored>>,
     /// Per layer, `dZ`, filled by `I`.
-    grads: Vec<CudaSlice<f32>>,
+    grads: Vec<DeviceStored>,
 }
 
 impl CudaStash {
-    /// Hands every buffer to `stream` ([`rehome`]): a backward running on another stream than its
-    /// forward (the second lane of an overlapped pair) frees them in its own order.
+    /// Hands every buffer to `stream` ([`rehome`](super::tensor::rehome)): a backward running on
+    /// another stream than its forward (the second lane of an overlapped pair) frees them in its
+    /// own order.
     pub fn rehome(&mut self, stream: &Arc<CudaStream>) {
-        let take = |v: &mut Vec<CudaSlice<f32>>| {
+        let take = |v: &mut Vec<DeviceStored>| {
             std::mem::take(v)
                 .into_iter()
-                .map(|s| rehome(s, stream))
+                .map(|s| s.rehome(stream))
                 .collect()
         };
         self.inputs = take(&mut self.inputs);
         self.grads = take(&mut self.grads);
         self.pre = std::mem::take(&mut self.pre)
             .into_iter()
-            .map(|p| p.map(|s| rehome(s, stream)))
+            .map(|p| p.map(|s| s.rehome(stream)))
             .collect();
     }
 
-    /// Bytes of device memory it holds.
+    /// Bytes of device memory it holds (2 a value for BF16 buffers).
     pub fn bytes(&self) -> usize {
-        let values: usize = self.inputs.iter().map(CudaSlice::len).sum::<usize>()
-            + self.pre.iter().flatten().map(CudaSlice::len).sum::<usize>()
-            + self.grads.iter().map(CudaSlice::len).sum::<usize>();
-        values * std::mem::size_of::<f32>()
+        self.inputs.iter().map(DeviceStored::bytes).sum::<usize>()
+            + self
+                .pre
+                .iter()
+                .flatten()
+                .map(DeviceStored::bytes)
+                .sum::<usize>()
+            + self.grads.iter().map(DeviceStored::bytes).sum::<usize>()
     }
 }
 
 fn stage_error(e: CudaError) -> StageError {
     StageError::new(e.to_string())
+}
+
+/// The error of an empty buffer where `what` must hold values.
+fn empty(what: &str) -> CudaError {
+    CudaError::Shape {
+        what: what.into(),
+        expected: 1,
+        got: 0,
+    }
 }
 
 impl CudaStage {
@@ -116,6 +140,7 @@ impl CudaStage {
             layers,
             optimizer: stage.optimizer,
             first: stage.first,
+            activations: stage.activations,
             steps: 0,
         })
     }
@@ -153,19 +178,43 @@ impl CudaStage {
         self.steps
     }
 
+    /// Refuses an input of `len` values in `rows` rows of `cols` that does not fit the first layer.
+    fn check_input(&self, rows: usize, cols: usize, len: usize) -> Result<(), CudaError> {
+        if cols != self.inputs() || len == 0 {
+            return Err(CudaError::Shape {
+                what: "stage input (rows x its first layer's inputs)".into(),
+                expected: rows.max(1) * self.inputs(),
+                got: len,
+            });
+        }
+        Ok(())
+    }
+
     /// `F`, enqueued: the output and the stash.
     pub fn forward_device(
         &mut self,
         input: DeviceTensor,
     ) -> Result<(DeviceTensor, CudaStash), CudaError> {
         let rows = input.rows();
-        if input.cols() != self.inputs() || input.is_empty() {
-            return Err(CudaError::Shape {
-                what: "stage input (rows x its first layer's inputs)".into(),
-                expected: rows.max(1) * self.inputs(),
-                got: input.len(),
-            });
-        }
+        self.check_input(rows, input.cols(), input.len())?;
+        let x = input
+            .into_scaled(&self.launcher)?
+            .ok_or_else(|| empty("stage input"))?;
+        let x = DeviceStored::store(&self.launcher, self.activations, x)?;
+        let (y, stash) = self.forward_stored(x, rows)?;
+        let y = y.into_f32(&self.launcher)?;
+        Ok((
+            DeviceTensor::from_slice(vec![rows, self.outputs()], Some(y))?,
+            stash,
+        ))
+    }
+
+    /// `F` on a stored input of `rows` rows: the output as stored, and the stash.
+    fn forward_stored(
+        &mut self,
+        input: DeviceStored,
+        rows: usize,
+    ) -> Result<(DeviceStored, CudaStash), CudaError> {
         let n = self.layers.len();
         let mut stash = CudaStash {
             rows,
@@ -173,22 +222,13 @@ impl CudaStage {
             pre: Vec::with_capacity(n),
             grads: Vec::new(),
         };
-        let mut x = input
-            .into_scaled(&self.launcher)?
-            .ok_or_else(|| CudaError::Shape {
-                what: "stage input".into(),
-                expected: 1,
-                got: 0,
-            })?;
+        let mut x = input;
         for layer in &self.layers {
-            let (y, z) = layer.forward(&self.launcher, &x, rows)?;
+            let (y, z) = layer.forward_stored(&self.launcher, &x, rows, self.activations)?;
             stash.inputs.push(std::mem::replace(&mut x, y));
             stash.pre.push(z);
         }
-        Ok((
-            DeviceTensor::from_slice(vec![rows, self.outputs()], Some(x))?,
-            stash,
-        ))
+        Ok((x, stash))
     }
 
     /// `I`, enqueued: the input gradient (empty for the first stage); keeps `dZ` in the stash.
@@ -198,39 +238,68 @@ impl CudaStage {
         grad_output: DeviceTensor,
     ) -> Result<DeviceTensor, CudaError> {
         let rows = stash.rows;
-        if grad_output.len() != rows * self.outputs() || !stash.grads.is_empty() {
+        self.check_grad(stash, grad_output.len())?;
+        let g = grad_output
+            .into_scaled(&self.launcher)?
+            .ok_or_else(|| empty("output gradient"))?;
+        let g = DeviceStored::store(&self.launcher, self.activations, g)?;
+        match self.backward_input_stored(stash, g)? {
+            Some(dx) => {
+                let dx = dx.into_f32(&self.launcher)?;
+                DeviceTensor::from_slice(vec![rows, self.inputs()], Some(dx))
+            }
+            None => DeviceTensor::from_slice(vec![0], None),
+        }
+    }
+
+    /// Refuses an output gradient of `len` values that does not fit the stash, or a second `I`.
+    fn check_grad(&self, stash: &CudaStash, len: usize) -> Result<(), CudaError> {
+        let rows = stash.rows;
+        if len != rows * self.outputs() || !stash.grads.is_empty() {
             return Err(CudaError::Shape {
                 what: "output gradient (or I ran twice for this microbatch)".into(),
                 expected: rows * self.outputs(),
-                got: grad_output.len(),
+                got: len,
             });
         }
+        Ok(())
+    }
+
+    /// `I` on a stored output gradient: the input gradient as stored (`None` for the first stage).
+    fn backward_input_stored(
+        &mut self,
+        stash: &mut CudaStash,
+        grad_output: DeviceStored,
+    ) -> Result<Option<DeviceStored>, CudaError> {
+        let rows = stash.rows;
         let mut grads = Vec::with_capacity(self.layers.len());
         stash.rehome(self.launcher.stream());
-        let mut g = grad_output
-            .into_scaled(&self.launcher)?
-            .ok_or_else(|| CudaError::Shape {
-                what: "output gradient".into(),
-                expected: 1,
-                got: 0,
-            })?;
+        let mut g = grad_output.rehome(self.launcher.stream());
+        let mut dx_out = None;
         for (l, layer) in self.layers.iter().enumerate().rev() {
             let want_input = l > 0 || !self.first;
-            let out =
-                layer.backward_input(&self.launcher, g, stash.pre[l].take(), rows, want_input)?;
+            let z = stash.pre[l].take();
+            let out = layer.backward_input_stored(
+                &self.launcher,
+                g,
+                z,
+                rows,
+                want_input,
+                self.activations,
+            )?;
             grads.push(out.dz);
             match out.dx {
                 Some(dx) => g = dx,
-                None => {
-                    grads.reverse();
-                    stash.grads = grads;
-                    return DeviceTensor::from_slice(vec![0], None);
-                }
+                None => break,
+            }
+            if l == 0 {
+                dx_out = Some(g);
+                break;
             }
         }
         grads.reverse();
         stash.grads = grads;
-        DeviceTensor::from_slice(vec![rows, self.inputs()], Some(g))
+        Ok(dx_out)
     }
 
     /// `W`, enqueued: adds this microbatch's weight gradients; consumes the stash.
@@ -244,7 +313,7 @@ impl CudaStage {
             });
         }
         for ((layer, x), dz) in self.layers.iter_mut().zip(&stash.inputs).zip(&stash.grads) {
-            layer.backward_weight(&self.launcher, x, dz, stash.rows)?;
+            layer.backward_weight_stored(&self.launcher, x, dz, stash.rows)?;
         }
         Ok(())
     }
@@ -276,9 +345,17 @@ impl Stage for CudaStage {
     type Stash = CudaStash;
 
     fn forward(&mut self, input: Tensor) -> Result<(Tensor, CudaStash), StageError> {
-        let x = DeviceTensor::from_host(self.stream(), &input).map_err(stage_error)?;
-        let (y, stash) = self.forward_device(x).map_err(stage_error)?;
-        Ok((y.to_host(self.stream()).map_err(stage_error)?, stash))
+        let rows = input.rows();
+        self.check_input(rows, input.cols(), input.len())
+            .map_err(stage_error)?;
+        let x = DeviceStored::from_host(&self.launcher, &input, self.activations)
+            .map_err(stage_error)?
+            .ok_or_else(|| stage_error(empty("stage input")))?;
+        let (y, stash) = self.forward_stored(x, rows).map_err(stage_error)?;
+        let y = y
+            .to_host(self.stream(), vec![rows, self.outputs()])
+            .map_err(stage_error)?;
+        Ok((y, stash))
     }
 
     fn backward_input(
@@ -286,12 +363,17 @@ impl Stage for CudaStage {
         stash: &mut CudaStash,
         grad_output: Tensor,
     ) -> Result<Tensor, StageError> {
-        let dy = DeviceTensor::from_host(self.stream(), &grad_output).map_err(stage_error)?;
-        let dx = self.backward_input_device(stash, dy).map_err(stage_error)?;
-        if dx.is_empty() {
-            return Ok(Tensor::empty());
+        self.check_grad(stash, grad_output.len())
+            .map_err(stage_error)?;
+        let dy = DeviceStored::from_host(&self.launcher, &grad_output, self.activations)
+            .map_err(stage_error)?
+            .ok_or_else(|| stage_error(empty("output gradient")))?;
+        match self.backward_input_stored(stash, dy).map_err(stage_error)? {
+            Some(dx) => dx
+                .to_host(self.stream(), vec![stash.rows, self.inputs()])
+                .map_err(stage_error),
+            None => Ok(Tensor::empty()),
         }
-        dx.to_host(self.stream()).map_err(stage_error)
     }
 
     fn backward_weight(&mut self, stash: CudaStash) -> Result<(), StageError> {

@@ -1,12 +1,15 @@
 //! [`DeviceTensor`]: an `f32` buffer on a device with a shape, the payload a device stage exchanges
 //! (the device counterpart of the runtime's host [`Tensor`]).
 
+use std::ops::Deref;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::Tensor;
 
 use super::error::CudaError;
+use super::launch::Launcher;
 
 /// A row-major `f32` tensor in device memory. An empty tensor (no values) owns no allocation.
 ///
@@ -27,7 +30,7 @@ pub struct DeviceTensor {
 /// A buffer made on one stream and consumed on another must be re-homed to the consumer before the
 /// consumer drops it; otherwise it would be freed in the producer's stream order, possibly while the
 /// consumer's kernels still read it (cudarc's event tracking, which would order this, is off).
-pub fn rehome(slice: CudaSlice<f32>, stream: &Arc<CudaStream>) -> CudaSlice<f32> {
+pub fn rehome<T>(slice: CudaSlice<T>, stream: &Arc<CudaStream>) -> CudaSlice<T> {
     if slice.stream() == stream {
         return slice;
     }
@@ -237,5 +240,142 @@ impl DeviceTensor {
     /// Gives up the buffer.
     pub fn into_slice(self) -> Option<CudaSlice<f32>> {
         self.data
+    }
+}
+
+/// An activation a device stage keeps or hands on: `f32`, or BF16 bits under `--activations bf16`
+/// (2 bytes a value; made by the conversion kernel, `pf_f32_to_bf16`, which rounds to nearest, ties
+/// to even, as the CPU layers' [`crate::layers::store`] does).
+#[derive(Debug)]
+pub enum DeviceStored {
+    /// 4 bytes a value.
+    F32(CudaSlice<f32>),
+    /// BF16 bit patterns, 2 bytes a value.
+    Bf16(CudaSlice<u16>),
+}
+
+/// An `f32` view of a [`DeviceStored`]: the buffer itself, or a widened copy of BF16 bits.
+#[derive(Debug)]
+pub enum Widened<'a> {
+    /// The stored `f32` buffer.
+    Borrowed(&'a CudaSlice<f32>),
+    /// A new `f32` buffer widened from BF16 (freed when dropped, in its stream's order).
+    Owned(CudaSlice<f32>),
+}
+
+impl Deref for Widened<'_> {
+    type Target = CudaSlice<f32>;
+
+    fn deref(&self) -> &CudaSlice<f32> {
+        match self {
+            Widened::Borrowed(s) => s,
+            Widened::Owned(s) => s,
+        }
+    }
+}
+
+impl DeviceStored {
+    /// `x` stored as `dtype`: for BF16, rounded on the launcher's stream, and the `f32` buffer freed
+    /// (stream-ordered, after the conversion).
+    pub fn store(
+        la: &Launcher,
+        dtype: ActivationDtype,
+        x: CudaSlice<f32>,
+    ) -> Result<Self, CudaError> {
+        Ok(match dtype {
+            ActivationDtype::F32 => DeviceStored::F32(x),
+            ActivationDtype::Bf16 => DeviceStored::Bf16(la.to_bf16(&x)?),
+        })
+    }
+
+    /// The host tensor `t` on the device (`None` when empty): a BF16 tensor's bits are copied as
+    /// they are (2 bytes a value); an `f32` tensor is copied, then stored as `dtype`.
+    pub fn from_host(
+        la: &Launcher,
+        t: &Tensor,
+        dtype: ActivationDtype,
+    ) -> Result<Option<Self>, CudaError> {
+        if t.is_empty() {
+            return Ok(None);
+        }
+        let stream = la.stream();
+        let up = CudaError::driver("memcpy to device");
+        Ok(Some(match t.bf16_bits() {
+            Some(bits) => DeviceStored::Bf16(stream.clone_htod(&bits).map_err(up)?),
+            None => Self::store(la, dtype, stream.clone_htod(t.data()).map_err(up)?)?,
+        }))
+    }
+
+    /// The storage type.
+    pub fn dtype(&self) -> ActivationDtype {
+        match self {
+            DeviceStored::F32(_) => ActivationDtype::F32,
+            DeviceStored::Bf16(_) => ActivationDtype::Bf16,
+        }
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            DeviceStored::F32(s) => s.len(),
+            DeviceStored::Bf16(s) => s.len(),
+        }
+    }
+
+    /// Whether it holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of device memory it holds.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype().bytes() as usize
+    }
+
+    /// The buffer owned by `stream` from now on ([`rehome`]).
+    pub fn rehome(self, stream: &Arc<CudaStream>) -> Self {
+        match self {
+            DeviceStored::F32(s) => DeviceStored::F32(rehome(s, stream)),
+            DeviceStored::Bf16(s) => DeviceStored::Bf16(rehome(s, stream)),
+        }
+    }
+
+    /// The values as `f32` for a kernel that reads `f32` (a BF16 buffer is widened, exactly, into a
+    /// new buffer on the launcher's stream).
+    pub fn widen(&self, la: &Launcher) -> Result<Widened<'_>, CudaError> {
+        Ok(match self {
+            DeviceStored::F32(s) => Widened::Borrowed(s),
+            DeviceStored::Bf16(s) => Widened::Owned(la.to_f32(s)?),
+        })
+    }
+
+    /// The values as an owned `f32` buffer (widened for BF16; the BF16 buffer is freed).
+    pub fn into_f32(self, la: &Launcher) -> Result<CudaSlice<f32>, CudaError> {
+        match self {
+            DeviceStored::F32(s) => Ok(s),
+            DeviceStored::Bf16(s) => la.to_f32(&s),
+        }
+    }
+
+    /// A host tensor of `shape` with the values, copied on `stream` (waits for it): BF16 bits are
+    /// copied as they are and make a BF16 [`Tensor`] (2 bytes a value).
+    pub fn to_host(
+        &self,
+        stream: &Arc<CudaStream>,
+        shape: Vec<usize>,
+    ) -> Result<Tensor, CudaError> {
+        let down = CudaError::driver("memcpy to host");
+        let made = match self {
+            DeviceStored::F32(s) => Tensor::new(shape, stream.clone_dtoh(s).map_err(down)?),
+            DeviceStored::Bf16(s) => Tensor::from_bf16(shape, stream.clone_dtoh(s).map_err(down)?),
+        };
+        stream
+            .synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))?;
+        made.map_err(|e| CudaError::Shape {
+            what: format!("host copy ({e})"),
+            expected: e.expected,
+            got: e.got,
+        })
     }
 }

@@ -108,16 +108,26 @@ impl Linear {
         rows: usize,
         want_input: bool,
     ) -> Vec<f32> {
-        if let Some(z) = pre {
-            activation_backward_in_place(grad, &z, self.activation);
-        }
+        self.grad_pre_activation(grad, pre.as_deref());
         if !want_input {
             return Vec::new();
         }
+        self.input_grad(gemm, grad, rows)
+    }
+
+    /// Turns `dY` into `dZ = dY * act'(Z)` in place (`pre` is `Z`; `None` for the identity).
+    pub fn grad_pre_activation(&self, grad: &mut [f32], pre: Option<&[f32]>) {
+        if let Some(z) = pre {
+            activation_backward_in_place(grad, z, self.activation);
+        }
+    }
+
+    /// `dX = dZ W^T` for `rows` rows of `dz`.
+    pub fn input_grad(&self, gemm: GemmBackend, dz: &[f32], rows: usize) -> Vec<f32> {
         let mut dx = vec![0.0; rows * self.inputs];
         matmul(
             gemm,
-            MatRef::new(grad, rows, self.outputs),
+            MatRef::new(dz, rows, self.outputs),
             MatRef::new(&self.weight, self.inputs, self.outputs).t(),
             &mut dx,
             0.0,

@@ -1,0 +1,228 @@
+//! BF16 activation storage on the CUDA layers (`--activations bf16`): the device stash holds BF16
+//! buffers (2 bytes a value, the same count as the CPU layers' stash), the host tensors a device
+//! stage hands on are BF16, and one training step matches the CPU layers storing BF16.
+//!
+//! Tolerances (norm-wise relative, losses, gradients and updated weights): with `fp32` products
+//! the device rounds at the same points as the CPU, so the two differ by the GEMMs' `f32` order,
+//! which can move a value across a BF16 rounding boundary (one BF16 ulp, `2^-7` relative, on a
+//! few values): 1e-2. With `bf16` products the weights are rounded to BF16 too (`2^-8` relative
+//! on every weight, through 3 layers): 5e-2, the bound `tests/gpu_tc.rs` uses for BF16 products.
+//! Chosen from these estimates; not yet run on a GPU.
+//!
+//! `train --backend cuda --activations bf16` is checked against `train --backend cpu --activations
+//! bf16` on the same flags: per-step losses within the same tolerances.
+//!
+//! Without a GPU every test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
+//! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use pipefill::cuda::{gpu_or_skip, CudaStage, Gpu, Precision};
+use pipefill::layers::gemm::GemmBackend;
+use pipefill::layers::{LinearStage, LossKind, Optimizer};
+use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill_host::cost::ActivationDtype;
+use pipefill_host::runtime::{Executor, Stage, StepReport, Tensor};
+use pipefill_host::schedule::{families, Params};
+use pipefill_kernels::Activation;
+
+fn spec() -> ModelSpec {
+    ModelSpec {
+        input: 67,
+        layers: [
+            (129, Activation::Gelu),
+            (95, Activation::Silu),
+            (9, Activation::Identity),
+        ]
+        .into_iter()
+        .map(|(width, activation)| LayerSpec { width, activation })
+        .collect(),
+        loss: LossKind::Mse,
+        batch: 64,
+    }
+}
+
+fn host_stages(dtype: ActivationDtype) -> Vec<LinearStage> {
+    spec()
+        .build_stages(
+            &stage_ranges(&[2, 1]),
+            Optimizer::sgd(0.05),
+            GemmBackend::default(),
+            11,
+        )
+        .unwrap()
+        .into_iter()
+        .map(|s| s.with_activations(dtype))
+        .collect()
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum();
+    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    d.sqrt() / n.sqrt().max(1e-30)
+}
+
+fn sent(r: &StepReport) -> f64 {
+    r.timeline.transfers.iter().map(|t| t.bytes).sum()
+}
+
+/// One 1F1B step (2 ranks, 4 microbatches) of the device stages storing BF16, products in
+/// `precision`, against the CPU stages storing BF16.
+fn one_step(gpu: &Arc<Gpu>, precision: Precision, tol: f64) {
+    let spec = spec();
+    let params = Params {
+        ranks: 2,
+        microbatches: 4,
+        chunks: None,
+        group_size: None,
+    };
+    let sched = families::generate("1f1b", &params).unwrap();
+    let (x, t) = Teacher::new(&spec, 11).batch(0, spec.batch, sched.microbatches);
+    let mut cpu = Executor::new(sched.clone(), host_stages(ActivationDtype::Bf16)).unwrap();
+    let want = cpu.step(x.clone(), &t, &spec.loss).unwrap();
+    let dev = host_stages(ActivationDtype::Bf16)
+        .iter()
+        .map(|s| CudaStage::from_host_in(gpu, s, precision).unwrap())
+        .collect();
+    let mut ex = Executor::new(sched, dev).unwrap();
+    let got = ex.step(x, &t, &spec.loss).unwrap();
+    let what = format!("bf16 storage, {precision} products");
+    assert_eq!(
+        got.peak_held_bytes, want.peak_held_bytes,
+        "{what}: peak stash"
+    );
+    assert_eq!(sent(&got), sent(&want), "{what}: bytes between ranks");
+    let r = rel(&got.losses, &want.losses);
+    assert!(r <= tol, "{what}: losses differ by {r:e}");
+    for (s, (a, b)) in ex.stages().iter().zip(cpu.stages()).enumerate() {
+        assert_eq!(a.activations, ActivationDtype::Bf16);
+        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
+            let (dw, db) = la.grads_to_host(a.launcher()).unwrap().expect("a gradient");
+            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
+            for (name, r) in [
+                ("dW", rel(&dw, lb.weight_grad().unwrap())),
+                ("db", rel(&db, lb.bias_grad().unwrap())),
+                ("W", rel(&w, &lb.weight)),
+                ("b", rel(&bias, &lb.bias)),
+            ] {
+                assert!(
+                    r <= tol,
+                    "{what}: stage {s} layer {l} {name} differs by {r:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn one_bf16_storage_step_matches_the_cpu_layers_storing_bf16() {
+    let Some(gpu) = gpu_or_skip("one_bf16_storage_step_matches_the_cpu_layers_storing_bf16") else {
+        return;
+    };
+    one_step(&gpu, Precision::Fp32, 1e-2);
+    one_step(&gpu, Precision::Tf32, 5e-2);
+    one_step(&gpu, Precision::Bf16, 5e-2);
+}
+
+#[test]
+fn the_device_stash_holds_two_bytes_a_value() {
+    let Some(gpu) = gpu_or_skip("the_device_stash_holds_two_bytes_a_value") else {
+        return;
+    };
+    let rows = 8;
+    let x = Tensor::matrix(
+        rows,
+        67,
+        (0..rows * 67).map(|i| (i as f32 * 0.01).sin()).collect(),
+    )
+    .unwrap();
+    let mut held = Vec::new();
+    for dtype in [ActivationDtype::F32, ActivationDtype::Bf16] {
+        let mut cpu = host_stages(dtype).remove(0);
+        let (_, cpu_stash) = cpu.forward(x.clone()).unwrap();
+        for precision in Precision::ALL {
+            let mut dev = CudaStage::from_host_in(&gpu, &host_stages(dtype)[0], precision).unwrap();
+            let (y, stash) = dev.forward(x.clone()).unwrap();
+            let what = format!("{dtype} storage, {precision}");
+            assert_eq!(dev.held_bytes(&stash), cpu.held_bytes(&cpu_stash), "{what}");
+            assert_eq!(y.dtype(), dtype, "{what}: the tensor handed on");
+            let dy = Tensor::matrix(rows, y.cols(), vec![0.01; y.len()]).unwrap();
+            let mut stash = stash;
+            dev.backward_input(&mut stash, dy).unwrap();
+            let after_i = dev.held_bytes(&stash);
+            dev.backward_weight(stash).unwrap();
+            held.push((dtype, precision, after_i));
+        }
+    }
+    // After I the stash holds X and dZ of each layer: half as many bytes in BF16.
+    for p in Precision::ALL {
+        let get = |d| held.iter().find(|h| h.0 == d && h.1 == p).unwrap().2;
+        assert_eq!(
+            2 * get(ActivationDtype::Bf16),
+            get(ActivationDtype::F32),
+            "{p}"
+        );
+    }
+}
+
+/// The losses of `pipefill train ... --format json` with `extra` flags (the binary is
+/// `PIPEFILL_BIN` when set, as in `tests/gpu_cli.rs`).
+fn train_losses(extra: &[&str]) -> Vec<f32> {
+    let bin = std::env::var_os("PIPEFILL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
+    let mut args = vec![
+        "train",
+        "--ranks",
+        "2",
+        "--schedule",
+        "1f1b",
+        "--plan",
+        "uniform",
+        "--layers",
+        "3",
+        "--hidden",
+        "96",
+        "--batch",
+        "64",
+        "--microbatches",
+        "4",
+        "--steps",
+        "3",
+        "--format",
+        "json",
+        "--activations",
+        "bf16",
+    ];
+    args.extend(extra);
+    let out = Command::new(&bin)
+        .args(&args)
+        .output()
+        .expect("run pipefill");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    serde_json::from_value(v["losses"].clone()).expect("losses")
+}
+
+#[test]
+fn train_on_the_gpu_with_bf16_activations_matches_the_cpu() {
+    if gpu_or_skip("train_on_the_gpu_with_bf16_activations_matches_the_cpu").is_none() {
+        return;
+    }
+    let cpu = train_losses(&["--backend", "cpu"]);
+    for (p, tol) in [("fp32", 1e-2), ("bf16", 5e-2)] {
+        let gpu = train_losses(&["--backend", "cuda", "--precision", p]);
+        let r = rel(&gpu, &cpu);
+        assert!(
+            r <= tol,
+            "--precision {p}: losses differ by {r:e}: {gpu:?} vs {cpu:?}"
+        );
+    }
+}
