@@ -35,6 +35,7 @@ mod cpu;
 mod device;
 mod executor;
 mod program;
+mod step;
 
 pub use check::check;
 pub use cpu::{CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
