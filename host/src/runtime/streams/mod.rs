@@ -34,14 +34,18 @@ mod check;
 mod cpu;
 mod device;
 mod executor;
+mod peer;
 mod program;
+mod rank;
 mod step;
 
 pub use check::check;
-pub use cpu::{CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
+pub use cpu::{CpuPeer, CpuPeers, CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
 pub use device::{Device, DeviceError};
 pub use executor::StreamExecutor;
+pub use peer::{peer_ops, PeerError, PeerLink, PeerOp, PostOrder, RankPlan};
 pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};
+pub use rank::{RankBatch, RankStreams};
 
 use thiserror::Error;
 
