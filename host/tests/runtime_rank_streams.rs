@@ -28,8 +28,11 @@ fn batch(m: usize) -> (Vec<Tensor>, Vec<Tensor>) {
     ((0..m).map(x).collect(), (0..m).map(t).collect())
 }
 
-/// What one rank thread hands back: its outcome and, per own stage, `(stage, grads, w)`.
-type RankResult = (RankOutcome, Vec<(usize, (f32, f32), f32)>);
+/// Per stage: `(stage, grads, w)` after the step.
+type States = Vec<(usize, (f32, f32), f32)>;
+
+/// What one rank thread hands back: its outcome and its own stages' states.
+type RankResult = (RankOutcome, States);
 
 /// One rank of `schedule` as a thread would run it: its own device, its own stages (`stage` makes
 /// stage `s`), the runner, one step over `peer`.
@@ -87,10 +90,7 @@ fn run_ranks(
     order: PostOrder,
     peers: Vec<CpuPeer>,
     shape: &(dyn Fn(Edge) -> Vec<usize> + Sync),
-) -> (
-    Result<StepReport, RuntimeError>,
-    Vec<(usize, (f32, f32), f32)>,
-) {
+) -> (Result<StepReport, RuntimeError>, States) {
     let results: Vec<Result<RankResult, RuntimeError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = peers
             .into_iter()
@@ -324,7 +324,7 @@ fn a_failing_layer_fails_its_rank_and_stops_the_others_without_an_optimizer_step
     let schedule = families::generate("zbv", &Params::new(2, 4)).unwrap();
     let peers = CpuPeers::connect(2, Duration::from_secs(20));
     let start = cells(schedule.stages());
-    let outcomes: Vec<(RankOutcome, Vec<(usize, (f32, f32), f32)>)> = std::thread::scope(|scope| {
+    let outcomes: Vec<RankResult> = std::thread::scope(|scope| {
         let handles: Vec<_> = peers
             .into_iter()
             .enumerate()

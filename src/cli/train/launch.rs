@@ -13,7 +13,10 @@
 //! the processes send their outcome to process 0, which assembles each replica's step report and
 //! prints what the threaded run prints. Checkpoints: replica 0's processes write their rank files,
 //! then process 0 the manifest. A rank that fails (an error or a panic) reports its error naming
-//! the rank and aborts the job (no process waits forever).
+//! the rank and aborts the job (no process waits forever). With `--backend cuda` each process runs
+//! one GPU rank over NCCL instead ([`cuda`]).
+
+mod cuda;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -148,6 +151,9 @@ fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliE
     let a = &setup.args;
     let plans = agree_on_plans(world, setup)?;
     let chosen = choose(&plans)?;
+    if setup.backend == super::Backend::Cuda {
+        return cuda::train_rank(world, setup, place, &plans, &chosen);
+    }
     let schedule = &chosen.plan.schedule;
     let program = RankProgram::of(schedule);
     world.reserve_send_buffer(send_buffer(setup, &program, place.rank));

@@ -49,6 +49,9 @@ pub struct RankStreams<D: Device, S: Stage<D::Payload>> {
     index: HashMap<usize, usize>,
 }
 
+/// A step enqueued: its state and the origin of its timing marks.
+type Enqueued<D, T> = (Step<D, T>, <D as Device>::Mark);
+
 /// What the walk over the rank's ops leaves: events by program index, posted receives by edge.
 struct Walk<D: Device> {
     events: HashMap<usize, D::Event>,
@@ -179,7 +182,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         &mut self,
         mut batch: RankBatch<'_, D::Payload, L>,
         peer: &mut P,
-    ) -> Result<(Step<D, S::Stash>, D::Mark), RuntimeError> {
+    ) -> Result<Enqueued<D, S::Stash>, RuntimeError> {
         self.check_batch(batch.inputs.len(), batch.targets.len())?;
         for (_, stage) in &mut self.stages {
             stage.zero_grad();
@@ -281,7 +284,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
     /// Fills `out` from a synchronised step: losses, spans, per-action seconds, peak memory.
     fn report(
         &self,
-        (step, origin): (Step<D, S::Stash>, D::Mark),
+        (step, origin): Enqueued<D, S::Stash>,
         out: &mut RankOutcome,
     ) -> Result<(), RankStop> {
         let fail = |e: DeviceError| RankStop::Failed(device_error(e));

@@ -47,13 +47,16 @@ struct Round {
     last: bool,
 }
 
+/// Every ordered pair's queue, by `(sender, receiver)`.
+type Pairs = HashMap<(usize, usize), Pair>;
+
 /// What the ranks' links share.
 struct Hub {
     ranks: usize,
     /// Sends complete without waiting for their receive.
     eager: bool,
     deadline: Duration,
-    pairs: Mutex<HashMap<(usize, usize), Pair>>,
+    pairs: Mutex<Pairs>,
     moved: Condvar,
     failed: AtomicBool,
     round: Mutex<Round>,
@@ -75,12 +78,9 @@ impl Hub {
     /// Waits on `moved` while `pending` holds, until the deadline or a failure.
     fn wait_while<'a>(
         &self,
-        mut pairs: MutexGuard<'a, HashMap<(usize, usize), Pair>>,
-        pending: impl Fn(&mut HashMap<(usize, usize), Pair>) -> bool,
-    ) -> (
-        MutexGuard<'a, HashMap<(usize, usize), Pair>>,
-        Result<(), bool>,
-    ) {
+        mut pairs: MutexGuard<'a, Pairs>,
+        pending: impl Fn(&mut Pairs) -> bool,
+    ) -> (MutexGuard<'a, Pairs>, Result<(), bool>) {
         let start = Instant::now();
         while pending(&mut pairs) {
             if self.failed.load(Ordering::SeqCst) {
@@ -111,9 +111,7 @@ impl Hub {
         if self.eager {
             return Ok(());
         }
-        let taken = |p: &mut HashMap<(usize, usize), Pair>| {
-            p.get(&(from, to)).is_some_and(|pair| pair.taken <= seq)
-        };
+        let taken = |p: &mut Pairs| p.get(&(from, to)).is_some_and(|pair| pair.taken <= seq);
         let (_pairs, waited) = self.wait_while(pairs, taken);
         waited.map_err(|timed_out| self.lost(timed_out, true, edge, to))
     }
@@ -121,9 +119,7 @@ impl Hub {
     /// The next message from `from` to `to`; `Err(timed_out)` when none came.
     fn recv(&self, from: usize, to: usize) -> Result<Message, bool> {
         let pairs = lock(&self.pairs);
-        let empty = |p: &mut HashMap<(usize, usize), Pair>| {
-            p.get(&(from, to)).is_none_or(|pair| pair.queue.is_empty())
-        };
+        let empty = |p: &mut Pairs| p.get(&(from, to)).is_none_or(|pair| pair.queue.is_empty());
         let (mut pairs, waited) = self.wait_while(pairs, empty);
         waited?;
         let pair = pairs.entry((from, to)).or_default();
