@@ -116,6 +116,12 @@ fn two_processes_train_1f1b_and_zbv_over_nccl_like_one_process() {
             "{family}: one rank checks the losses\n{outputs:?}"
         );
     }
+    // For gpu-check.sh's summary.
+    for line in outputs.iter().flat_map(|o| o.lines()) {
+        if line.starts_with("nccl train ") && line.contains("losses equal") {
+            println!("{line}");
+        }
+    }
 }
 
 /// Runs `test` of this executable as two ranks on GPU 0; their outputs, each exited 0. `None`
