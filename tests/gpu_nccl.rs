@@ -21,7 +21,7 @@ use std::sync::Arc;
 use pipefill::cuda::nccl::{nccl_present, NcclError, NcclLink, UniqueId};
 use pipefill::cuda::{
     gpu_or_skip, CudaRank, CudaStage, CudaStreams, DeviceTensor, Gpu, NcclPeer, PeerOpenError,
-    Precision,
+    Precision, RankModel,
 };
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
@@ -271,16 +271,16 @@ fn train_child(rank: usize, id_file: PathBuf) {
         let schedule = families::generate(family, &Params::new(2, 4)).expect("a schedule");
         let spec = spec(schedule.stages());
         let stages = host_stages(&spec, &schedule);
-        let mut me = CudaRank::new(
-            &gpu,
-            schedule.clone(),
-            rank,
-            &stages,
-            Precision::Fp32,
-            LossKind::Mse,
-            peer,
-        )
-        .expect("the rank's runner");
+        let model = RankModel {
+            stages: (stages.iter().enumerate())
+                .filter(|(s, _)| schedule.rank_of(*s) == rank)
+                .collect(),
+            widths: stages.iter().map(LinearStage::outputs).collect(),
+            precision: Precision::Fp32,
+            loss: LossKind::Mse,
+        };
+        let mut me =
+            CudaRank::new(&gpu, schedule.clone(), rank, model, peer).expect("the rank's runner");
         let teacher = Teacher::new(&spec, 3);
         let first = schedule.rank_of(0) == rank;
         let last = schedule.rank_of(schedule.stages() - 1) == rank;

@@ -52,7 +52,7 @@ pub use loss::{loss_and_grad, DeviceTarget};
 pub use nccl::{NcclError, NcclLink, UniqueId};
 pub use peer::{NcclPeer, PeerOpenError};
 pub use precision::{Precision, UnknownPrecision};
-pub use rank::{CudaRank, CudaRankError};
+pub use rank::{CudaRank, CudaRankError, RankModel};
 pub use skip::{gpu_or_skip, SKIP_LINE};
 pub use stage::{CudaStage, CudaStash};
 pub use streams::{CudaLoss, CudaStreams, DeviceLoss, OnCudaStreams};

@@ -49,42 +49,46 @@ pub struct CudaRank {
     widths: Vec<usize>,
 }
 
+/// A rank's share of the model, for [`CudaRank::new`].
+pub struct RankModel<'a> {
+    /// `(global stage index, host stage)` of the rank's own stages (the only ones copied).
+    pub stages: Vec<(usize, &'a LinearStage)>,
+    /// The output width of every stage of the model, in order: what crosses each boundary.
+    pub widths: Vec<usize>,
+    /// The precision of the layers' products on the device.
+    pub precision: Precision,
+    /// The loss after the last stage.
+    pub loss: LossKind,
+}
+
 impl CudaRank {
-    /// Rank `rank` of `schedule` on `gpu`: `stages` are the host stages of the whole model in
-    /// global order (each process builds them from the same seed), of which only the rank's own
-    /// are copied to the device, with their products in `precision`; `kind` is the loss after the
-    /// last stage; `peer` the rank's NCCL link.
+    /// Rank `rank` of `schedule` on `gpu`: the rank's stages of `model` copied to the device, its
+    /// transfers over `peer`.
     pub fn new(
         gpu: &Arc<Gpu>,
         schedule: Schedule,
         rank: usize,
-        stages: &[LinearStage],
-        precision: Precision,
-        kind: LossKind,
+        model: RankModel<'_>,
         peer: NcclPeer,
     ) -> Result<Self, CudaRankError> {
         let device = CudaStreams::new(gpu.clone());
-        let mine = stages
+        let mine = model
+            .stages
             .iter()
-            .enumerate()
-            .filter(|(s, _)| *s < schedule.stages() && schedule.rank_of(*s) == rank)
-            .map(|(s, st)| {
-                Ok((
-                    s,
-                    device.stage(CudaStage::from_host_in(gpu, st, precision)?),
-                ))
+            .map(|&(s, st)| {
+                let on = CudaStage::from_host_in(gpu, st, model.precision)?;
+                Ok((s, device.stage(on)))
             })
             .collect::<Result<Vec<_>, CudaError>>()?;
         // The weights were copied on each stage's own stream; the steps run on the runner's.
         gpu.synchronize()?;
-        let widths = stages.iter().map(LinearStage::outputs).collect();
-        let loss = device.loss(kind);
+        let loss = device.loss(model.loss);
         let runner = RankStreams::new(schedule, rank, mine, device, PostOrder::Sender)?;
         Ok(CudaRank {
             runner,
             peer,
             loss,
-            widths,
+            widths: model.widths,
         })
     }
 

@@ -14,11 +14,11 @@ use pipefill_host::runtime::{RankOutcome, RankProgram, RankStop, Tensor};
 
 use super::{failed, gather, Job};
 use crate::cli::train::cuda::upload_batch;
-use crate::cli::train::{build, outcome, progress, report, Chosen, Format, Setup};
+use crate::cli::train::{build_where, outcome, progress, report, Chosen, Format, Setup};
 use crate::cli::CliError;
 use crate::cuda::nccl::{UniqueId, ID_BYTES};
-use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer};
-use crate::model::Teacher;
+use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer, RankModel};
+use crate::model::{stage_ranges, Teacher};
 use crate::mpi::{Place, World};
 
 fn cuda_failed(e: impl std::fmt::Display) -> CliError {
@@ -50,6 +50,17 @@ fn shared_id(world: &World) -> Result<UniqueId, CliError> {
     UniqueId::from_bytes(&bytes).ok_or_else(|| cuda_failed("the NCCL id from rank 0 is malformed"))
 }
 
+/// The output width of each stage of `plan` (its last layer's): what crosses each boundary.
+fn stage_widths(setup: &Setup, plan: &pipefill_host::plan::Plan) -> Vec<usize> {
+    stage_ranges(&plan.layers_per_stage)
+        .iter()
+        .map(|r| {
+            let last = r.end.checked_sub(1).and_then(|l| setup.spec.layers.get(l));
+            last.map_or(0, |l| l.width)
+        })
+        .collect()
+}
+
 /// This process's rank through every step on its GPU; process 0 reports.
 pub(super) fn train_rank(
     world: &mut World,
@@ -63,17 +74,16 @@ pub(super) fn train_rank(
     let gpu = local_gpu(world)?;
     let id = shared_id(world)?;
     let peer = NcclPeer::open(&gpu, place.rank, place.ranks, id).map_err(cuda_failed)?;
-    let (stages, first_step) = build(setup, &chosen.plan)?;
-    let mut me = CudaRank::new(
-        &gpu,
-        schedule.clone(),
-        place.rank,
-        &stages,
-        setup.precision,
-        setup.spec.loss,
-        peer,
-    )
-    .map_err(cuda_failed)?;
+    let (stages, first_step) =
+        build_where(setup, &chosen.plan, |s| schedule.rank_of(s) == place.rank)?;
+    let model = RankModel {
+        stages: stages.iter().map(|(s, st)| (*s, st)).collect(),
+        widths: stage_widths(setup, &chosen.plan),
+        precision: setup.precision,
+        loss: setup.spec.loss,
+    };
+    let mut me =
+        CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
     drop(stages);
     let upload = gpu.new_stream().map_err(cuda_failed)?;
     let program = RankProgram::of(schedule);
