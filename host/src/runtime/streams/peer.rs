@@ -143,7 +143,7 @@ impl PeerError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostOrder {
     /// In the sender's order: where the whole program records the transfer (correct for every
-    /// schedule; see the [module](self) documentation).
+    /// schedule; see [`peer_ops`] and [`PeerLink`]).
     Sender,
     /// Where the rank's own consumer needs the data (the naive order: wrong where a rank sends to
     /// a peer in another order than the peer consumes, as in `zbv`).
@@ -191,6 +191,13 @@ pub struct RankPlan {
 }
 
 /// Rank `rank`'s plan in `program`, its receives posted in `order`.
+///
+/// With [`PostOrder::Sender`] every rank posts all its sends and receives in one global order all
+/// ranks know (where the whole program records each transfer's event). Each rank's communication
+/// stream then runs a subsequence of one total order of rendezvous: per pair of ranks the receives
+/// are posted in the order of the sends (matching is right), and the earliest unfinished transfer
+/// is at the head of both its ranks' streams while its producer depends only on transfers
+/// recorded before it, so it completes (no deadlock), for every schedule the program builds.
 pub fn peer_ops(program: &StreamProgram, rank: usize, order: PostOrder) -> RankPlan {
     let rank_of = |stream: usize| program.streams.get(stream).map(|s| s.rank);
     let local: HashMap<usize, usize> = program
