@@ -15,7 +15,10 @@
 #                                      with and without --graph (a table in the summary).
 #                                      gpu_nccl starts two processes on the one GPU
 #                                      (NCCL_MULTI_RANK_GPU_ENABLE=1, the NCCL id through a file): a
-#                                      grouped exchange and an all-reduce; where NCCL refuses, the
+#                                      grouped exchange and an all-reduce, then each process trains
+#                                      its rank of 1f1b and zbv (P = 2, two steps) with the per-rank
+#                                      stream runner over NCCL, losses against the one-process CUDA
+#                                      run (summary: one line per family); where NCCL refuses, the
 #                                      summary gets a note instead of a result.
 #                                      Exit 1 when any step failed or ran out of time.
 #
@@ -236,6 +239,8 @@ run() {
     if grep -q "NCCL refused" "$OUT/test-gpu_nccl.txt" 2>/dev/null; then
         echo "| note | gpu_nccl: NCCL refused, not run: $(grep -m1 'NCCL refused' "$OUT/test-gpu_nccl.txt") |" >> "$SUMMARY"
     fi
+    grep -o "nccl train [a-z0-9-]*: losses equal.*" "$OUT/test-gpu_nccl.txt" 2>/dev/null |
+        while read -r line; do echo "| note | gpu_nccl: $line |" >> "$SUMMARY"; done || true
     step bench-overlap ./pipefill bench overlap --hidden 512,1024,2048,4096 --rows 256,1024
     local b
     export PIPEFILL_KERNELS_SIZES="$KERNELS_SIZES" CRITERION_HOME="$OUT/criterion"

@@ -235,12 +235,7 @@ impl ModelSpec {
     pub fn init_layers(&self, seed: u64) -> Vec<Linear> {
         self.dims()
             .enumerate()
-            .map(|(l, (i, o, act))| {
-                let mut rng = rng(seed, Tag::Weights, l as u64);
-                let a = (3.0 / i as f32).sqrt();
-                let w = (0..i * o).map(|_| rng.random_range(-a..a)).collect();
-                Linear::new(i, o, act, w, vec![0.0; o])
-            })
+            .map(|(l, dims)| init_layer(seed, l, dims))
             .collect()
     }
 
@@ -253,6 +248,20 @@ impl ModelSpec {
         gemm: GemmBackend,
         seed: u64,
     ) -> Result<Vec<LinearStage>, ModelError> {
+        let all = self.build_stages_where(ranges, optimizer, gemm, seed, |_| true)?;
+        Ok(all.into_iter().map(|(_, stage)| stage).collect())
+    }
+
+    /// Only the stages `keep` takes of [`build_stages`](ModelSpec::build_stages), as `(stage index,
+    /// stage)`, with the same weights (one process of a multi-process run builds only its rank's).
+    pub fn build_stages_where(
+        &self,
+        ranges: &[Range<usize>],
+        optimizer: Optimizer,
+        gemm: GemmBackend,
+        seed: u64,
+        keep: impl Fn(usize) -> bool,
+    ) -> Result<Vec<(usize, LinearStage)>, ModelError> {
         let n = self.layers.len();
         let contiguous = ranges.first().is_some_and(|r| r.start == 0)
             && ranges.last().is_some_and(|r| r.end == n)
@@ -263,16 +272,26 @@ impl ModelSpec {
                 "stages {ranges:?} must split the {n} layers into contiguous non-empty runs"
             )));
         }
-        let mut layers = self.init_layers(seed).into_iter();
+        let dims: Vec<_> = self.dims().collect();
         Ok(ranges
             .iter()
             .enumerate()
+            .filter(|(s, _)| keep(*s))
             .map(|(s, r)| {
-                let mine = layers.by_ref().take(r.len()).collect();
-                LinearStage::new(mine, optimizer, gemm, s == 0)
+                let mine = r.clone().map(|l| init_layer(seed, l, dims[l])).collect();
+                (s, LinearStage::new(mine, optimizer, gemm, s == 0))
             })
             .collect())
     }
+}
+
+/// Layer `l` of shape `(inputs, outputs, activation)` with its initial weights from `seed` (each
+/// layer draws from its own stream, so any subset of the layers is built alike).
+fn init_layer(seed: u64, l: usize, (i, o, act): (usize, usize, Activation)) -> Linear {
+    let mut rng = rng(seed, Tag::Weights, l as u64);
+    let a = (3.0 / i as f32).sqrt();
+    let w = (0..i * o).map(|_| rng.random_range(-a..a)).collect();
+    Linear::new(i, o, act, w, vec![0.0; o])
 }
 
 /// The layer ranges of a split given as layer counts per stage (e.g. from
@@ -436,6 +455,23 @@ mod tests {
             .build_stages(&stage_ranges(&[2, 2, 2]), opt, GemmBackend::default(), 8)
             .unwrap();
         assert_ne!(flat(&a), flat(&c));
+    }
+
+    #[test]
+    fn a_subset_of_the_stages_is_built_as_in_the_whole_model() {
+        let spec = ModelSpec::uniform(6, 8, 4, Activation::Relu, LossKind::Mse, 16).unwrap();
+        let (opt, ranges) = (Optimizer::sgd(0.1), stage_ranges(&[1, 2, 2, 1]));
+        let all = spec
+            .build_stages(&ranges, opt, GemmBackend::default(), 7)
+            .unwrap();
+        let odd = spec
+            .build_stages_where(&ranges, opt, GemmBackend::default(), 7, |s| s % 2 == 1)
+            .unwrap();
+        assert_eq!(odd.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 3]);
+        for (s, stage) in &odd {
+            assert_eq!(stage.layers, all[*s].layers, "stage {s}");
+            assert_eq!(stage.first, *s == 0);
+        }
     }
 
     #[test]

@@ -497,3 +497,45 @@ fn a_rank_that_fails_with_an_error_ends_the_whole_job_within_seconds() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// `mpirun -n 2 pipefill train --backend cuda --launcher mpi` on a machine without a CUDA driver:
+/// the job ends with exit 2 and one `no CUDA driver found` error (the flags are checked by every
+/// process, the lowest rank reports), within a deadline, no process left waiting. On a machine
+/// with a GPU this test has nothing to check (the GPU run is `tests/gpu_nccl.rs`).
+#[test]
+fn gpu_ranks_without_a_cuda_driver_exit_2_in_every_process_without_hanging() {
+    if pipefill::cuda::driver_present() {
+        println!("a CUDA driver is present: the no-driver refusal cannot be shown here");
+        return;
+    }
+    let dir = scratch("mpi-cuda-no-driver");
+    let args = with(&["--backend", "cuda", "--launcher", "mpi", "--steps", "2"]);
+    let start = Instant::now();
+    let mut job = Command::new("mpirun")
+        .current_dir(&dir)
+        .args(["--oversubscribe", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(&args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mpirun");
+    let deadline = Duration::from_secs(60);
+    let code = loop {
+        if let Some(status) = job.try_wait().expect("wait for mpirun") {
+            break status.code().unwrap_or(-1);
+        }
+        if start.elapsed() > deadline {
+            let _ = job.kill();
+            panic!("mpirun did not end within {deadline:?}: a process hangs");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = job.wait_with_output().expect("mpirun's output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no CUDA driver found"), "{err}");
+    assert_eq!(err.matches("error:").count(), 1, "one error line: {err}");
+}

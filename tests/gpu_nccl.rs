@@ -1,7 +1,12 @@
-//! NCCL between two processes on one GPU (`NCCL_MULTI_RANK_GPU_ENABLE=1`): the test starts two copies
-//! of itself, rank 0 writes the NCCL unique id to a file and rank 1 reads it (no MPI needed); each
-//! rank sends its buffer to the other in one group (send and receive paired), then both all-reduce
-//! (sum). Every value is checked on the host against what the other rank holds.
+//! NCCL between two processes on one GPU (`NCCL_MULTI_RANK_GPU_ENABLE=1`): each test starts two
+//! copies of itself, rank 0 writes the NCCL unique id to a file and rank 1 reads it (no MPI needed).
+//! - exchange and reduce: each rank sends its buffer to the other in one group (send and receive
+//!   paired), then both all-reduce (sum). Every value is checked on the host against what the other
+//!   rank holds.
+//! - training: each process runs its rank of a `1f1b` and a `zbv` schedule (P = 2, M = 4, two steps
+//!   each) with the per-rank stream runner over NCCL ([`CudaRank`]), only its own stages on the GPU;
+//!   the rank holding the last stage checks the losses against the single-process CUDA run
+//!   ([`StreamExecutor`] over all stages) within a relative 1e-5.
 //!
 //! Without a GPU it prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail instead)`
 //! and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead. Where NCCL is missing or refuses two
@@ -11,8 +16,20 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use pipefill::cuda::nccl::{nccl_present, NcclError, NcclLink, UniqueId};
-use pipefill::cuda::{gpu_or_skip, Gpu};
+use pipefill::cuda::{
+    gpu_or_skip, CudaRank, CudaStage, CudaStreams, DeviceTensor, Gpu, NcclPeer, PeerOpenError,
+    Precision, RankModel,
+};
+use pipefill::layers::gemm::GemmBackend;
+use pipefill::layers::{LinearStage, LossKind, Optimizer};
+use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill_host::runtime::streams::StreamExecutor;
+use pipefill_host::runtime::Tensor;
+use pipefill_host::schedule::{families, Params, Schedule};
+use pipefill_kernels::Activation;
 
 /// Set in the two child processes: their rank.
 const CHILD: &str = "PIPEFILL_NCCL_TEST_RANK";
@@ -21,6 +38,7 @@ const ID_FILE: &str = "PIPEFILL_NCCL_TEST_ID";
 /// A child's exit code when NCCL refused (not a failure of pipefill).
 const REFUSED: i32 = 3;
 const TEST: &str = "two_processes_exchange_and_reduce_over_nccl_on_one_gpu";
+const TRAIN: &str = "two_processes_train_1f1b_and_zbv_over_nccl_like_one_process";
 const N: usize = 1000;
 
 fn values(rank: usize) -> Vec<f32> {
@@ -72,21 +90,56 @@ fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
     if let (Ok(rank), Ok(file)) = (std::env::var(CHILD), std::env::var(ID_FILE)) {
         return child(rank.parse().expect("a rank"), PathBuf::from(file));
     }
-    if gpu_or_skip("gpu_nccl").is_none() {
+    let Some(outputs) = two_ranks(TEST) else {
         return;
+    };
+    for (rank, out) in outputs.iter().enumerate() {
+        assert!(out.contains(&format!("nccl rank {rank}: ok")), "{out}");
     }
+}
+
+#[test]
+fn two_processes_train_1f1b_and_zbv_over_nccl_like_one_process() {
+    if let (Ok(rank), Ok(file)) = (std::env::var(CHILD), std::env::var(ID_FILE)) {
+        return train_child(rank.parse().expect("a rank"), PathBuf::from(file));
+    }
+    let Some(outputs) = two_ranks(TRAIN) else {
+        return;
+    };
+    for family in FAMILIES {
+        let checked = outputs
+            .iter()
+            .filter(|o| o.contains(&format!("nccl train {family}: losses equal")))
+            .count();
+        assert_eq!(
+            checked, 1,
+            "{family}: one rank checks the losses\n{outputs:?}"
+        );
+    }
+    // For gpu-check.sh's summary.
+    for line in outputs.iter().flat_map(|o| o.lines()) {
+        if line.starts_with("nccl train ") && line.contains("losses equal") {
+            println!("{line}");
+        }
+    }
+}
+
+/// Runs `test` of this executable as two ranks on GPU 0; their outputs, each exited 0. `None`
+/// (with a note printed) without a GPU or where NCCL refuses.
+fn two_ranks(test: &str) -> Option<Vec<String>> {
+    gpu_or_skip("gpu_nccl")?;
     if !nccl_present() {
         println!("NCCL refused: {}", NcclError::NoLibrary);
-        return;
+        return None;
     }
-    let dir = std::env::temp_dir().join(format!("pipefill-nccl-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("pipefill-nccl-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch folder");
     let id_file = dir.join("nccl-id");
     let exe = std::env::current_exe().expect("this test's executable");
     let mut children: Vec<_> = (0..2)
         .map(|rank| {
             Command::new(&exe)
-                .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+                .args(["--exact", test, "--nocapture", "--test-threads=1"])
                 .env(CHILD, rank.to_string())
                 .env(ID_FILE, &id_file)
                 .env("NCCL_MULTI_RANK_GPU_ENABLE", "1")
@@ -106,7 +159,7 @@ fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
         }
         if Instant::now() > deadline {
             children.iter_mut().for_each(|c| drop(c.kill()));
-            panic!("the two NCCL ranks did not finish in 120 s (a hang)");
+            panic!("{test}: the two NCCL ranks did not finish in 120 s (a hang)");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -127,10 +180,141 @@ fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
             "NCCL refused two ranks on one device; not run:\n{}",
             outputs.join("\n")
         );
-        return;
+        return None;
     }
     for (rank, (code, out)) in codes.iter().zip(&outputs).enumerate() {
-        assert_eq!(*code, Some(0), "rank {rank}:\n{out}");
-        assert!(out.contains(&format!("nccl rank {rank}: ok")), "{out}");
+        assert_eq!(*code, Some(0), "{test} rank {rank}:\n{out}");
     }
+    Some(outputs)
+}
+
+const FAMILIES: [&str; 2] = ["1f1b", "zbv"];
+const STEPS: u64 = 2;
+
+fn spec(stages: usize) -> ModelSpec {
+    let layers = stages + 1;
+    ModelSpec {
+        input: 21,
+        layers: (0..layers)
+            .map(|i| LayerSpec {
+                width: if i + 1 == layers { 5 } else { 30 + 3 * i },
+                activation: [Activation::Silu, Activation::Gelu, Activation::Identity][i % 3],
+            })
+            .collect(),
+        loss: LossKind::Mse,
+        batch: 24,
+    }
+}
+
+fn host_stages(spec: &ModelSpec, s: &Schedule) -> Vec<LinearStage> {
+    let n = spec.layers.len();
+    let k = s.stages();
+    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
+    spec.build_stages(
+        &stage_ranges(&counts),
+        Optimizer::adamw(0.01),
+        GemmBackend::default(),
+        7,
+    )
+    .expect("the model's stages")
+}
+
+fn upload(gpu: &Arc<Gpu>, xs: &[Tensor]) -> Vec<DeviceTensor> {
+    let s = gpu.new_stream().expect("a stream");
+    let v = xs
+        .iter()
+        .map(|x| DeviceTensor::from_host(&s, x).expect("copy in"))
+        .collect();
+    s.synchronize().expect("synchronize");
+    v
+}
+
+/// The losses of `STEPS` steps of `schedule` over all `stages` in this one process.
+fn one_process(gpu: &Arc<Gpu>, schedule: &Schedule, spec: &ModelSpec) -> Vec<Vec<f32>> {
+    let device = CudaStreams::new(gpu.clone());
+    let stages = host_stages(spec, schedule)
+        .iter()
+        .map(|s| device.stage(CudaStage::from_host_in(gpu, s, Precision::Fp32).expect("stage")))
+        .collect();
+    gpu.synchronize().expect("synchronize");
+    let mut ex = StreamExecutor::new(schedule.clone(), stages, device.clone()).expect("executor");
+    let loss = device.loss(LossKind::Mse);
+    let teacher = Teacher::new(spec, 3);
+    (0..STEPS)
+        .map(|step| {
+            let (x, t) = teacher.batch(step, spec.batch, schedule.microbatches);
+            let (x, t) = (upload(gpu, &x), upload(gpu, &t));
+            ex.step(x, &t, &loss).expect("a step").losses
+        })
+        .collect()
+}
+
+fn open_or_refuse(gpu: &Arc<Gpu>, rank: usize, id: UniqueId) -> NcclPeer {
+    NcclPeer::open(gpu, rank, 2, id).unwrap_or_else(|e| match e {
+        PeerOpenError::Nccl(e) => refused(&e),
+        PeerOpenError::Cuda(e) => panic!("rank {rank}: {e}"),
+    })
+}
+
+/// One rank of each family's steps over NCCL; the rank with the last stage checks the losses.
+fn train_child(rank: usize, id_file: PathBuf) {
+    let gpu = Gpu::open(0).expect("device 0");
+    let id = if rank == 0 {
+        let id = UniqueId::new().unwrap_or_else(|e| refused(&e));
+        id.write(&id_file).expect("write the id");
+        id
+    } else {
+        UniqueId::wait_for(&id_file, Duration::from_secs(60)).expect("the id from rank 0")
+    };
+    let mut peer = open_or_refuse(&gpu, rank, id);
+    for family in FAMILIES {
+        let schedule = families::generate(family, &Params::new(2, 4)).expect("a schedule");
+        let spec = spec(schedule.stages());
+        let stages = host_stages(&spec, &schedule);
+        let model = RankModel {
+            stages: (stages.iter().enumerate())
+                .filter(|(s, _)| schedule.rank_of(*s) == rank)
+                .collect(),
+            widths: stages.iter().map(LinearStage::outputs).collect(),
+            precision: Precision::Fp32,
+            loss: LossKind::Mse,
+        };
+        let mut me =
+            CudaRank::new(&gpu, schedule.clone(), rank, model, peer).expect("the rank's runner");
+        let teacher = Teacher::new(&spec, 3);
+        let first = schedule.rank_of(0) == rank;
+        let last = schedule.rank_of(schedule.stages() - 1) == rank;
+        let mut losses = Vec::new();
+        for step in 0..STEPS {
+            let (x, t) = teacher.batch(step, spec.batch, schedule.microbatches);
+            let rows: Vec<usize> = x.iter().map(|x| x.shape()[0]).collect();
+            let inputs = if first { upload(&gpu, &x) } else { Vec::new() };
+            let targets = if last { upload(&gpu, &t) } else { Vec::new() };
+            let out = me.step(inputs, &targets, &rows);
+            if let Err(e) = &out.result {
+                panic!("rank {rank} {family} step {step}: {e:?}");
+            }
+            let mut l = out.losses;
+            l.sort_by_key(|(k, _)| *k);
+            losses.push(l.into_iter().map(|(_, v)| v).collect::<Vec<f32>>());
+        }
+        peer = me.into_peer();
+        if !last {
+            continue;
+        }
+        let want = one_process(&gpu, &schedule, &spec);
+        let mut worst = 0.0f64;
+        for (got, want) in losses.iter().zip(&want) {
+            assert_eq!(got.len(), want.len(), "{family}: losses per step");
+            for (a, b) in got.iter().zip(want) {
+                let d = (f64::from(*a) - f64::from(*b)).abs() / f64::from(b.abs()).max(1e-12);
+                worst = worst.max(d);
+            }
+        }
+        assert!(worst <= 1e-5, "{family}: {losses:?} vs {want:?}");
+        println!(
+            "nccl train {family}: losses equal the one-process run (max rel diff {worst:.1e})"
+        );
+    }
+    println!("nccl train rank {rank}: ok");
 }

@@ -56,18 +56,34 @@ pub fn restore(
     schedule: &Schedule,
     stages: &mut [LinearStage],
 ) -> Result<(), CheckpointError> {
-    let mut seen = vec![false; stages.len()];
+    restore_some(
+        folder,
+        ranks,
+        schedule,
+        stages.iter_mut().enumerate().collect(),
+    )
+}
+
+/// [`restore`] into some of the stages only, `(stage index, stage)` (a process that holds one
+/// rank's): the checkpoint must still save every stage of `schedule` exactly once, by its rank.
+pub fn restore_some(
+    folder: &Path,
+    ranks: Vec<RankState>,
+    schedule: &Schedule,
+    mut stages: Vec<(usize, &mut LinearStage)>,
+) -> Result<(), CheckpointError> {
+    let mut seen = vec![false; schedule.stages()];
     for rank in ranks {
         let path = folder.join(store::rank_file_name(rank.rank));
         for s in rank.stages {
             let i = s.stage;
             let bad = |why: String| CheckpointError::corrupt(&path, why);
-            let Some(stage) = stages.get_mut(i) else {
+            if i >= seen.len() {
                 return Err(bad(format!(
                     "stage {i}: the schedule has {} stages",
                     seen.len()
                 )));
-            };
+            }
             if schedule.rank_of(i) != rank.rank || seen[i] {
                 return Err(bad(format!(
                     "stage {i} saved by rank {}, the schedule places it on rank {}{}",
@@ -77,7 +93,9 @@ pub fn restore(
                 )));
             }
             seen[i] = true;
-            s.restore(stage).map_err(bad)?;
+            if let Some((_, stage)) = stages.iter_mut().find(|(j, _)| *j == i) {
+                s.restore(stage).map_err(bad)?;
+            }
         }
     }
     match seen.iter().position(|&s| !s) {

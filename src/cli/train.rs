@@ -280,13 +280,25 @@ fn no_plan(schedule: Option<&str>, e: PlanError) -> CliError {
 /// The model's stages for `plan`, with their initial weights, or the `--resume` checkpoint's
 /// state; and the steps already trained.
 pub fn build(setup: &Setup, plan: &Plan) -> Result<(Vec<LinearStage>, usize), CliError> {
+    let (stages, first_step) = build_where(setup, plan, |_| true)?;
+    Ok((stages.into_iter().map(|(_, s)| s).collect(), first_step))
+}
+
+/// [`build`], only the stages `keep` takes, as `(stage index, stage)` (a process of a
+/// multi-process run builds and restores only its own rank's).
+pub fn build_where(
+    setup: &Setup,
+    plan: &Plan,
+    keep: impl Fn(usize) -> bool,
+) -> Result<(Vec<(usize, LinearStage)>, usize), CliError> {
     let mut stages = setup
         .spec
-        .build_stages(
+        .build_stages_where(
             &stage_ranges(&plan.layers_per_stage),
             setup.optimizer,
             setup.gemm,
             setup.args.seed,
+            keep,
         )
         .map_err(|e| CliError::Failed(e.0))?
         .into_iter()

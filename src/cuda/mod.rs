@@ -18,6 +18,8 @@
 //! | [`streams`] | [`CudaStreams`]: the stream runtime's `Device` on CUDA (streams, events, timing marks), its stage and loss wrappers, [`DeviceTensor`] as the payload |
 //! | [`loss`] | MSE and softmax cross-entropy on the device |
 //! | [`nccl`] | [`NcclLink`]: NCCL point-to-point and all-reduce between processes, the id passed by MPI or a file |
+//! | [`peer`] | [`NcclPeer`]: the per-rank stream runner's link between GPU ranks in separate processes (NCCL on one communication stream) |
+//! | [`rank`] | [`CudaRank`]: one GPU rank in its own process: its stages, the per-rank runner, NCCL |
 //! | [`timing`] | [`Span`]: device time between two timing events |
 //! | [`profile`](mod@profile) | the per-layer F/I/W profile timed with events (`pipefill profile --backend cuda`) |
 //! | [`overlap`] | one stage's F and another's B on two streams, alone and together (`pipefill bench overlap`) |
@@ -30,9 +32,11 @@ pub mod layer;
 pub mod loss;
 pub mod nccl;
 pub mod overlap;
+pub mod peer;
 pub mod precision;
 pub mod products;
 pub mod profile;
+pub mod rank;
 pub mod skip;
 pub mod stage;
 pub mod streams;
@@ -46,7 +50,9 @@ pub use launch::{Launcher, LinearDims};
 pub use layer::DeviceLinear;
 pub use loss::{loss_and_grad, DeviceTarget};
 pub use nccl::{NcclError, NcclLink, UniqueId};
+pub use peer::{NcclPeer, PeerOpenError};
 pub use precision::{Precision, UnknownPrecision};
+pub use rank::{CudaRank, CudaRankError, RankModel};
 pub use skip::{gpu_or_skip, SKIP_LINE};
 pub use stage::{CudaStage, CudaStash};
 pub use streams::{CudaLoss, CudaStreams, DeviceLoss, OnCudaStreams};

@@ -7,9 +7,9 @@
 //! libnccl is loaded at run time (cudarc's `nccl` with `dynamic-loading`): nothing here needs CUDA
 //! or NCCL to build, and a machine without libnccl gets [`NcclError::NoLibrary`], never a panic.
 //!
-//! What is not built yet (see NOTES, "multi"): the per-rank CUDA runner that executes one rank's
-//! part of a stream program ([`RankOp`](pipefill_host::runtime::streams::RankOp)) with these
-//! sends and receives, and `train --backend cuda --launcher mpi` on top of it.
+//! The per-rank stream runner uses these through [`NcclPeer`](super::NcclPeer) (one rank's sends and
+//! receives on one communication stream, in the order all ranks share), and
+//! `train --backend cuda --launcher mpi` through [`CudaRank`](super::CudaRank).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

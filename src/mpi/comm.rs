@@ -85,6 +85,30 @@ impl Comm {
         out
     }
 
+    /// Process `root`'s `bytes`, copied into every process's `bytes` (all pass buffers of one
+    /// length; every process must call this at once).
+    pub fn broadcast(&self, root: usize, bytes: &mut [u8]) {
+        mpi::collective::Root::broadcast_into(&self.comm.process_at_rank(root as i32), bytes);
+    }
+
+    /// This process's index among the processes of its node: from the launcher's environment
+    /// (`OMPI_COMM_WORLD_LOCAL_RANK` under Open MPI, `MPI_LOCALRANKID` under MPICH,
+    /// `SLURM_LOCALID` under `srun`), else from an MPI shared-memory split of this communicator
+    /// (which every process must then call at once: the variables are set for all or none).
+    pub fn local_rank(&self) -> usize {
+        let from_env = [
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+            "SLURM_LOCALID",
+        ]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok());
+        from_env.unwrap_or_else(|| {
+            let node = self.comm.split_shared(self.comm.rank());
+            node.rank() as usize
+        })
+    }
+
     /// Waits until every process reaches this call.
     pub fn barrier(&self) {
         mpi::collective::CommunicatorCollectives::barrier(&self.comm);

@@ -103,4 +103,28 @@ pub enum RuntimeError {
         /// The message.
         message: String,
     },
+    /// A transfer between ranks of a per-rank stream runner failed
+    /// ([`RankStreams`](super::streams::RankStreams) over a [`PeerLink`](super::streams::PeerLink)).
+    #[error("rank {rank}: {error}")]
+    Peer {
+        /// The rank that saw it.
+        rank: usize,
+        /// What went wrong.
+        error: super::streams::PeerError,
+    },
+    /// A per-rank runner was given other stages than the ones its rank holds.
+    #[error(
+        "rank {rank} holds stages {expected:?} of schedule `{schedule}`, but stages {got:?} were \
+         given (build exactly the rank's own stages)"
+    )]
+    RankStages {
+        /// The schedule's name.
+        schedule: String,
+        /// The rank.
+        rank: usize,
+        /// The global indices of the stages the schedule places on the rank.
+        expected: Vec<usize>,
+        /// The global indices given.
+        got: Vec<usize>,
+    },
 }

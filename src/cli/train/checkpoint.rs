@@ -186,8 +186,13 @@ fn load(setup: &Setup, dir: &Path) -> Result<Resume, CliError> {
 }
 
 /// Puts the resumed state into freshly built `stages` (any misfit is a corrupt checkpoint, exit 2).
-pub fn restore(r: &Resume, plan: &Plan, stages: &mut [LinearStage]) -> Result<(), CliError> {
-    checkpoint::restore(&r.folder, r.ranks.clone(), &plan.schedule, stages)
+pub fn restore(
+    r: &Resume,
+    plan: &Plan,
+    stages: &mut [(usize, LinearStage)],
+) -> Result<(), CliError> {
+    let stages = stages.iter_mut().map(|(s, st)| (*s, st)).collect();
+    checkpoint::restore_some(&r.folder, r.ranks.clone(), &plan.schedule, stages)
         .map_err(|e| refuse("--resume", &r.dir, e))
 }
 

@@ -140,7 +140,7 @@ pub fn run_steps(
 }
 
 /// A step's inputs and targets copied to the device on `upload` (waits for the copies).
-fn upload_batch(
+pub(super) fn upload_batch(
     upload: &Arc<CudaStream>,
     kind: LossKind,
     x: &[Tensor],

@@ -4,8 +4,8 @@
 //! Every process checks the flags; the world must have `P * D` processes (`--ranks P`,
 //! `--data-parallel D`); process `w` is rank `w % P` of replica `w / P`. Process 0 profiles and
 //! plans (or takes the `--resume` checkpoint's plan) and sends the plans to the others, so all run
-//! one schedule and partition. Each process builds the model, keeps the stages the schedule places
-//! on its rank and runs that rank's lowered list with the runtime's per-rank runner over
+//! one schedule and partition. Each process builds (and restores from a `--resume` checkpoint) only
+//! the stages the schedule places on its rank and runs that rank's lowered list with the runtime's per-rank runner over
 //! [`MpiTransport`] on its replica's communicator; with replicas, each stage's gradients are
 //! averaged over the replicas of its rank ([`GradientMean`], an MPI all-reduce) as soon as the
 //! stage's last `W`/`B` is done. The data of a step is the `(seed, step)` global batch, split as in
@@ -13,7 +13,10 @@
 //! the processes send their outcome to process 0, which assembles each replica's step report and
 //! prints what the threaded run prints. Checkpoints: replica 0's processes write their rank files,
 //! then process 0 the manifest. A rank that fails (an error or a panic) reports its error naming
-//! the rank and aborts the job (no process waits forever).
+//! the rank and aborts the job (no process waits forever). With `--backend cuda` each process runs
+//! one GPU rank over NCCL instead ([`cuda`]).
+
+mod cuda;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -27,7 +30,9 @@ use pipefill_host::timeline::{Span, Transfer};
 use serde::{Deserialize, Serialize};
 
 use super::checkpoint::Saver;
-use super::{build, candidates, choose, outcome, progress, report, setup, Args, Format, Setup};
+use super::{
+    build_where, candidates, choose, outcome, progress, report, setup, Args, Format, Setup,
+};
 use crate::checkpoint::{store, RankFile, RankState, StageState};
 use crate::cli::CliError;
 use crate::layers::LinearStage;
@@ -148,6 +153,9 @@ fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliE
     let a = &setup.args;
     let plans = agree_on_plans(world, setup)?;
     let chosen = choose(&plans)?;
+    if setup.backend == super::Backend::Cuda {
+        return cuda::train_rank(world, setup, place, &plans, &chosen);
+    }
     let schedule = &chosen.plan.schedule;
     let program = RankProgram::of(schedule);
     world.reserve_send_buffer(send_buffer(setup, &program, place.rank));
@@ -155,7 +163,8 @@ fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliE
     let reducer = grads
         .map(GradientMean::new)
         .map(|mean| move |_stage: usize, g: Vec<&mut [f32]>| mean.reduce(g));
-    let (mut stages, first_step) = build(setup, &chosen.plan)?;
+    let me = place.rank;
+    let (mut stages, first_step) = build_where(setup, &chosen.plan, |s| schedule.rank_of(s) == me)?;
     let saver = Saver::new(setup, &chosen.plan).filter(|_| place.replica == 0);
     let teacher = Teacher::new(&setup.spec, a.seed);
     let mut transport = MpiTransport::new(&pipe);
@@ -211,7 +220,7 @@ impl Job<'_> {
     fn step(
         &self,
         step: usize,
-        stages: &mut [LinearStage],
+        stages: &mut [(usize, LinearStage)],
         x: Vec<pipefill_host::runtime::Tensor>,
         t: Vec<pipefill_host::runtime::Tensor>,
         transport: &mut MpiTransport<'_>,
@@ -232,11 +241,7 @@ impl Job<'_> {
             schedule,
             program: self.program,
             rank: me,
-            stages: stages
-                .iter_mut()
-                .enumerate()
-                .filter(|(s, _)| schedule.rank_of(*s) == me)
-                .collect(),
+            stages: stages.iter_mut().map(|(s, stage)| (*s, stage)).collect(),
             inputs,
             targets: &t,
             loss: &self.setup.spec.loss,
@@ -357,16 +362,19 @@ fn gather(
 
 /// Writes this rank's file of the checkpoint after step `done` (replica 0's processes only);
 /// process 0 then writes the manifest once every rank's file is written and synced.
-fn save(job: &Job<'_>, saver: &Saver, done: usize, stages: &[LinearStage]) -> Result<(), CliError> {
-    let (world, me, schedule) = (job.world, job.place.rank, job.schedule);
+fn save(
+    job: &Job<'_>,
+    saver: &Saver,
+    done: usize,
+    stages: &[(usize, LinearStage)],
+) -> Result<(), CliError> {
+    let (world, me) = (job.world, job.place.rank);
     let state = RankState {
         rank: me,
         step: done as u64,
         stages: stages
             .iter()
-            .enumerate()
-            .filter(|(s, _)| schedule.rank_of(*s) == me)
-            .map(|(s, stage)| StageState::of(s, stage))
+            .map(|(s, stage)| StageState::of(*s, stage))
             .collect(),
     };
     let file = store::write_rank(saver.dir(), &state).map_err(|e| saver.failed(done, e))?;

@@ -250,14 +250,20 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     Ok(setup)
 }
 
-/// What the CUDA path does not do yet, refused before anything runs.
+/// What the CUDA path does not do yet, refused before anything runs (`--launcher mpi` runs one GPU
+/// rank per process over NCCL, without replicas, checkpoints or graphs).
 fn check_cuda_run(args: &Args) -> Result<(), CliError> {
+    if args.launcher == Launcher::Mpi && args.graph {
+        return Err(usage(
+            "--graph is not built for GPU ranks in separate processes (--launcher mpi): drop \
+             --graph, or drop --launcher mpi"
+                .to_string(),
+        ));
+    }
     let with = if args.data_parallel > 1 {
         Some("--data-parallel")
     } else if args.checkpoint.checkpoint.is_some() || args.checkpoint.resume.is_some() {
         Some("--checkpoint/--resume")
-    } else if args.launcher == Launcher::Mpi {
-        Some("--launcher mpi")
     } else {
         None
     };

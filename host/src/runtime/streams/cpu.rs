@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use super::{Device, DeviceError, StreamId};
 
 mod capture;
+mod peer;
 use crate::runtime::{Loss, Payload, Stage, StageError, Tensor};
+pub use peer::{CpuPeer, CpuPeers};
 
 /// What a stream worker is sent.
 enum Job {

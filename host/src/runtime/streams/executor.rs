@@ -4,10 +4,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::program::lanes;
+use super::step::{run_action, Step};
 use super::{check, Device, EventRole, StreamOp, StreamProgram};
-use crate::runtime::worker::{grad_edge, input_edge};
 use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError, StepReport};
-use crate::schedule::deps::{output, Edge, Flow};
+use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::{Source, Timeline, Transfer};
 
@@ -53,27 +53,6 @@ pub struct StreamExecutor<D: Device, S: Stage<D::Payload>> {
     enqueue_seconds: f64,
     /// The captured step, once [`capture`](StreamExecutor::capture) ran (dropped after the device).
     graph: Option<graph::Captured<D>>,
-}
-
-/// A stash and whether `I` has run on it.
-struct Held<T> {
-    stash: T,
-    input_done: bool,
-    bytes: usize,
-}
-
-/// The state of one step while it is enqueued.
-struct Step<D: Device, T> {
-    stashes: HashMap<(usize, usize), Held<T>>,
-    /// Data waiting for its consumer: `(edge, payload)` by edge.
-    mailbox: HashMap<Edge, D::Payload>,
-    inputs: Vec<Option<D::Payload>>,
-    losses: Vec<Option<<D::Payload as Payload>::Loss>>,
-    held: Vec<usize>,
-    peak: Vec<usize>,
-    /// Start and end marks of each action, in enqueue order.
-    marks: Vec<(Action, D::Mark, D::Mark)>,
-    bytes: HashMap<Edge, usize>,
 }
 
 impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
@@ -183,17 +162,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
 
     /// The empty state of a step whose microbatch inputs are `inputs`.
     fn new_step(&self, inputs: Vec<D::Payload>) -> Step<D, S::Stash> {
-        let (p, m) = (self.schedule.ranks, self.schedule.microbatches);
-        Step {
-            stashes: HashMap::new(),
-            mailbox: HashMap::new(),
-            inputs: inputs.into_iter().map(Some).collect(),
-            losses: (0..m).map(|_| None).collect(),
-            held: vec![0; p],
-            peak: vec![0; p],
-            marks: Vec::new(),
-            bytes: HashMap::new(),
-        }
+        Step::new(&self.schedule, inputs)
     }
 
     /// Walks the program once: binds, runs each action (between timing marks when `timed`),
@@ -242,90 +211,14 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         targets: &[D::Payload],
         loss: &L,
     ) -> Result<(), RuntimeError> {
-        let rank = self.schedule.rank_of(a.stage);
-        let key = (a.stage, a.microbatch);
-        let last = self.schedule.stages() - 1;
-        let stage = &mut self.stages[a.stage];
-        let handed: Option<D::Payload> = match a.op {
-            Op::F => {
-                let input = if a.stage == 0 {
-                    step.inputs.get_mut(a.microbatch).and_then(Option::take)
-                } else {
-                    step.mailbox.remove(&input_edge(a))
-                };
-                let input = input.ok_or_else(|| no_input(rank, a))?;
-                let (out, stash) = stage.forward(input).map_err(|e| act(rank, a, e))?;
-                let bytes = stage.held_bytes(&stash);
-                let stashed = Held {
-                    stash,
-                    input_done: false,
-                    bytes,
-                };
-                step.hold(rank, bytes, 0);
-                if step.stashes.insert(key, stashed).is_some() {
-                    return Err(act(rank, a, "this forward already ran"));
-                }
-                if a.stage == last {
-                    let target = targets.get(a.microbatch).ok_or_else(|| no_input(rank, a))?;
-                    let (value, mut grad) = loss.loss(&out, target).map_err(|e| act(rank, a, e))?;
-                    grad.scale_by(1.0 / self.schedule.microbatches as f32)
-                        .map_err(|e| act(rank, a, e))?;
-                    step.losses[a.microbatch] = Some(value);
-                    step.mailbox.insert(grad_edge(a), grad);
-                    None
-                } else {
-                    Some(out)
-                }
-            }
-            Op::I | Op::B => {
-                let grad = step
-                    .mailbox
-                    .remove(&grad_edge(a))
-                    .ok_or_else(|| no_input(rank, a))?;
-                let held = if a.op == Op::I {
-                    step.stashes.get_mut(&key)
-                } else {
-                    None
-                };
-                match held {
-                    Some(h) if !h.input_done => {
-                        let gi = stage
-                            .backward_input(&mut h.stash, grad)
-                            .map_err(|e| act(rank, a, e))?;
-                        let (before, after) = (h.bytes, stage.held_bytes(&h.stash));
-                        h.bytes = after;
-                        h.input_done = true;
-                        step.hold(rank, after, before);
-                        Some(gi)
-                    }
-                    Some(_) => return Err(act(rank, a, "I already ran for this microbatch")),
-                    None => {
-                        let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
-                        step.hold(rank, 0, h.bytes);
-                        if h.input_done {
-                            return Err(act(rank, a, "B after I for this microbatch"));
-                        }
-                        Some(stage.backward(h.stash, grad).map_err(|e| act(rank, a, e))?)
-                    }
-                }
-            }
-            Op::W => {
-                let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
-                if !h.input_done {
-                    return Err(act(rank, a, "W before I for this microbatch"));
-                }
-                step.hold(rank, 0, h.bytes);
-                stage
-                    .backward_weight(h.stash)
-                    .map_err(|e| act(rank, a, e))?;
-                None
-            }
-        };
-        if let (Some(data), Some(edge)) = (handed, output(a, self.schedule.stages())) {
-            step.bytes.insert(edge, data.bytes());
-            step.mailbox.insert(edge, data);
-        }
-        Ok(())
+        run_action(
+            &self.schedule,
+            &mut self.stages[a.stage],
+            step,
+            a,
+            targets,
+            loss,
+        )
     }
 
     /// The step report: losses read back, the timeline from the marks.
@@ -414,37 +307,6 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         }
         t
     }
-}
-
-impl<D: Device, T> Step<D, T> {
-    fn hold(&mut self, rank: usize, add: usize, remove: usize) {
-        self.held[rank] = (self.held[rank] + add).saturating_sub(remove);
-        self.peak[rank] = self.peak[rank].max(self.held[rank]);
-    }
-}
-
-fn act(rank: usize, action: Action, e: impl ToString) -> RuntimeError {
-    RuntimeError::ActionFailed {
-        rank,
-        action,
-        message: e.to_string(),
-    }
-}
-
-fn no_input(rank: usize, a: Action) -> RuntimeError {
-    act(
-        rank,
-        a,
-        "its input was not produced before it (does the program check?)",
-    )
-}
-
-fn no_stash(rank: usize, a: Action) -> RuntimeError {
-    act(
-        rank,
-        a,
-        "no stash: the forward of this stage and microbatch has not run",
-    )
 }
 
 fn device_error(e: super::DeviceError) -> RuntimeError {

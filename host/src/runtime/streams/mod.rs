@@ -21,6 +21,12 @@
 //!    enqueue per action ([`Device::begin_capture`] and its siblings; devices that cannot capture
 //!    refuse by default).
 //!
+//! 5. For one process per rank (GPU ranks over NCCL), [`RankStreams`] runs one rank's part of the
+//!    same program on a device holding only that rank's stages, the data crossing ranks through a
+//!    [`PeerLink`]; [`peer_ops`] posts every rank's sends and receives in one shared order (receives
+//!    in the sender's order), which a link that matches messages in order (NCCL) cannot mismatch or
+//!    deadlock on. [`CpuPeers`] is its CPU twin: in-order matching, rendezvous, deadlines.
+//!
 //! Stream choice: one stream per **rank** (plus the second lane), not per model stage: a rank's list
 //! is an order the schedule chose, and one in-order stream keeps it on the device. Ranks sharing one
 //! GPU run their streams concurrently, which is the kernel-level overlap the shared-device simulation
@@ -34,13 +40,18 @@ mod check;
 mod cpu;
 mod device;
 mod executor;
+mod peer;
 mod program;
+mod rank;
+mod step;
 
 pub use check::check;
-pub use cpu::{CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
+pub use cpu::{CpuPeer, CpuPeers, CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
 pub use device::{Device, DeviceError};
 pub use executor::StreamExecutor;
+pub use peer::{peer_ops, PeerError, PeerLink, PeerOp, PostOrder, RankPlan};
 pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};
+pub use rank::{RankBatch, RankStreams};
 
 use thiserror::Error;
 

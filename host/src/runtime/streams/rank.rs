@@ -1,0 +1,344 @@
+//! [`RankStreams`]: one rank's part of a training step on a [`Device`], for a process that runs only
+//! that rank (one process per GPU): the rank's stages on the rank's streams, in the program's
+//! order, with the data crossing ranks through a [`PeerLink`] posted as [`peer_ops`] says.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use super::peer::{peer_ops, PeerError, PeerLink, PeerOp, PostOrder, RankPlan};
+use super::step::{run_action, Step};
+use super::{check, Device, DeviceError, StreamOp, StreamProgram};
+use crate::runtime::clock::panic_message;
+use crate::runtime::{Loss, Payload, RankOutcome, RankStop, RuntimeError, Stage};
+use crate::schedule::deps::Edge;
+use crate::schedule::{Action, Schedule};
+use crate::timeline::Span;
+
+/// One rank's data for a step of [`RankStreams::step`].
+pub struct RankBatch<'a, P: Payload, L> {
+    /// Stage 0's microbatch inputs on the rank that holds stage 0 (empty elsewhere).
+    pub inputs: Vec<P>,
+    /// The microbatch targets on the rank that holds the last stage (may be empty elsewhere).
+    pub targets: &'a [P],
+    /// The loss after the last stage.
+    pub loss: &'a L,
+    /// The shape of the data of an edge that crosses into this rank (what a receive is posted
+    /// with: a link must know the size before the data comes).
+    pub shape: &'a dyn Fn(Edge) -> Vec<usize>,
+}
+
+/// Runs one rank's part of each training step of a [`Schedule`] on a [`Device`] that holds only
+/// that rank's stages and streams.
+///
+/// Built once: the whole [`StreamProgram`] is built and [`check`]ed (every process knows the whole
+/// schedule), the rank's part is taken with [`peer_ops`] (receives in the sender's order), and the
+/// device makes the rank's streams. Each [`step`](RankStreams::step) zeroes the gradients, enqueues
+/// the rank's runs, lane events, sends and receives from the calling thread, synchronises the
+/// device and the link, agrees with the other ranks ([`PeerLink::finish`]) and only then applies
+/// the optimizer steps. It returns the same [`RankOutcome`] as the threaded
+/// [`run_rank`](crate::runtime::run_rank), so [`assemble`](crate::runtime::assemble) turns the
+/// outcomes of all ranks into a step report.
+pub struct RankStreams<D: Device, S: Stage<D::Payload>> {
+    schedule: Schedule,
+    rank: usize,
+    plan: RankPlan,
+    device: D,
+    /// `(global stage, stage)`, the rank's stages.
+    stages: Vec<(usize, S)>,
+    /// Global stage index -> position in `stages`.
+    index: HashMap<usize, usize>,
+}
+
+/// A step enqueued: its state and the origin of its timing marks.
+type Enqueued<D, T> = (Step<D, T>, <D as Device>::Mark);
+
+/// What the walk over the rank's ops leaves: events by program index, posted receives by edge.
+struct Walk<D: Device> {
+    events: HashMap<usize, D::Event>,
+    posted: HashMap<Edge, (D::Payload, D::Event)>,
+}
+
+impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
+    /// The runner of rank `rank` of `schedule` over its `stages` (`(global index, stage)`, exactly
+    /// the stages the schedule places on the rank) on `device`, receives posted in `order`
+    /// ([`PostOrder::Sender`] unless a test shows what the other order breaks).
+    pub fn new(
+        schedule: Schedule,
+        rank: usize,
+        stages: Vec<(usize, S)>,
+        mut device: D,
+        order: PostOrder,
+    ) -> Result<Self, RuntimeError> {
+        crate::runtime::check::check_run(&schedule, schedule.stages())?;
+        let expected: Vec<usize> = (0..schedule.stages())
+            .filter(|&s| schedule.rank_of(s) == rank)
+            .collect();
+        let mut got: Vec<usize> = stages.iter().map(|(s, _)| *s).collect();
+        got.sort_unstable();
+        if got != expected || rank >= schedule.ranks {
+            return Err(RuntimeError::RankStages {
+                schedule: schedule.name.clone(),
+                rank,
+                expected,
+                got,
+            });
+        }
+        let program = StreamProgram::build(&schedule).map_err(RuntimeError::Streams)?;
+        check(&program, &schedule).map_err(RuntimeError::Streams)?;
+        let plan = peer_ops(&program, rank, order);
+        device.make_streams(&plan.streams).map_err(device_error)?;
+        let index = stages
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| (*s, i))
+            .collect();
+        Ok(RankStreams {
+            schedule,
+            rank,
+            plan,
+            device,
+            stages,
+            index,
+        })
+    }
+
+    /// The rank's plan.
+    pub fn plan(&self) -> &RankPlan {
+        &self.plan
+    }
+
+    /// The rank's stages, `(global index, stage)`.
+    pub fn stages(&self) -> &[(usize, S)] {
+        &self.stages
+    }
+
+    /// The rank's stages, for changing between steps.
+    pub fn stages_mut(&mut self) -> &mut [(usize, S)] {
+        &mut self.stages
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// Runs the rank's part of one training step over `peer`. Never panics on a failure: the
+    /// outcome's `result` says how the rank ended (a failure here also aborts the peers).
+    pub fn step<L: Loss<D::Payload>, P: PeerLink<D>>(
+        &mut self,
+        batch: RankBatch<'_, D::Payload, L>,
+        peer: &mut P,
+    ) -> RankOutcome {
+        let mut out = RankOutcome {
+            spans: Vec::new(),
+            transfers: Vec::new(),
+            losses: Vec::new(),
+            peak_held: 0,
+            action_seconds: Vec::new(),
+            result: Ok(()),
+        };
+        let rank = self.rank;
+        let enqueued =
+            catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, peer))).unwrap_or_else(|p| {
+                Err(RuntimeError::Internal {
+                    rank,
+                    message: format!("the runtime panicked: {}", panic_message(&*p)),
+                })
+            });
+        if enqueued.is_err() {
+            peer.abort();
+        }
+        let device = self.device.synchronize();
+        let link = peer.complete();
+        let result = match (enqueued, device, link) {
+            (Err(e), _, _) => Err(RankStop::Failed(e)),
+            (Ok(_), _, Err(error)) if error.is_cause() => Err(self.peer_failed(error)),
+            (Ok(_), _, Err(PeerError::Aborted)) => Err(RankStop::Aborted),
+            (Ok(_), Err(e), _) => Err(RankStop::Failed(device_error(e))),
+            (Ok(_), Ok(()), Err(error)) => Err(self.peer_failed(error)),
+            (Ok(step), Ok(()), Ok(())) => self.report(step, &mut out),
+        };
+        if let Err(RankStop::Failed(_)) = result {
+            peer.abort();
+        }
+        let all_ok = peer.finish(result.is_ok());
+        out.result = match result {
+            Ok(()) if all_ok => self.optimizer_steps(),
+            Ok(()) => Err(RankStop::Aborted),
+            other => other,
+        };
+        out
+    }
+
+    fn peer_failed(&self, error: PeerError) -> RankStop {
+        RankStop::Failed(RuntimeError::Peer {
+            rank: self.rank,
+            error,
+        })
+    }
+
+    /// Zeroes the gradients and walks the plan once; the step state and the origin mark.
+    fn enqueue<L: Loss<D::Payload>, P: PeerLink<D>>(
+        &mut self,
+        mut batch: RankBatch<'_, D::Payload, L>,
+        peer: &mut P,
+    ) -> Result<Enqueued<D, S::Stash>, RuntimeError> {
+        self.check_batch(batch.inputs.len(), batch.targets.len())?;
+        for (_, stage) in &mut self.stages {
+            stage.zero_grad();
+        }
+        let mut step = Step::new(&self.schedule, std::mem::take(&mut batch.inputs));
+        let origin = self.device.mark(0).map_err(device_error)?;
+        let mut walk = Walk {
+            events: HashMap::new(),
+            posted: HashMap::new(),
+        };
+        for i in 0..self.plan.ops.len() {
+            let op = self.plan.ops[i];
+            self.op(op, &mut step, &mut walk, &batch, peer)?;
+        }
+        Ok((step, origin))
+    }
+
+    /// Enqueues one op of the plan.
+    fn op<L: Loss<D::Payload>, P: PeerLink<D>>(
+        &mut self,
+        op: PeerOp,
+        step: &mut Step<D, S::Stash>,
+        walk: &mut Walk<D>,
+        batch: &RankBatch<'_, D::Payload, L>,
+        peer: &mut P,
+    ) -> Result<(), RuntimeError> {
+        let link = |error| RuntimeError::Peer {
+            rank: self.rank,
+            error,
+        };
+        match op {
+            PeerOp::Local(StreamOp::Run { stream, action }) => {
+                self.device.bind(stream).map_err(device_error)?;
+                let start = self.device.mark(stream).map_err(device_error)?;
+                let Some(&at) = self.index.get(&action.stage) else {
+                    return Err(self.internal(format!("{action} is not on this rank")));
+                };
+                let stage = &mut self.stages[at].1;
+                run_action(
+                    &self.schedule,
+                    stage,
+                    step,
+                    action,
+                    batch.targets,
+                    batch.loss,
+                )?;
+                let end = self.device.mark(stream).map_err(device_error)?;
+                step.marks.push((action, start, end));
+            }
+            PeerOp::Local(StreamOp::Record { stream, event }) => {
+                let e = self.device.record(stream).map_err(device_error)?;
+                walk.events.insert(event, e);
+            }
+            PeerOp::Local(StreamOp::Wait { stream, event }) => {
+                let e = walk.events.get(&event).ok_or_else(|| {
+                    self.internal(format!("event {event} waited on before it was recorded"))
+                })?;
+                self.device.wait(stream, e).map_err(device_error)?;
+            }
+            PeerOp::Send { stream, edge, to } => {
+                let data = step.mailbox.remove(&edge).ok_or_else(|| {
+                    self.internal(format!("{} has nothing to send yet", edge.send()))
+                })?;
+                let after = self.device.record(stream).map_err(device_error)?;
+                peer.send(after, edge, data, to).map_err(link)?;
+            }
+            PeerOp::Post { edge, from } => {
+                let posted = peer.recv(edge, from, &(batch.shape)(edge)).map_err(link)?;
+                walk.posted.insert(edge, posted);
+            }
+            PeerOp::Ready { stream, edge } => {
+                let (data, done) = walk.posted.remove(&edge).ok_or_else(|| {
+                    self.internal(format!("{} is consumed before it is posted", edge.recv()))
+                })?;
+                self.device.wait(stream, &done).map_err(device_error)?;
+                step.bytes.insert(edge, data.bytes());
+                step.mailbox.insert(edge, data);
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a batch that is not one input (on stage 0's rank) and one target (on the last
+    /// stage's rank) per microbatch.
+    fn check_batch(&self, inputs: usize, targets: usize) -> Result<(), RuntimeError> {
+        let m = self.schedule.microbatches;
+        let first = self.index.contains_key(&0);
+        let last = self.index.contains_key(&(self.schedule.stages() - 1));
+        if (first && inputs != m) || (last && targets != m) {
+            return Err(RuntimeError::BatchCount {
+                microbatches: m,
+                inputs,
+                targets,
+            });
+        }
+        Ok(())
+    }
+
+    /// Fills `out` from a synchronised step: losses, spans, per-action seconds, peak memory.
+    fn report(
+        &self,
+        (step, origin): Enqueued<D, S::Stash>,
+        out: &mut RankOutcome,
+    ) -> Result<(), RankStop> {
+        let fail = |e: DeviceError| RankStop::Failed(device_error(e));
+        for (k, l) in step.losses.into_iter().enumerate() {
+            if let Some(l) = l {
+                let v = D::Payload::loss_value(l).map_err(|e| fail(e.into()))?;
+                out.losses.push((k, v));
+            }
+        }
+        let mut times: HashMap<Action, (f64, f64)> = HashMap::new();
+        for (a, start, end) in &step.marks {
+            let s = self.device.seconds(&origin, start).map_err(fail)?;
+            let e = self.device.seconds(&origin, end).map_err(fail)?;
+            times.insert(*a, (s, e));
+            out.action_seconds.push((*a, e - s));
+        }
+        for item in self.schedule.actions[self.rank]
+            .iter()
+            .filter(|i| i.is_compute())
+        {
+            let (mut s, mut e) = (f64::INFINITY, 0.0f64);
+            for &(a0, a1) in item.actions().filter_map(|a| times.get(&a)) {
+                s = s.min(a0);
+                e = e.max(a1);
+            }
+            if s.is_finite() {
+                out.spans.push(Span::new(*item, s, e));
+            }
+        }
+        out.peak_held = step.peak[self.rank];
+        Ok(())
+    }
+
+    fn optimizer_steps(&mut self) -> Result<(), RankStop> {
+        for (s, stage) in &mut self.stages {
+            stage.optimizer_step().map_err(|e| {
+                RankStop::Failed(RuntimeError::OptimizerFailed {
+                    rank: self.rank,
+                    stage: *s,
+                    message: e.to_string(),
+                })
+            })?;
+        }
+        Ok(())
+    }
+
+    fn internal(&self, message: String) -> RuntimeError {
+        RuntimeError::Internal {
+            rank: self.rank,
+            message,
+        }
+    }
+}
+
+fn device_error(e: DeviceError) -> RuntimeError {
+    RuntimeError::Device { message: e.message }
+}

@@ -1,0 +1,151 @@
+//! `pipefill train --backend cuda --launcher mpi`: one GPU rank per process. Each process opens its
+//! node-local GPU (`local rank mod device count`), process 0 makes the NCCL unique id and MPI
+//! broadcasts its bytes, every process joins the NCCL communicator and copies only its own stages
+//! to its GPU ([`CudaRank`]), then runs its rank of each step with the per-rank stream runner, the
+//! activations and gradients crossing ranks over NCCL. The outcomes go to process 0 over MPI as on
+//! the CPU path, which prints what the threaded run prints. Without replicas, checkpoints or graphs
+//! (refused at the flags).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::CudaStream;
+use pipefill_host::runtime::{RankOutcome, RankProgram, RankStop, Tensor};
+
+use super::{failed, gather, Job};
+use crate::cli::train::cuda::upload_batch;
+use crate::cli::train::{build_where, outcome, progress, report, Chosen, Format, Setup};
+use crate::cli::CliError;
+use crate::cuda::nccl::{UniqueId, ID_BYTES};
+use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer, RankModel};
+use crate::model::{stage_ranges, Teacher};
+use crate::mpi::{Place, World};
+
+fn cuda_failed(e: impl std::fmt::Display) -> CliError {
+    CliError::Failed(format!("--backend cuda: {e}"))
+}
+
+/// This process's GPU: its index among the processes of its node, modulo the devices there.
+fn local_gpu(world: &World) -> Result<Arc<Gpu>, CliError> {
+    let local = world.local_rank();
+    let count = device_count().map_err(cuda_failed)?;
+    if count == 0 {
+        return Err(cuda_failed(CudaError::NoDevice {
+            ordinal: local,
+            count,
+            reason: None,
+        }));
+    }
+    Gpu::open(local % count).map_err(cuda_failed)
+}
+
+/// The NCCL id, made by process 0 and broadcast over MPI (every process calls this at once; if
+/// process 0 cannot make one, its error ends the job through the launcher's abort).
+fn shared_id(world: &World) -> Result<UniqueId, CliError> {
+    let mut bytes = [0u8; ID_BYTES];
+    if world.rank() == 0 {
+        bytes = UniqueId::new().map_err(cuda_failed)?.to_bytes();
+    }
+    world.broadcast(0, &mut bytes);
+    UniqueId::from_bytes(&bytes).ok_or_else(|| cuda_failed("the NCCL id from rank 0 is malformed"))
+}
+
+/// The output width of each stage of `plan` (its last layer's): what crosses each boundary.
+fn stage_widths(setup: &Setup, plan: &pipefill_host::plan::Plan) -> Vec<usize> {
+    stage_ranges(&plan.layers_per_stage)
+        .iter()
+        .map(|r| {
+            let last = r.end.checked_sub(1).and_then(|l| setup.spec.layers.get(l));
+            last.map_or(0, |l| l.width)
+        })
+        .collect()
+}
+
+/// This process's rank through every step on its GPU; process 0 reports.
+pub(super) fn train_rank(
+    world: &mut World,
+    setup: &Setup,
+    place: Place,
+    plans: &[pipefill_host::plan::Plan],
+    chosen: &Chosen,
+) -> Result<(), CliError> {
+    let a = &setup.args;
+    let schedule = &chosen.plan.schedule;
+    let gpu = local_gpu(world)?;
+    let id = shared_id(world)?;
+    let peer = NcclPeer::open(&gpu, place.rank, place.ranks, id).map_err(cuda_failed)?;
+    let (stages, first_step) =
+        build_where(setup, &chosen.plan, |s| schedule.rank_of(s) == place.rank)?;
+    let model = RankModel {
+        stages: stages.iter().map(|(s, st)| (*s, st)).collect(),
+        widths: stage_widths(setup, &chosen.plan),
+        precision: setup.precision,
+        loss: setup.spec.loss,
+    };
+    let mut me =
+        CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
+    drop(stages);
+    let upload = gpu.new_stream().map_err(cuda_failed)?;
+    let program = RankProgram::of(schedule);
+    let job = Job {
+        world,
+        setup,
+        place,
+        schedule,
+        program: &program,
+        reduce: None,
+    };
+    let teacher = Teacher::new(&setup.spec, a.seed);
+    let mut shown = (place.world == 0).then(|| progress(setup, first_step));
+    let mut reports = Vec::with_capacity(a.steps - first_step);
+    for step in first_step..a.steps {
+        let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
+        let (out, seconds) = gpu_step(&job, &mut me, &upload, step, (&x, &t))?;
+        if let Some(r) = gather(&job, &chosen.plan, out, seconds)? {
+            if let Some(p) = shown.as_mut() {
+                p.step(step, r.loss, r.seconds, a.format == Format::Text);
+            }
+            reports.push(r);
+        }
+    }
+    if let Some(mut p) = shown {
+        p.finish();
+        let o = outcome(setup, &chosen.plan, first_step, &reports)?;
+        report(setup, plans, chosen, &o)?;
+    }
+    Ok(())
+}
+
+/// One step of this rank on its GPU: stage 0's inputs uploaded on its rank, the targets on the
+/// last stage's; its outcome and wall seconds.
+fn gpu_step(
+    job: &Job<'_>,
+    me: &mut CudaRank,
+    upload: &Arc<CudaStream>,
+    step: usize,
+    (x, t): (&[Tensor], &[Tensor]),
+) -> Result<(RankOutcome, f64), CliError> {
+    let (schedule, rank) = (job.schedule, job.place.rank);
+    let first = schedule.rank_of(0) == rank;
+    let last = schedule.rank_of(schedule.stages() - 1) == rank;
+    let rows: Vec<usize> = x
+        .iter()
+        .map(|x| x.shape().first().copied().unwrap_or(0))
+        .collect();
+    let (inputs, targets) = upload_batch(
+        upload,
+        job.setup.spec.loss,
+        if first { x } else { &[] },
+        if last { t } else { &[] },
+    )
+    .map_err(cuda_failed)?;
+    job.world.barrier();
+    let epoch = Instant::now();
+    let out = me.step(inputs, &targets, &rows);
+    let seconds = epoch.elapsed().as_secs_f64();
+    match &out.result {
+        Ok(()) => Ok((out, seconds)),
+        Err(RankStop::Failed(e)) => Err(failed(format!("step {step}: {e}"))),
+        Err(RankStop::Aborted) => Err(failed(format!("step {step}: aborted"))),
+    }
+}

@@ -1,0 +1,155 @@
+//! [`NcclPeer`]: the stream runtime's [`PeerLink`] between GPU ranks in separate processes, over
+//! NCCL point-to-point ([`NcclLink`]) on one communication stream per process.
+//!
+//! The per-rank runner ([`RankStreams`](pipefill_host::runtime::streams::RankStreams)) posts every
+//! send and receive of its rank on this one stream in the order all ranks share (receives in the
+//! sender's order, [`PostOrder::Sender`](pipefill_host::runtime::streams::PostOrder)), which NCCL
+//! matches right and cannot deadlock on; the CPU twin
+//! ([`CpuPeers`](pipefill_host::runtime::streams::CpuPeers)) checks exactly that without a GPU.
+//! Ordering against the compute streams is by events: a send waits for the event the runner
+//! recorded after its producer; a receive records an event its consumer's stream waits on.
+//!
+//! Buffers: a sent payload is re-homed to the communication stream (any pending scale applied
+//! there) and dropped after the send is enqueued, so its stream-ordered free follows the send; a
+//! received buffer is allocated on the communication stream and re-homed to its consumer's stream
+//! when consumed ([`DeviceTensor::into_scaled`]).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use pipefill_host::runtime::streams::{PeerError, PeerLink};
+use pipefill_host::schedule::deps::Edge;
+
+use super::device::Gpu;
+use super::error::CudaError;
+use super::launch::Launcher;
+use super::nccl::{NcclError, NcclLink, UniqueId};
+use super::streams::CudaStreams;
+use super::tensor::DeviceTensor;
+
+/// One GPU rank's NCCL link for the per-rank stream runner: its communicator and the
+/// communication stream every send and receive of the rank is enqueued on.
+pub struct NcclPeer {
+    gpu: Arc<Gpu>,
+    comm: Arc<CudaStream>,
+    link: NcclLink,
+}
+
+/// Why an [`NcclPeer`] could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerOpenError {
+    /// The communication stream could not be made.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// NCCL refused (no library, or the communicator's init failed).
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+}
+
+fn link_error(e: impl std::fmt::Display) -> PeerError {
+    PeerError::Link {
+        message: e.to_string(),
+    }
+}
+
+impl NcclPeer {
+    /// Joins the communicator `id` as `rank` of `ranks` on a new stream of `gpu` (every rank calls
+    /// this at once; it returns when all have joined).
+    pub fn open(
+        gpu: &Arc<Gpu>,
+        rank: usize,
+        ranks: usize,
+        id: UniqueId,
+    ) -> Result<Self, PeerOpenError> {
+        let comm = gpu.new_stream()?;
+        let link = NcclLink::open(comm.clone(), rank, ranks, id)?;
+        Ok(NcclPeer {
+            gpu: gpu.clone(),
+            comm,
+            link,
+        })
+    }
+
+    /// The communication stream.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.comm
+    }
+
+    fn event(&self) -> Result<CudaEvent, PeerError> {
+        self.comm
+            .record_event(None)
+            .map_err(|e| link_error(CudaError::driver("cuEventRecord")(e)))
+    }
+}
+
+impl PeerLink<CudaStreams> for NcclPeer {
+    fn send(
+        &mut self,
+        after: CudaEvent,
+        _edge: Edge,
+        data: DeviceTensor,
+        to: usize,
+    ) -> Result<(), PeerError> {
+        self.comm
+            .wait(&after)
+            .map_err(|e| link_error(CudaError::driver("cuStreamWaitEvent")(e)))?;
+        let la = Launcher::new(self.gpu.clone(), self.comm.clone());
+        // An empty payload sends nothing; its receiver, posted with the same (empty) shape,
+        // receives nothing either.
+        let Some(buf) = data.into_scaled(&la).map_err(link_error)? else {
+            return Ok(());
+        };
+        self.link.send(&buf, to).map_err(link_error)
+    }
+
+    fn recv(
+        &mut self,
+        _edge: Edge,
+        from: usize,
+        shape: &[usize],
+    ) -> Result<(DeviceTensor, CudaEvent), PeerError> {
+        let n: usize = shape.iter().product();
+        let buf: Option<CudaSlice<f32>> = if n == 0 {
+            None
+        } else {
+            // SAFETY: NCCL writes all `n` values before the event recorded next completes, and
+            // the consumer's stream reads the buffer only after waiting on that event.
+            let mut buf = unsafe { self.comm.alloc::<f32>(n) }
+                .map_err(|e| link_error(CudaError::driver("cuMemAllocAsync")(e)))?;
+            self.link.recv(&mut buf, from).map_err(link_error)?;
+            Some(buf)
+        };
+        let data = DeviceTensor::from_slice(shape.to_vec(), buf).map_err(link_error)?;
+        Ok((data, self.event()?))
+    }
+
+    fn complete(&mut self) -> Result<(), PeerError> {
+        self.comm
+            .synchronize()
+            .map_err(|e| link_error(CudaError::driver("cuStreamSynchronize")(e)))
+    }
+
+    /// Nothing: NCCL has no message to tell the peers, and the launcher ends the whole job on a
+    /// failure (`MPI_Abort`; the GPU test's deadline kills its processes).
+    fn abort(&mut self) {}
+
+    /// The number of failed ranks, summed by an NCCL all-reduce on the communication stream.
+    fn finish(&mut self, ok: bool) -> bool {
+        let flag = [if ok { 0.0f32 } else { 1.0 }];
+        let summed = self
+            .comm
+            .clone_htod(&flag)
+            .map_err(CudaError::driver("memcpy to device"))
+            .map_err(link_error)
+            .and_then(|mut buf| {
+                self.link.all_reduce_sum(&mut buf).map_err(link_error)?;
+                let v = self
+                    .comm
+                    .clone_dtoh(&buf)
+                    .map_err(|e| link_error(CudaError::driver("memcpy to host")(e)))?;
+                self.complete()?;
+                Ok(v)
+            });
+        matches!(summed.as_deref(), Ok([failed]) if *failed == 0.0)
+    }
+}
