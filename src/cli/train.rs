@@ -302,7 +302,7 @@ pub fn build_where(
         )
         .map_err(|e| CliError::Failed(e.0))?
         .into_iter()
-        .map(|s| s.with_activations(setup.activations))
+        .map(|(i, s)| (i, s.with_activations(setup.activations)))
         .collect::<Vec<_>>();
     let first_step = match &setup.resume {
         Some(r) => {
