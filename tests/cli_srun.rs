@@ -93,7 +93,11 @@ fn two_replicas_of_two_ranks_under_srun_have_the_losses_of_the_threaded_run() {
     let threads = losses(pipefill_in(Some(&dir), &RUN));
     let args = [&RUN[..], &["--launcher", "mpi", "--data-parallel", "2"]].concat();
     let under_srun = losses(srun(&dir, 4, &args));
-    assert_eq!(under_srun.len(), threads.len(), "{under_srun:?} vs {threads:?}");
+    assert_eq!(
+        under_srun.len(),
+        threads.len(),
+        "{under_srun:?} vs {threads:?}"
+    );
     for (i, (a, b)) in under_srun.iter().zip(&threads).enumerate() {
         // The replicas' mean gradient is summed in another order than one replica's: 1e-5 (the
         // issue's tolerance for PP x DP against one replica).
@@ -112,7 +116,7 @@ fn a_world_of_another_size_under_srun_is_refused_once() {
     let (code, out, err) = srun(&dir, 3, &args);
     assert_eq!(code, 2, "{out}\n{err}");
     assert!(
-        err.contains("the MPI world has 3 processes for 2 ranks"),
+        err.contains("the MPI world has 3 processes for 2 ranks") && err.contains("`srun -n 2`"),
         "{err}"
     );
     // srun adds its own `srun: error: ... Exited with exit code 2` line; pipefill reports once.

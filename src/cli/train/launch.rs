@@ -104,8 +104,14 @@ fn world_size(e: MpiError, ranks: usize, replicas: usize) -> CliError {
     } else {
         format!("give --ranks x --data-parallel equal to the process count ({ranks} x {replicas})")
     };
+    // Under Slurm (`srun` sets SLURM_STEP_ID in every task) the fix names srun, else mpirun.
+    let launcher = if std::env::var_os("SLURM_STEP_ID").is_some() {
+        "srun"
+    } else {
+        "mpirun"
+    };
     CliError::Usage(format!(
-        "--launcher mpi: {e}; launch with `mpirun -n {}`, or {fix}",
+        "--launcher mpi: {e}; launch with `{launcher} -n {}`, or {fix}",
         ranks * replicas
     ))
 }
