@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::program::lanes;
-use super::{check, Device, EventRole, StreamOp, StreamProgram};
+use super::{check, Device, EventRole, Misplaced, StreamId, StreamOp, StreamProgram};
 use crate::runtime::worker::{grad_edge, input_edge};
 use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError, StepReport};
 use crate::schedule::deps::{output, Edge, Flow};
@@ -116,6 +116,19 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         &self.device
     }
 
+    /// The device (an index among those the [`Device`] drives) that stage `stage` runs on: where
+    /// its rank's main stream is. Stage 0's is where a step's inputs belong, the last stage's is
+    /// where its targets belong (the executor refuses them elsewhere with
+    /// [`RuntimeError::WrongDevice`]). `None` for a stage the schedule does not have.
+    pub fn stage_device(&self, stage: usize) -> Option<usize> {
+        if stage >= self.schedule.stages() {
+            return None;
+        }
+        let rank = self.schedule.rank_of(stage);
+        let stream = self.program.stream(StreamId { rank, lane: 0 })?;
+        Some(self.device.stream_device(stream))
+    }
+
     /// Runs one training step: `inputs[k]` and `targets[k]` are microbatch `k`'s input and target.
     pub fn step<L: Loss<D::Payload>>(
         &mut self,
@@ -129,7 +142,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             stage.zero_grad();
         }
         let mut step = self.new_step(inputs);
-        let origin = self.device.mark(0).map_err(device_error)?;
+        let origin = self.device.origin().map_err(device_error)?;
         self.enqueue_ops(&mut step, targets, loss, true)?;
         self.enqueue_seconds = wall.elapsed().as_secs_f64();
         self.device.synchronize().map_err(device_error)?;
@@ -211,13 +224,13 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                 StreamOp::Run { stream, action } if timed => {
                     self.device.bind(stream).map_err(device_error)?;
                     let start = self.device.mark(stream).map_err(device_error)?;
-                    self.run(step, action, targets, loss)?;
+                    self.run(step, stream, action, targets, loss)?;
                     let end = self.device.mark(stream).map_err(device_error)?;
                     step.marks.push((action, start, end));
                 }
                 StreamOp::Run { stream, action } => {
                     self.device.bind(stream).map_err(device_error)?;
-                    self.run(step, action, targets, loss)?;
+                    self.run(step, stream, action, targets, loss)?;
                 }
                 StreamOp::Record { stream, .. } => {
                     events.push(self.device.record(stream).map_err(device_error)?);
@@ -228,16 +241,58 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                         message: format!("event {event} waited on before it was recorded"),
                     })?;
                     self.device.wait(stream, e).map_err(device_error)?;
+                    self.adopt(step, stream, event)?;
                 }
             }
         }
         Ok(events)
     }
 
-    /// Enqueues one action: takes its input, calls the stage, holds the stash, hands on the output.
+    /// After `stream` waited for event `event`: when the event is a transfer between ranks, the
+    /// transferred payload (in the mailbox since its producer ran) is made usable on `stream`
+    /// ([`Device::adopt`]: a peer copy when the ranks sit on different devices). A missing payload
+    /// is left for its consumer to report.
+    fn adopt(
+        &mut self,
+        step: &mut Step<D, S::Stash>,
+        stream: usize,
+        event: usize,
+    ) -> Result<(), RuntimeError> {
+        let Some(EventRole::Transfer(edge)) = self.program.events.get(event) else {
+            return Ok(());
+        };
+        if let Some(payload) = step.mailbox.remove(edge) {
+            let adopted = self.device.adopt(stream, payload).map_err(device_error)?;
+            step.mailbox.insert(*edge, adopted);
+        }
+        Ok(())
+    }
+
+    /// Refuses `payload` for action `a` on `stream` when it lives on another device.
+    fn placed(&self, stream: usize, a: Action, payload: &D::Payload) -> Result<(), RuntimeError> {
+        let stream_device = self.device.stream_device(stream);
+        match self.device.payload_device(payload) {
+            Some(payload_device) if payload_device != stream_device => {
+                Err(RuntimeError::WrongDevice {
+                    rank: self.schedule.rank_of(a.stage),
+                    action: a,
+                    misplaced: Misplaced {
+                        stream,
+                        stream_device,
+                        payload_device,
+                    },
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Enqueues one action on `stream`: takes its input (refused when it lives on another device),
+    /// calls the stage, holds the stash, hands on the output.
     fn run<L: Loss<D::Payload>>(
         &mut self,
         step: &mut Step<D, S::Stash>,
+        stream: usize,
         a: Action,
         targets: &[D::Payload],
         loss: &L,
@@ -245,7 +300,6 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         let rank = self.schedule.rank_of(a.stage);
         let key = (a.stage, a.microbatch);
         let last = self.schedule.stages() - 1;
-        let stage = &mut self.stages[a.stage];
         let handed: Option<D::Payload> = match a.op {
             Op::F => {
                 let input = if a.stage == 0 {
@@ -254,6 +308,8 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                     step.mailbox.remove(&input_edge(a))
                 };
                 let input = input.ok_or_else(|| no_input(rank, a))?;
+                self.placed(stream, a, &input)?;
+                let stage = &mut self.stages[a.stage];
                 let (out, stash) = stage.forward(input).map_err(|e| act(rank, a, e))?;
                 let bytes = stage.held_bytes(&stash);
                 let stashed = Held {
@@ -267,6 +323,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                 }
                 if a.stage == last {
                     let target = targets.get(a.microbatch).ok_or_else(|| no_input(rank, a))?;
+                    self.placed(stream, a, target)?;
                     let (value, mut grad) = loss.loss(&out, target).map_err(|e| act(rank, a, e))?;
                     grad.scale_by(1.0 / self.schedule.microbatches as f32)
                         .map_err(|e| act(rank, a, e))?;
@@ -282,6 +339,8 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                     .mailbox
                     .remove(&grad_edge(a))
                     .ok_or_else(|| no_input(rank, a))?;
+                self.placed(stream, a, &grad)?;
+                let stage = &mut self.stages[a.stage];
                 let held = if a.op == Op::I {
                     step.stashes.get_mut(&key)
                 } else {
@@ -315,7 +374,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                     return Err(act(rank, a, "W before I for this microbatch"));
                 }
                 step.hold(rank, 0, h.bytes);
-                stage
+                self.stages[a.stage]
                     .backward_weight(h.stash)
                     .map_err(|e| act(rank, a, e))?;
                 None

@@ -38,7 +38,7 @@ mod program;
 
 pub use check::check;
 pub use cpu::{CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
-pub use device::{Device, DeviceError};
+pub use device::{Device, DeviceError, Misplaced};
 pub use executor::StreamExecutor;
 pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};
 
