@@ -165,7 +165,10 @@ fn per_rank_devices_copy_every_crossing_and_one_device_copies_nothing() {
     let schedule = families::generate("1f1b", &Params::new(4, 4)).unwrap();
     // 3 boundaries x 4 microbatches x (activation + gradient).
     let mut ex = executor(&schedule, Map::PerRank.devices(4));
-    assert_eq!(crossing_bytes(&ex, &schedule, &Map::PerRank.devices(4)), 24 * 16);
+    assert_eq!(
+        crossing_bytes(&ex, &schedule, &Map::PerRank.devices(4)),
+        24 * 16
+    );
     let loss = ex.device().loss(mse);
     let (x, t) = batch(4, 0);
     let (x, t) = placed(&ex, 4, x, t);
@@ -218,7 +221,8 @@ impl Device for NoAdopt {
 #[test]
 fn without_adopt_a_crossing_payload_is_refused_on_the_other_device() {
     for family in ["1f1b", "zbv", "interleaved-1f1b"] {
-        let params = Params::new(2, 4).with_chunks(if family == "interleaved-1f1b" { 2 } else { 1 });
+        let params =
+            Params::new(2, 4).with_chunks(if family == "interleaved-1f1b" { 2 } else { 1 });
         let params = if family == "zbv" {
             Params::new(2, 4)
         } else {
@@ -237,7 +241,10 @@ fn without_adopt_a_crossing_payload_is_refused_on_the_other_device() {
         let err = ex.step(x, &t, &loss).unwrap_err();
         match err {
             RuntimeError::WrongDevice { misplaced, .. } => {
-                assert_ne!(misplaced.stream_device, misplaced.payload_device, "{family}");
+                assert_ne!(
+                    misplaced.stream_device, misplaced.payload_device,
+                    "{family}"
+                );
             }
             other => panic!("{family}: expected WrongDevice, got {other}"),
         }
@@ -291,7 +298,12 @@ fn a_device_map_that_misses_a_rank_is_refused() {
 /// replay copies again, and the steps equal plain ones.
 #[test]
 fn captured_steps_adopt_on_every_replay() {
-    for (family, v) in [("1f1b", 1), ("zbv", 2), ("interleaved-1f1b", 2), ("dualpipev", 2)] {
+    for (family, v) in [
+        ("1f1b", 1),
+        ("zbv", 2),
+        ("interleaved-1f1b", 2),
+        ("dualpipev", 2),
+    ] {
         let params = Params::new(3, 6);
         let params = if family == "interleaved-1f1b" {
             params.with_chunks(v)

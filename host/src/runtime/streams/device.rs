@@ -111,7 +111,11 @@ pub trait Device {
     /// producer's work), also while capturing (the copy is then part of the captured step).
     ///
     /// The default returns `payload` unchanged (one device).
-    fn adopt(&mut self, stream: usize, payload: Self::Payload) -> Result<Self::Payload, DeviceError> {
+    fn adopt(
+        &mut self,
+        stream: usize,
+        payload: Self::Payload,
+    ) -> Result<Self::Payload, DeviceError> {
         let _ = stream;
         Ok(payload)
     }

@@ -35,15 +35,17 @@ impl CpuStreams {
     pub(super) fn map_streams(&self, streams: &[StreamId]) -> Result<(), DeviceError> {
         let devices = streams
             .iter()
-            .map(|s| match (self.rank_devices.is_empty(), self.rank_devices.get(s.rank)) {
-                (true, _) => Ok(0),
-                (false, Some(&d)) => Ok(d),
-                (false, None) => Err(DeviceError::new(format!(
-                    "rank {} has no device: the device map covers {} ranks",
-                    s.rank,
-                    self.rank_devices.len()
-                ))),
-            })
+            .map(
+                |s| match (self.rank_devices.is_empty(), self.rank_devices.get(s.rank)) {
+                    (true, _) => Ok(0),
+                    (false, Some(&d)) => Ok(d),
+                    (false, None) => Err(DeviceError::new(format!(
+                        "rank {} has no device: the device map covers {} ranks",
+                        s.rank,
+                        self.rank_devices.len()
+                    ))),
+                },
+            )
             .collect::<Result<Vec<_>, _>>()?;
         *self
             .link
