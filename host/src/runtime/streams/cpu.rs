@@ -18,15 +18,18 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Device, DeviceError, StreamId};
 
 mod capture;
 mod devices;
+mod flag;
+
 use crate::runtime::{Loss, Payload, Stage, StageError, Tensor};
+pub use flag::Flag;
 
 /// What a stream worker is sent.
 enum Job {
@@ -130,42 +133,6 @@ impl Payload for Pending<Tensor> {
 
     fn loss_value(loss: Pending<f32>) -> Result<f32, StageError> {
         loss.take().map_err(StageError::new)
-    }
-}
-
-/// An event of [`CpuStreams`]: a flag its stream's worker raises when it reaches the record.
-pub struct Flag {
-    set: Mutex<bool>,
-    cond: Condvar,
-}
-
-impl Flag {
-    fn new() -> Arc<Self> {
-        Arc::new(Flag {
-            set: Mutex::new(false),
-            cond: Condvar::new(),
-        })
-    }
-
-    fn lower(&self) {
-        *self.set.lock().unwrap_or_else(PoisonError::into_inner) = false;
-    }
-
-    fn raise(&self) {
-        *self.set.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.cond.notify_all();
-    }
-
-    /// Waits until raised, or until `failed` (then nothing will raise it reliably).
-    fn wait(&self, failed: &AtomicBool) {
-        let mut set = self.set.lock().unwrap_or_else(PoisonError::into_inner);
-        while !*set && !failed.load(Ordering::SeqCst) {
-            set = self
-                .cond
-                .wait_timeout(set, Duration::from_millis(5))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
     }
 }
 

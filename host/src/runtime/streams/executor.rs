@@ -298,77 +298,11 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         loss: &L,
     ) -> Result<(), RuntimeError> {
         let rank = self.schedule.rank_of(a.stage);
-        let key = (a.stage, a.microbatch);
-        let last = self.schedule.stages() - 1;
         let handed: Option<D::Payload> = match a.op {
-            Op::F => {
-                let input = if a.stage == 0 {
-                    step.inputs.get_mut(a.microbatch).and_then(Option::take)
-                } else {
-                    step.mailbox.remove(&input_edge(a))
-                };
-                let input = input.ok_or_else(|| no_input(rank, a))?;
-                self.placed(stream, a, &input)?;
-                let stage = &mut self.stages[a.stage];
-                let (out, stash) = stage.forward(input).map_err(|e| act(rank, a, e))?;
-                let bytes = stage.held_bytes(&stash);
-                let stashed = Held {
-                    stash,
-                    input_done: false,
-                    bytes,
-                };
-                step.hold(rank, bytes, 0);
-                if step.stashes.insert(key, stashed).is_some() {
-                    return Err(act(rank, a, "this forward already ran"));
-                }
-                if a.stage == last {
-                    let target = targets.get(a.microbatch).ok_or_else(|| no_input(rank, a))?;
-                    self.placed(stream, a, target)?;
-                    let (value, mut grad) = loss.loss(&out, target).map_err(|e| act(rank, a, e))?;
-                    grad.scale_by(1.0 / self.schedule.microbatches as f32)
-                        .map_err(|e| act(rank, a, e))?;
-                    step.losses[a.microbatch] = Some(value);
-                    step.mailbox.insert(grad_edge(a), grad);
-                    None
-                } else {
-                    Some(out)
-                }
-            }
-            Op::I | Op::B => {
-                let grad = step
-                    .mailbox
-                    .remove(&grad_edge(a))
-                    .ok_or_else(|| no_input(rank, a))?;
-                self.placed(stream, a, &grad)?;
-                let stage = &mut self.stages[a.stage];
-                let held = if a.op == Op::I {
-                    step.stashes.get_mut(&key)
-                } else {
-                    None
-                };
-                match held {
-                    Some(h) if !h.input_done => {
-                        let gi = stage
-                            .backward_input(&mut h.stash, grad)
-                            .map_err(|e| act(rank, a, e))?;
-                        let (before, after) = (h.bytes, stage.held_bytes(&h.stash));
-                        h.bytes = after;
-                        h.input_done = true;
-                        step.hold(rank, after, before);
-                        Some(gi)
-                    }
-                    Some(_) => return Err(act(rank, a, "I already ran for this microbatch")),
-                    None => {
-                        let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
-                        step.hold(rank, 0, h.bytes);
-                        if h.input_done {
-                            return Err(act(rank, a, "B after I for this microbatch"));
-                        }
-                        Some(stage.backward(h.stash, grad).map_err(|e| act(rank, a, e))?)
-                    }
-                }
-            }
+            Op::F => self.forward(step, stream, a, targets, loss)?,
+            Op::I | Op::B => Some(self.backward(step, stream, a)?),
             Op::W => {
+                let key = (a.stage, a.microbatch);
                 let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
                 if !h.input_done {
                     return Err(act(rank, a, "W before I for this microbatch"));
@@ -385,6 +319,96 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             step.mailbox.insert(edge, data);
         }
         Ok(())
+    }
+
+    /// `F`: the stage's forward on its input, the stash held; on the last stage the loss, its
+    /// gradient left in the mailbox. Returns the output to hand on (`None` on the last stage).
+    fn forward<L: Loss<D::Payload>>(
+        &mut self,
+        step: &mut Step<D, S::Stash>,
+        stream: usize,
+        a: Action,
+        targets: &[D::Payload],
+        loss: &L,
+    ) -> Result<Option<D::Payload>, RuntimeError> {
+        let rank = self.schedule.rank_of(a.stage);
+        let input = if a.stage == 0 {
+            step.inputs.get_mut(a.microbatch).and_then(Option::take)
+        } else {
+            step.mailbox.remove(&input_edge(a))
+        };
+        let input = input.ok_or_else(|| no_input(rank, a))?;
+        self.placed(stream, a, &input)?;
+        let stage = &mut self.stages[a.stage];
+        let (out, stash) = stage.forward(input).map_err(|e| act(rank, a, e))?;
+        let bytes = stage.held_bytes(&stash);
+        let stashed = Held {
+            stash,
+            input_done: false,
+            bytes,
+        };
+        step.hold(rank, bytes, 0);
+        if step
+            .stashes
+            .insert((a.stage, a.microbatch), stashed)
+            .is_some()
+        {
+            return Err(act(rank, a, "this forward already ran"));
+        }
+        if a.stage + 1 < self.schedule.stages() {
+            return Ok(Some(out));
+        }
+        let target = targets.get(a.microbatch).ok_or_else(|| no_input(rank, a))?;
+        self.placed(stream, a, target)?;
+        let (value, mut grad) = loss.loss(&out, target).map_err(|e| act(rank, a, e))?;
+        grad.scale_by(1.0 / self.schedule.microbatches as f32)
+            .map_err(|e| act(rank, a, e))?;
+        step.losses[a.microbatch] = Some(value);
+        step.mailbox.insert(grad_edge(a), grad);
+        Ok(None)
+    }
+
+    /// `I` or `B`: the stage's backward on the output's gradient; returns the input's gradient.
+    fn backward(
+        &mut self,
+        step: &mut Step<D, S::Stash>,
+        stream: usize,
+        a: Action,
+    ) -> Result<D::Payload, RuntimeError> {
+        let rank = self.schedule.rank_of(a.stage);
+        let key = (a.stage, a.microbatch);
+        let grad = step
+            .mailbox
+            .remove(&grad_edge(a))
+            .ok_or_else(|| no_input(rank, a))?;
+        self.placed(stream, a, &grad)?;
+        let stage = &mut self.stages[a.stage];
+        let held = if a.op == Op::I {
+            step.stashes.get_mut(&key)
+        } else {
+            None
+        };
+        match held {
+            Some(h) if !h.input_done => {
+                let gi = stage
+                    .backward_input(&mut h.stash, grad)
+                    .map_err(|e| act(rank, a, e))?;
+                let (before, after) = (h.bytes, stage.held_bytes(&h.stash));
+                h.bytes = after;
+                h.input_done = true;
+                step.hold(rank, after, before);
+                Ok(gi)
+            }
+            Some(_) => Err(act(rank, a, "I already ran for this microbatch")),
+            None => {
+                let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
+                step.hold(rank, 0, h.bytes);
+                if h.input_done {
+                    return Err(act(rank, a, "B after I for this microbatch"));
+                }
+                stage.backward(h.stash, grad).map_err(|e| act(rank, a, e))
+            }
+        }
     }
 
     /// The step report: losses read back, the timeline from the marks.
