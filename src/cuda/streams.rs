@@ -462,9 +462,11 @@ impl Stage<DeviceTensor> for OnCudaStreams {
     }
 
     /// The update, then a wait for it: the next step's first action may run on another stream,
-    /// which nothing else orders after this update.
+    /// which nothing else orders after this update. It runs on the stream of the stage's last
+    /// action (a stream of its rank, on its device), not the one bound last: after a step that is
+    /// any rank's, possibly on another device.
     fn optimizer_step(&mut self) -> Result<(), StageError> {
-        let stage = self.bound()?;
+        let stage = &mut self.stage;
         stage.optimizer_step_device().map_err(stage_error)?;
         stage.synchronize().map_err(stage_error)
     }

@@ -100,7 +100,7 @@ pub fn run_steps(
     let (gpus, device) = open_devices(setup).map_err(failed)?;
     let rank_gpu = |rank: usize| {
         let choice = setup.devices.as_ref().filter(|d| !d.shared());
-        &gpus[choice.map_or(0, |c| c.rank_gpus[rank])]
+        &gpus[choice.map_or(0, |c| c.rank_gpus.get(rank).copied().unwrap_or(0))]
     };
     let on_gpu = stages
         .iter()
