@@ -144,8 +144,8 @@ impl Gpu {
     }
 
     /// Lets this context's kernels and copies reach `peer`'s memory directly where the hardware
-    /// allows it (`cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess`); returns whether direct
-    /// access is on. Without it, `cuMemcpyPeerAsync` still copies between the two (staged by the
+    /// allows it (`cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess`, and `cuMemPoolSetAccess`
+    /// on `peer`'s default pool for this device); returns whether direct access is on. Without it, `cuMemcpyPeerAsync` still copies between the two (staged by the
     /// driver). Two contexts of one GPU have nothing to enable (returns `false`).
     pub fn enable_peer_access(&self, peer: &Gpu) -> Result<bool, CudaError> {
         let (me, other) = (self.ctx.cu_device(), peer.ctx.cu_device());
@@ -167,11 +167,45 @@ impl Gpu {
         let r = unsafe { cudarc::driver::sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
         use cudarc::driver::sys::cudaError_enum as E;
         match r {
-            E::CUDA_SUCCESS | E::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-            other => Err(CudaError::driver("cuCtxEnablePeerAccess")(
-                cudarc::driver::DriverError(other),
-            )),
+            E::CUDA_SUCCESS | E::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+            other => {
+                return Err(CudaError::driver("cuCtxEnablePeerAccess")(
+                    cudarc::driver::DriverError(other),
+                ))
+            }
         }
+        peer.share_pool_with(self)?;
+        Ok(true)
+    }
+
+    /// Lets `other`'s device read and write the allocations of this device's default memory pool
+    /// (where cudarc's stream-ordered `cuMemAllocAsync` allocates): pool allocations do not follow
+    /// `cuCtxEnablePeerAccess`, only `cuMemPoolSetAccess`.
+    fn share_pool_with(&self, other: &Gpu) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: a valid device handle and an out-pointer to a live pool handle.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .map_err(CudaError::driver("cuDeviceGetDefaultMemPool"))?;
+        let id = i32::try_from(other.ordinal()).map_err(|_| CudaError::TooLarge {
+            what: "device ordinal",
+            value: other.ordinal(),
+        })?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `pool` is this device's default pool; one descriptor is passed.
+        unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+            .result()
+            .map_err(CudaError::driver("cuMemPoolSetAccess"))
     }
 
     /// The device's context.
