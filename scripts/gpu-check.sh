@@ -30,7 +30,7 @@ set -euo pipefail
 
 LIMIT_BYTES=$((64 * 1024 * 1024))
 RUN_SECONDS=480
-GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_graph gpu_graph_cli gpu_tc gpu_tc_cli gpu_bf16 gpu_nccl)
+GPU_TESTS=(gpu_kernels gpu_stage gpu_streams gpu_cli gpu_graph gpu_graph_cli gpu_tc gpu_tc_cli gpu_bf16 gpu_nccl gpu_devices)
 GPU_BENCHES=(gpu_sync kernels)
 # The kernels bench's shapes (square sizes and `model`): about 2 minutes on an H200 by estimate, not
 # measured; drop 8192 first if the run gets short of time.

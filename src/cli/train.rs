@@ -17,6 +17,7 @@
 
 mod checkpoint;
 mod cuda;
+mod devices;
 #[cfg(feature = "mpi")]
 mod launch;
 mod output;
@@ -86,9 +87,9 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     let setup = setup(args)?;
     let mut plans = candidates(&setup)?;
-    if setup.backend == Backend::Cuda {
+    if setup.devices.as_ref().is_some_and(|d| d.shared()) {
         // All ranks share GPU 0: rank the candidates by the shared-device model, and hold the
-        // run against that prediction.
+        // run against that prediction. With a GPU per rank the per-rank simulation stands.
         plans = on_one_device(plans);
     }
     let chosen = choose(&plans)?;

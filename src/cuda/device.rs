@@ -102,18 +102,110 @@ impl Gpu {
             count,
             reason: Some(format!("creating its context failed: {e}")),
         })?;
+        let gpu = Gpu::over(ctx);
+        opened.push((ordinal, gpu.clone()));
+        Ok(gpu)
+    }
+
+    /// A new, separate context on device `ordinal` (not the primary one [`Gpu::open`] shares, and
+    /// not shared: each call makes another). Memory of one context is not usable by another without
+    /// a copy, so two of these on one GPU stand for two devices: how the multi-device path
+    /// (`CudaStreams::on_devices`, peer copies) is exercised on a machine with one GPU. Kernels of
+    /// different contexts time-slice the GPU rather than run together.
+    pub fn open_separate(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice {
+                ordinal,
+                count,
+                reason: None,
+            });
+        }
+        let ctx = CudaContext::new_non_primary(ordinal, 0).map_err(|e| CudaError::NoDevice {
+            ordinal,
+            count,
+            reason: Some(format!("creating a separate context failed: {e}")),
+        })?;
+        Ok(Gpu::over(ctx))
+    }
+
+    /// The `Gpu` of a fresh context, with event tracking off.
+    fn over(ctx: Arc<CudaContext>) -> Arc<Gpu> {
         // SAFETY: done before this context allocates anything; from here on every cross-stream
         // order is made explicit by the caller with events (the stream program), as graph capture
         // requires anyway.
         unsafe { ctx.disable_event_tracking() };
-        let gpu = Arc::new(Gpu {
+        Arc::new(Gpu {
             ctx,
             module: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
             zeros: Mutex::new(Vec::new()),
-        });
-        opened.push((ordinal, gpu.clone()));
-        Ok(gpu)
+        })
+    }
+
+    /// Lets this context's kernels and copies reach `peer`'s memory directly where the hardware
+    /// allows it (`cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess`, and `cuMemPoolSetAccess`
+    /// on `peer`'s default pool for this device); returns whether direct access is on. Without it, `cuMemcpyPeerAsync` still copies between the two (staged by the
+    /// driver). Two contexts of one GPU have nothing to enable (returns `false`).
+    pub fn enable_peer_access(&self, peer: &Gpu) -> Result<bool, CudaError> {
+        let (me, other) = (self.ctx.cu_device(), peer.ctx.cu_device());
+        if me == other {
+            return Ok(false);
+        }
+        let mut can = 0;
+        // SAFETY: two valid device handles and an out-pointer to a live `c_int`.
+        unsafe { cudarc::driver::sys::cuDeviceCanAccessPeer(&mut can, me, other) }
+            .result()
+            .map_err(CudaError::driver("cuDeviceCanAccessPeer"))?;
+        if can == 0 {
+            return Ok(false);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(CudaError::driver("cuCtxSetCurrent"))?;
+        // SAFETY: `peer`'s context is alive (held by `peer`); flags must be 0.
+        let r = unsafe { cudarc::driver::sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
+        use cudarc::driver::sys::cudaError_enum as E;
+        match r {
+            E::CUDA_SUCCESS | E::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+            other => {
+                return Err(CudaError::driver("cuCtxEnablePeerAccess")(
+                    cudarc::driver::DriverError(other),
+                ))
+            }
+        }
+        peer.share_pool_with(self)?;
+        Ok(true)
+    }
+
+    /// Lets `other`'s device read and write the allocations of this device's default memory pool
+    /// (where cudarc's stream-ordered `cuMemAllocAsync` allocates): pool allocations do not follow
+    /// `cuCtxEnablePeerAccess`, only `cuMemPoolSetAccess`.
+    fn share_pool_with(&self, other: &Gpu) -> Result<(), CudaError> {
+        use cudarc::driver::sys;
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: a valid device handle and an out-pointer to a live pool handle.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .map_err(CudaError::driver("cuDeviceGetDefaultMemPool"))?;
+        let id = i32::try_from(other.ordinal()).map_err(|_| CudaError::TooLarge {
+            what: "device ordinal",
+            value: other.ordinal(),
+        })?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `pool` is this device's default pool; one descriptor is passed.
+        unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+            .result()
+            .map_err(CudaError::driver("cuMemPoolSetAccess"))
     }
 
     /// The device's context.

@@ -44,6 +44,17 @@ pub enum CudaError {
         /// Values it holds.
         got: usize,
     },
+    /// A rank is mapped to a device the multi-device streams were not given (or a stream has no
+    /// rank in the map).
+    #[error("rank {rank} is mapped to device {device}, but {devices} devices were given")]
+    DeviceMap {
+        /// The rank.
+        rank: usize,
+        /// Its device index in the map (`usize::MAX`: the map has no entry for it).
+        device: usize,
+        /// Devices given.
+        devices: usize,
+    },
     /// A size does not fit the kernels' 32-bit size arguments.
     #[error("{what} = {value} does not fit a 32-bit kernel argument")]
     TooLarge {

@@ -6,8 +6,16 @@
 //! The context has cudarc's event tracking off ([`Gpu::open`]): the only order between streams is
 //! the program's records and waits. Buffers crossing streams are re-homed to their consumer
 //! ([`super::tensor::rehome`]) so they are freed in its order.
+//!
+//! Several devices ([`CudaStreams::on_devices`]: one GPU per rank, or ranks spread round robin):
+//! each rank's streams are made on its device's context, events recorded on one device are waited
+//! on by streams of another (`cuStreamWaitEvent` takes an event of any device of the process), and
+//! a payload that crosses devices is peer-copied on the consumer's stream ([`Device::adopt`],
+//! `streams/devices.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod devices;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -25,9 +33,19 @@ use crate::layers::LossKind;
 /// The streams and the one bound now, shared by the device and the stage and loss wrappers.
 #[derive(Debug)]
 struct Link {
-    gpu: Arc<Gpu>,
+    /// The devices, by index (one unless made by [`CudaStreams::on_devices`]).
+    gpus: Vec<Arc<Gpu>>,
+    /// The device index of each rank (empty: every rank on device 0).
+    rank_devices: Vec<usize>,
     streams: Mutex<Vec<Arc<CudaStream>>>,
+    /// The device index of each stream.
+    stream_devices: Mutex<Vec<usize>>,
     current: AtomicUsize,
+    /// Bytes peer-copied between devices so far.
+    copied: AtomicUsize,
+    /// Sources of peer copies, kept until the next device-wide synchronisation (their
+    /// stream-ordered free, on the producer's device, must follow the copy on the consumer's).
+    parked: Mutex<Vec<CudaSlice<f32>>>,
 }
 
 impl Link {
@@ -44,10 +62,11 @@ impl Link {
         })
     }
 
-    /// A launcher on the bound stream.
+    /// A launcher on the bound stream, for its device.
     fn launcher(&self) -> Result<Launcher, CudaError> {
-        let s = self.stream(self.current.load(Ordering::SeqCst))?;
-        Ok(Launcher::new(self.gpu.clone(), s))
+        let i = self.current.load(Ordering::SeqCst);
+        let s = self.stream(i)?;
+        Ok(Launcher::new(self.gpu_of(i).clone(), s))
     }
 }
 
@@ -59,8 +78,10 @@ fn stage_error(e: CudaError) -> StageError {
     StageError::new(e.to_string())
 }
 
-/// CUDA streams on one device for the stream runtime: one stream per program stream, all on the
-/// same GPU (ranks share its SMs).
+/// CUDA streams for the stream runtime: one stream per program stream, all on the same GPU (ranks
+/// share its SMs; [`CudaStreams::new`]) or each rank's on its own device
+/// ([`CudaStreams::on_devices`]: payloads crossing devices are peer-copied, timing marks are read
+/// against one origin per device).
 ///
 /// It can capture a whole step as a CUDA graph ([`Device::begin_capture`], used by
 /// [`StreamExecutor::capture`](pipefill_host::runtime::streams::StreamExecutor::capture)): capture
@@ -68,10 +89,13 @@ fn stage_error(e: CudaError) -> StageError {
 /// events, buffers made during the capture are graph allocations (stream-ordered allocation is
 /// required), and the graph is instantiated with auto-free-on-launch, since the loss partials are
 /// allocated in the graph and read after each launch. A clone shares the streams, not the graph;
-/// the graph (not `Send`) stays with the device that captured it.
+/// the graph (not `Send`) stays with the device that captured it. Capture is refused with several
+/// devices (a graph across devices is not verified here).
 pub struct CudaStreams {
     link: Arc<Link>,
     graph: Option<CudaGraph>,
+    /// The step's time origin on each device other than stream 0's (see `Device::origin`).
+    origins: Vec<Option<CudaEvent>>,
 }
 
 impl Clone for CudaStreams {
@@ -79,6 +103,7 @@ impl Clone for CudaStreams {
         CudaStreams {
             link: self.link.clone(),
             graph: None,
+            origins: Vec::new(),
         }
     }
 }
@@ -93,21 +118,30 @@ impl std::fmt::Debug for CudaStreams {
 }
 
 impl CudaStreams {
-    /// Streams on `gpu` (made by the executor through [`Device::make_streams`]).
+    /// Streams on `gpu` for every rank (made by the executor through [`Device::make_streams`]).
     pub fn new(gpu: Arc<Gpu>) -> Self {
+        Self::build(vec![gpu], Vec::new())
+    }
+
+    fn build(gpus: Vec<Arc<Gpu>>, rank_devices: Vec<usize>) -> Self {
         CudaStreams {
             link: Arc::new(Link {
-                gpu,
+                gpus,
+                rank_devices,
                 streams: Mutex::new(Vec::new()),
+                stream_devices: Mutex::new(Vec::new()),
                 current: AtomicUsize::new(0),
+                copied: AtomicUsize::new(0),
+                parked: Mutex::new(Vec::new()),
             }),
             graph: None,
+            origins: Vec::new(),
         }
     }
 
-    /// The device.
+    /// Device 0 (the one of [`CudaStreams::new`]).
     pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.link.gpu
+        &self.link.gpus[0]
     }
 
     /// `stage` enqueuing on whichever stream the executor binds.
@@ -133,12 +167,14 @@ impl Device for CudaStreams {
     type Mark = CudaEvent;
 
     fn make_streams(&mut self, streams: &[StreamId]) -> Result<(), DeviceError> {
-        let made = streams
+        let devices = self.map_streams(streams).map_err(device_error)?;
+        let made = devices
             .iter()
-            .map(|_| self.link.gpu.new_stream())
+            .map(|&d| self.link.gpus[d].new_stream())
             .collect::<Result<Vec<_>, _>>()
             .map_err(device_error)?;
         *self.link.streams() = made;
+        *self.link.stream_devices() = devices;
         Ok(())
     }
 
@@ -167,19 +203,39 @@ impl Device for CudaStreams {
     }
 
     fn synchronize(&mut self) -> Result<(), DeviceError> {
-        self.link.gpu.synchronize().map_err(device_error)?;
-        self.link
-            .gpu
-            .context()
-            .check_err()
-            .map_err(|e| device_error(CudaError::driver("an earlier asynchronous call")(e)))
+        for gpu in &self.link.gpus {
+            gpu.synchronize().map_err(device_error)?;
+            gpu.context()
+                .check_err()
+                .map_err(|e| device_error(CudaError::driver("an earlier asynchronous call")(e)))?;
+        }
+        // Every peer copy is done: the sources can be freed.
+        self.link.parked().clear();
+        Ok(())
     }
 
     fn seconds(&self, origin: &CudaEvent, mark: &CudaEvent) -> Result<f64, DeviceError> {
+        let origin = self.origin_for(origin, mark);
         origin
             .elapsed_ms(mark)
             .map(|ms| f64::from(ms) / 1e3)
             .map_err(|e| device_error(CudaError::driver("cuEventElapsedTime")(e)))
+    }
+
+    fn origin(&mut self) -> Result<CudaEvent, DeviceError> {
+        self.mark_origins().map_err(device_error)
+    }
+
+    fn stream_device(&self, stream: usize) -> usize {
+        self.link.device_of(stream)
+    }
+
+    fn payload_device(&self, payload: &DeviceTensor) -> Option<usize> {
+        self.link.device_holding(payload)
+    }
+
+    fn adopt(&mut self, stream: usize, payload: DeviceTensor) -> Result<DeviceTensor, DeviceError> {
+        self.link.adopt(stream, payload).map_err(device_error)
     }
 
     fn begin_capture(&mut self) -> Result<(), DeviceError> {
@@ -188,7 +244,14 @@ impl Device for CudaStreams {
                 "this device already holds a captured step (one capture per device)",
             ));
         }
-        if !self.link.gpu.context().has_async_alloc() {
+        if self.link.gpus.len() > 1 {
+            return Err(DeviceError::new(
+                "graph capture across several devices is not supported (a captured step would \
+                 hold peer copies and cross-device event waits, which have not been verified): \
+                 run with all ranks on one device",
+            ));
+        }
+        if !self.link.gpus[0].context().has_async_alloc() {
             return Err(DeviceError::new(
                 "graph capture needs stream-ordered allocation (cuMemAllocAsync), \
                  which this device does not support",
@@ -349,8 +412,19 @@ impl OnCudaStreams {
         &self.stage
     }
 
+    /// The stage on the bound stream; refused when that stream is on another device than the one
+    /// the stage's parameters live on.
     fn bound(&mut self) -> Result<&mut CudaStage, StageError> {
         let la = self.link.launcher().map_err(stage_error)?;
+        let (mine, bound) = (self.stage.launcher().gpu(), la.gpu());
+        if mine.context() != bound.context() {
+            return Err(StageError::new(format!(
+                "the stage's parameters live on GPU {} (its own context) but the bound stream is \
+                 on GPU {}: build each stage on its rank's device",
+                mine.ordinal(),
+                bound.ordinal()
+            )));
+        }
         self.stage.set_stream(la.stream().clone());
         Ok(&mut self.stage)
     }
@@ -388,9 +462,11 @@ impl Stage<DeviceTensor> for OnCudaStreams {
     }
 
     /// The update, then a wait for it: the next step's first action may run on another stream,
-    /// which nothing else orders after this update.
+    /// which nothing else orders after this update. It runs on the stream of the stage's last
+    /// action (a stream of its rank, on its device), not the one bound last: after a step that is
+    /// any rank's, possibly on another device.
     fn optimizer_step(&mut self) -> Result<(), StageError> {
-        let stage = self.bound()?;
+        let stage = &mut self.stage;
         stage.optimizer_step_device().map_err(stage_error)?;
         stage.synchronize().map_err(stage_error)
     }

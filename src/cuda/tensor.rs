@@ -4,7 +4,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::Tensor;
 
@@ -220,6 +220,12 @@ impl DeviceTensor {
     /// Bytes of device memory it holds.
     pub fn bytes(&self) -> usize {
         self.len() * std::mem::size_of::<f32>()
+    }
+
+    /// The context (device) its buffer lives in: the device tag a multi-device runtime checks
+    /// before handing it to a stream (`None` when empty: usable on any device).
+    pub fn context(&self) -> Option<&Arc<CudaContext>> {
+        self.data.as_ref().map(|d| d.stream().context())
     }
 
     /// The device buffer (`None` when empty).

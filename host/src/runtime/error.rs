@@ -65,6 +65,17 @@ pub enum RuntimeError {
         /// What the device reported.
         message: String,
     },
+    /// An action was handed a payload that lives on another device than its stream's (a device
+    /// whose [`adopt`](super::streams::Device::adopt) did not move it).
+    #[error("rank {rank} at {action}: {misplaced}")]
+    WrongDevice {
+        /// The rank.
+        rank: usize,
+        /// The action.
+        action: Action,
+        /// Where the payload and the stream are.
+        misplaced: super::streams::Misplaced,
+    },
     /// The runtime itself failed outside any layer call (a bug in pipefill, not in the layers).
     #[error("the runtime failed on rank {rank}: {message}")]
     Internal {

@@ -1,8 +1,11 @@
 //! `pipefill train --backend cuda`: the steps run by the stream runtime
 //! ([`pipefill_host::runtime::streams::StreamExecutor`]) on [`CudaStreams`]: one host thread enqueues
-//! each whole step (stage calls, event records and waits, timing marks) on per-rank CUDA streams of
-//! GPU 0, then waits once; the measured timeline comes from the timing events. With `--graph` the
-//! whole step is captured once as a CUDA graph and replayed ([`StreamExecutor::capture`]).
+//! each whole step (stage calls, event records and waits, timing marks) on per-rank CUDA streams,
+//! then waits once; the measured timeline comes from the timing events. The ranks' streams are all
+//! on GPU 0 or each on its rank's GPU (`--devices`, [`super::devices`]): each stage is built on its
+//! rank's GPU, the inputs go to stage 0's GPU and the targets to the last stage's. With `--graph`
+//! the whole step is captured once as a CUDA graph and replayed ([`StreamExecutor::capture`]; one
+//! GPU only).
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -70,7 +73,21 @@ fn mode(graph: bool, step: usize) -> Mode {
     }
 }
 
-/// Runs `--steps` steps of `stages` (copied to GPU 0) with the stream runtime, showing progress;
+/// The devices of the run: one [`Gpu`] per GPU used and the streams over them (all ranks on GPU 0
+/// without a per-rank choice).
+fn open_devices(setup: &Setup) -> Result<(Vec<Arc<Gpu>>, CudaStreams), CudaError> {
+    let Some(choice) = setup.devices.as_ref().filter(|d| !d.shared()) else {
+        let gpu = Gpu::open(0)?;
+        return Ok((vec![gpu.clone()], CudaStreams::new(gpu)));
+    };
+    let gpus = (0..choice.gpus_used())
+        .map(Gpu::open)
+        .collect::<Result<Vec<_>, _>>()?;
+    let device = CudaStreams::on_devices(gpus.clone(), choice.rank_gpus.clone())?;
+    Ok((gpus, device))
+}
+
+/// Runs `--steps` steps of `stages` (each copied to its rank's GPU) with the stream runtime, showing progress;
 /// with `--graph`, steps from [`GRAPH_PLAIN_STEPS`] on are captured once and replayed. A captured or
 /// replayed step has no per-action timing (nothing is marked inside a graph): its report carries
 /// the last plain step's timeline and action times, and its own losses and wall time.
@@ -80,19 +97,33 @@ pub fn run_steps(
     stages: &[LinearStage],
 ) -> Result<(Vec<StepReport>, HostEnqueue), CliError> {
     let a = &setup.args;
-    let gpu = Gpu::open(0).map_err(failed)?;
-    let device = CudaStreams::new(gpu.clone());
+    let (gpus, device) = open_devices(setup).map_err(failed)?;
+    let rank_gpu = |rank: usize| {
+        let choice = setup.devices.as_ref().filter(|d| !d.shared());
+        &gpus[choice.map_or(0, |c| c.rank_gpus.get(rank).copied().unwrap_or(0))]
+    };
     let on_gpu = stages
         .iter()
-        .map(|s| CudaStage::from_host_in(&gpu, s, setup.precision).map(|c| device.stage(c)))
+        .enumerate()
+        .map(|(s, st)| {
+            let gpu = rank_gpu(plan.schedule.rank_of(s));
+            CudaStage::from_host_in(gpu, st, setup.precision).map(|c| device.stage(c))
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(failed)?;
     // The weights were copied on each stage's own stream; the step runs on the program's streams.
-    gpu.synchronize().map_err(failed)?;
+    for gpu in &gpus {
+        gpu.synchronize().map_err(failed)?;
+    }
     let mut ex = StreamExecutor::new(plan.schedule.clone(), on_gpu, device.clone())
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let loss = device.loss(setup.spec.loss);
-    let upload = gpu.new_stream().map_err(failed)?;
+    let last = plan.schedule.stages() - 1;
+    let on = |stage: usize| &gpus[ex.stage_device(stage).unwrap_or(0)];
+    let upload = (
+        on(0).new_stream().map_err(failed)?,
+        on(last).new_stream().map_err(failed)?,
+    );
     let teacher = Teacher::new(&setup.spec, a.seed);
     let mut progress = output::Progress::new(
         a.steps,
@@ -139,23 +170,25 @@ pub fn run_steps(
     Ok((reports, host))
 }
 
-/// A step's inputs and targets copied to the device on `upload` (waits for the copies).
+/// A step's inputs copied to stage 0's device on `upload.0` and its targets to the last stage's
+/// on `upload.1` (waits for the copies).
 pub(super) fn upload_batch(
-    upload: &Arc<CudaStream>,
+    upload: &(Arc<CudaStream>, Arc<CudaStream>),
     kind: LossKind,
     x: &[Tensor],
     t: &[Tensor],
 ) -> Result<(Vec<DeviceTensor>, Vec<DeviceTensor>), CudaError> {
     let inputs = x
         .iter()
-        .map(|x| DeviceTensor::from_host(upload, x))
+        .map(|x| DeviceTensor::from_host(&upload.0, x))
         .collect::<Result<Vec<_>, _>>()?;
     let targets = t
         .iter()
-        .map(|t| target(upload, kind, t))
+        .map(|t| target(&upload.1, kind, t))
         .collect::<Result<Vec<_>, _>>()?;
-    upload
-        .synchronize()
-        .map_err(CudaError::driver("cuStreamSynchronize"))?;
+    for s in [&upload.0, &upload.1] {
+        s.synchronize()
+            .map_err(CudaError::driver("cuStreamSynchronize"))?;
+    }
     Ok((inputs, targets))
 }

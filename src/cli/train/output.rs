@@ -354,6 +354,10 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
     // Apart from the object above, which is at serde_json's macro recursion limit.
     value["first_step"] = json!(outcome.first_step);
     value["graph"] = json!(a.graph);
+    value["devices"] = setup
+        .devices
+        .as_ref()
+        .map_or(serde_json::Value::Null, |d| d.json());
     value["host_enqueue"] = outcome
         .host_enqueue
         .as_ref()

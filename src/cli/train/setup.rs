@@ -157,6 +157,11 @@ pub struct Args {
     /// the report gives the host time per action with and without the graph. Needs --steps 4+.
     #[arg(long)]
     pub graph: bool,
+    /// With `--backend cuda`: which GPU each rank runs on: one (every rank on GPU 0), per-rank
+    /// (rank r on GPU r mod the GPU count; needs 2+ GPUs) or auto (per-rank with 2+ GPUs, else
+    /// one; says which it chose).
+    #[arg(long, value_enum, value_name = "one|per-rank|auto")]
+    pub devices: Option<super::devices::DevicesFlag>,
     /// The automatic scheduler's flags (for `--schedule auto`, and `auto` among the default
     /// candidates).
     #[command(flatten)]
@@ -190,6 +195,8 @@ pub struct Setup {
     pub precision: Precision,
     /// How activations are counted (`--activations`).
     pub activations: ActivationDtype,
+    /// `--backend cuda`: the GPU of each rank (`--devices`, resolved); `None` on the CPU.
+    pub devices: Option<super::devices::DeviceChoice>,
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
@@ -227,6 +234,7 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         check_cuda_run(&args)?;
     }
     check_graph(&args, backend)?;
+    let devices = resolve_devices(&args, backend)?;
     let flag = match args.backend {
         TrainBackend::Cpu => "--backend cpu",
         TrainBackend::Cuda => "--backend cuda",
@@ -245,6 +253,7 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         backend,
         precision,
         activations,
+        devices,
     };
     setup.resume = super::checkpoint::prepare(&setup)?;
     Ok(setup)
@@ -299,6 +308,35 @@ fn check_graph(args: &Args, backend: Backend) -> Result<(), CliError> {
         )));
     }
     Ok(())
+}
+
+/// `--devices`: only for the CUDA backend (refused with `--backend cpu`, ignored with a note when
+/// `--backend auto` found no GPU); resolved against the machine's GPU count and printed.
+fn resolve_devices(
+    args: &Args,
+    backend: Backend,
+) -> Result<Option<super::devices::DeviceChoice>, CliError> {
+    use super::devices::{DeviceChoice, DevicesFlag};
+    if backend != Backend::Cuda {
+        return match (args.devices, args.backend) {
+            (None, _) => Ok(None),
+            (Some(_), TrainBackend::Auto) => {
+                eprintln!("--devices: ignored (--backend auto runs on the cpu here)");
+                Ok(None)
+            }
+            (Some(f), _) => Err(usage(format!(
+                "--devices {}: chooses GPUs for --backend cuda: add --backend cuda (or auto), \
+                 or drop --devices",
+                f.name()
+            ))),
+        };
+    }
+    let available =
+        crate::cuda::device_count().map_err(|e| CliError::Failed(format!("--devices: {e}")))?;
+    let flag = args.devices.unwrap_or(DevicesFlag::Auto);
+    let choice = DeviceChoice::resolve(flag, args.ranks, available, args.graph).map_err(usage)?;
+    eprintln!("{}", choice.describe());
+    Ok(Some(choice))
 }
 
 /// `--backend`: `cuda` must find a device (else a usage error saying what is missing); `auto` takes

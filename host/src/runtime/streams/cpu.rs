@@ -7,21 +7,30 @@
 //! results; a program that lacked a wait would let a consumer run before its producer, and the
 //! consumer would find its input missing (an error, not a wrong number).
 //!
+//! Several devices: [`CpuStreams::with_devices`] puts each rank's streams on a device of a map, tags
+//! every payload with the device it lives on ([`Pending::device`]), refuses a payload from another
+//! device ([`Misplaced`](super::Misplaced)) and moves one with [`Device::adopt`] (counting the bytes:
+//! [`CpuStreams::copied_bytes`]). See `cpu/devices.rs`.
+//!
 //! What it does not do: count activation memory ([`OnStreams`] reports 0 held bytes, since the stash is
 //! filled later by a worker) or transfer bytes (a pending payload's size is known only once it runs).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Device, DeviceError, StreamId};
 
 mod capture;
+mod devices;
+mod flag;
 mod peer;
+
 use crate::runtime::{Loss, Payload, Stage, StageError, Tensor};
+pub use flag::Flag;
 pub use peer::{CpuPeer, CpuPeers};
 
 /// What a stream worker is sent.
@@ -34,25 +43,37 @@ enum Job {
     Replay,
 }
 
-/// A value a stream worker fills later (or one given ready).
+/// A value a stream worker fills later (or one given ready), tagged with the device it lives on.
 pub struct Pending<T> {
     slot: Arc<Mutex<Option<T>>>,
     scale: f32,
+    device: usize,
 }
 
 impl<T> Pending<T> {
-    /// A value that is already there (inputs and targets handed to a step).
+    /// A value that is already there (inputs and targets handed to a step), on device 0.
     pub fn ready(value: T) -> Self {
+        Self::ready_on(0, value)
+    }
+
+    /// A value that is already there, on device `device` (of a [`CpuStreams::with_devices`] map).
+    pub fn ready_on(device: usize, value: T) -> Self {
         Pending {
             slot: Arc::new(Mutex::new(Some(value))),
             scale: 1.0,
+            device,
         }
     }
 
     fn empty() -> Self {
+        Self::empty_on(0)
+    }
+
+    fn empty_on(device: usize) -> Self {
         Pending {
             slot: Arc::new(Mutex::new(None)),
             scale: 1.0,
+            device,
         }
     }
 
@@ -61,7 +82,13 @@ impl<T> Pending<T> {
         Pending {
             slot: Arc::clone(&self.slot),
             scale: 1.0,
+            device: self.device,
         }
+    }
+
+    /// The device the value lives on (0 unless the device has a map).
+    pub fn device(&self) -> usize {
+        self.device
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<T>> {
@@ -111,42 +138,6 @@ impl Payload for Pending<Tensor> {
     }
 }
 
-/// An event of [`CpuStreams`]: a flag its stream's worker raises when it reaches the record.
-pub struct Flag {
-    set: Mutex<bool>,
-    cond: Condvar,
-}
-
-impl Flag {
-    fn new() -> Arc<Self> {
-        Arc::new(Flag {
-            set: Mutex::new(false),
-            cond: Condvar::new(),
-        })
-    }
-
-    fn lower(&self) {
-        *self.set.lock().unwrap_or_else(PoisonError::into_inner) = false;
-    }
-
-    fn raise(&self) {
-        *self.set.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.cond.notify_all();
-    }
-
-    /// Waits until raised, or until `failed` (then nothing will raise it reliably).
-    fn wait(&self, failed: &AtomicBool) {
-        let mut set = self.set.lock().unwrap_or_else(PoisonError::into_inner);
-        while !*set && !failed.load(Ordering::SeqCst) {
-            set = self
-                .cond
-                .wait_timeout(set, Duration::from_millis(5))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-    }
-}
-
 /// What the device and the wrapped stages share: the queues, the bound stream, the first failure.
 struct Link {
     queues: Mutex<Vec<Sender<Job>>>,
@@ -155,6 +146,10 @@ struct Link {
     error: Mutex<Option<String>>,
     /// Jobs are kept for replay instead of run (between `begin_capture` and `end_capture`).
     capturing: AtomicBool,
+    /// The device of each stream (all 0 without a map).
+    devices: Mutex<Vec<usize>>,
+    /// Bytes moved between devices by adopted payloads, since the device was made.
+    copied: AtomicUsize,
 }
 
 impl Link {
@@ -217,9 +212,12 @@ impl Link {
 
 /// The reference device: one worker thread per stream, events as flags, host layers run by the
 /// workers ([`OnStreams`]); it does not count activation or transfer bytes (they are known only once
-/// a worker ran the work).
+/// a worker ran the work). With a device map ([`CpuStreams::with_devices`]) it stands for several
+/// devices and counts the bytes it copies between them.
 pub struct CpuStreams {
     link: Arc<Link>,
+    /// The device of each rank (empty: every rank on device 0).
+    rank_devices: Vec<usize>,
     workers: Vec<JoinHandle<()>>,
     /// The events recorded while capturing: lowered before each replay.
     captured_flags: Vec<Arc<Flag>>,
@@ -243,7 +241,10 @@ impl CpuStreams {
                 failed: AtomicBool::new(false),
                 error: Mutex::new(None),
                 capturing: AtomicBool::new(false),
+                devices: Mutex::new(Vec::new()),
+                copied: AtomicUsize::new(0),
             }),
+            rank_devices: Vec::new(),
             workers: Vec::new(),
             captured_flags: Vec::new(),
             captured: false,
@@ -291,6 +292,7 @@ impl Device for CpuStreams {
     type Mark = Pending<Instant>;
 
     fn make_streams(&mut self, streams: &[StreamId]) -> Result<(), DeviceError> {
+        self.map_streams(streams)?;
         let mut queues = self
             .link
             .queues
@@ -384,6 +386,22 @@ impl Device for CpuStreams {
             .as_secs_f64())
     }
 
+    fn stream_device(&self, stream: usize) -> usize {
+        self.link.device_of(stream)
+    }
+
+    fn payload_device(&self, payload: &Pending<Tensor>) -> Option<usize> {
+        Some(payload.device)
+    }
+
+    fn adopt(
+        &mut self,
+        stream: usize,
+        payload: Pending<Tensor>,
+    ) -> Result<Pending<Tensor>, DeviceError> {
+        self.adopt_on(stream, payload)
+    }
+
     fn begin_capture(&mut self) -> Result<(), DeviceError> {
         self.start_capture()
     }
@@ -445,7 +463,8 @@ where
         &mut self,
         input: Pending<Tensor>,
     ) -> Result<(Pending<Tensor>, Self::Stash), StageError> {
-        let (out, stash) = (Pending::empty(), Pending::empty());
+        let device = self.link.placed(&input)?;
+        let (out, stash) = (Pending::empty_on(device), Pending::empty_on(device));
         let (o, st, stage) = (out.share(), stash.share(), Arc::clone(&self.stage));
         self.link.enqueue(move || {
             let x = input.take_tensor()?;
@@ -462,7 +481,7 @@ where
         stash: &mut Self::Stash,
         grad_output: Pending<Tensor>,
     ) -> Result<Pending<Tensor>, StageError> {
-        let out = Pending::empty();
+        let out = Pending::empty_on(self.link.placed(&grad_output)?);
         let (o, st, stage) = (out.share(), stash.share(), Arc::clone(&self.stage));
         self.link.enqueue(move || {
             let g = grad_output.take_tensor()?;
@@ -493,7 +512,7 @@ where
         stash: Self::Stash,
         grad_output: Pending<Tensor>,
     ) -> Result<Pending<Tensor>, StageError> {
-        let out = Pending::empty();
+        let out = Pending::empty_on(self.link.placed(&grad_output)?);
         let (o, stage) = (out.share(), Arc::clone(&self.stage));
         self.link.enqueue(move || {
             let (s, g) = (stash.take()?, grad_output.take_tensor()?);
@@ -540,7 +559,9 @@ impl<L: Loss + Send + 'static> Loss<Pending<Tensor>> for OnStreamsLoss<L> {
         output: &Pending<Tensor>,
         target: &Pending<Tensor>,
     ) -> Result<(Pending<f32>, Pending<Tensor>), StageError> {
-        let (value, grad) = (Pending::empty(), Pending::empty());
+        self.link.placed(output)?;
+        let device = self.link.placed(target)?;
+        let (value, grad) = (Pending::empty_on(device), Pending::empty_on(device));
         let (v, g, y, t) = (value.share(), grad.share(), output.share(), target.share());
         let loss = Arc::clone(&self.loss);
         self.link.enqueue(move || {

@@ -13,6 +13,22 @@ pub struct DeviceError {
     pub message: String,
 }
 
+/// A payload handed to work on a stream of another device than the one it lives on (what
+/// [`Device::adopt`] exists to prevent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error(
+    "a payload on device {payload_device} was handed to stream {stream} of device \
+     {stream_device} without being adopted there (a peer copy)"
+)]
+pub struct Misplaced {
+    /// The stream the work is enqueued on.
+    pub stream: usize,
+    /// The device of that stream.
+    pub stream_device: usize,
+    /// The device the payload lives on.
+    pub payload_device: usize,
+}
+
 impl DeviceError {
     /// An error with this message.
     pub fn new(message: impl Into<String>) -> Self {
@@ -59,7 +75,50 @@ pub trait Device {
     fn synchronize(&mut self) -> Result<(), DeviceError>;
 
     /// Seconds from `origin` to `mark` (both completed: call after [`synchronize`](Device::synchronize)).
+    /// `origin` is what [`origin`](Device::origin) returned; `mark` may be on any stream.
     fn seconds(&self, origin: &Self::Mark, mark: &Self::Mark) -> Result<f64, DeviceError>;
+
+    /// The time origin of a step: a mark the step's other marks are read against by
+    /// [`seconds`](Device::seconds). By default a [`mark`](Device::mark) on stream 0; a device with
+    /// several clocks (one per GPU) also marks an origin on each of its other devices here.
+    fn origin(&mut self) -> Result<Self::Mark, DeviceError> {
+        self.mark(0)
+    }
+
+    // Several devices (one per rank, or ranks spread round robin). A device that drives one
+    // device keeps the defaults: every stream on device 0, payloads usable anywhere, nothing to
+    // adopt.
+
+    /// The device that stream `stream` runs on (an index among the devices this one drives;
+    /// 0 when it drives one).
+    fn stream_device(&self, stream: usize) -> usize {
+        let _ = stream;
+        0
+    }
+
+    /// The device `payload` lives on, or `None` when it may be used on any (an empty payload, or a
+    /// device that does not tag its payloads).
+    fn payload_device(&self, payload: &Self::Payload) -> Option<usize> {
+        let _ = payload;
+        None
+    }
+
+    /// Makes `payload` usable by work enqueued on `stream` from now on, and returns it: a peer copy
+    /// enqueued on `stream` when `payload` lives on another device than `stream`'s (the copy is then
+    /// owned by `stream`'s device), else `payload` itself. The
+    /// [`StreamExecutor`](super::StreamExecutor) calls it for every payload that crosses ranks,
+    /// right after the consumer's stream waited for the transfer's event (and so after the
+    /// producer's work), also while capturing (the copy is then part of the captured step).
+    ///
+    /// The default returns `payload` unchanged (one device).
+    fn adopt(
+        &mut self,
+        stream: usize,
+        payload: Self::Payload,
+    ) -> Result<Self::Payload, DeviceError> {
+        let _ = stream;
+        Ok(payload)
+    }
 
     // Capture and replay (a CUDA graph; a recorded job list on the CPU). Devices that cannot
     // capture keep the defaults, which refuse. See `StreamExecutor::capture`.

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::program::lanes;
 use super::step::{run_action, Step};
-use super::{check, Device, EventRole, StreamOp, StreamProgram};
+use super::{check, Device, EventRole, StreamId, StreamOp, StreamProgram};
 use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError, StepReport};
 use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
@@ -95,6 +95,19 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         &self.device
     }
 
+    /// The device (an index among those the [`Device`] drives) that stage `stage` runs on: where
+    /// its rank's main stream is. Stage 0's is where a step's inputs belong, the last stage's is
+    /// where its targets belong (the executor refuses them elsewhere with
+    /// [`RuntimeError::WrongDevice`]). `None` for a stage the schedule does not have.
+    pub fn stage_device(&self, stage: usize) -> Option<usize> {
+        if stage >= self.schedule.stages() {
+            return None;
+        }
+        let rank = self.schedule.rank_of(stage);
+        let stream = self.program.stream(StreamId { rank, lane: 0 })?;
+        Some(self.device.stream_device(stream))
+    }
+
     /// Runs one training step: `inputs[k]` and `targets[k]` are microbatch `k`'s input and target.
     pub fn step<L: Loss<D::Payload>>(
         &mut self,
@@ -108,7 +121,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             stage.zero_grad();
         }
         let mut step = self.new_step(inputs);
-        let origin = self.device.mark(0).map_err(device_error)?;
+        let origin = self.device.origin().map_err(device_error)?;
         self.enqueue_ops(&mut step, targets, loss, true)?;
         self.enqueue_seconds = wall.elapsed().as_secs_f64();
         self.device.synchronize().map_err(device_error)?;
@@ -180,13 +193,13 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                 StreamOp::Run { stream, action } if timed => {
                     self.device.bind(stream).map_err(device_error)?;
                     let start = self.device.mark(stream).map_err(device_error)?;
-                    self.run(step, action, targets, loss)?;
+                    self.run(step, stream, action, targets, loss)?;
                     let end = self.device.mark(stream).map_err(device_error)?;
                     step.marks.push((action, start, end));
                 }
                 StreamOp::Run { stream, action } => {
                     self.device.bind(stream).map_err(device_error)?;
-                    self.run(step, action, targets, loss)?;
+                    self.run(step, stream, action, targets, loss)?;
                 }
                 StreamOp::Record { stream, .. } => {
                     events.push(self.device.record(stream).map_err(device_error)?);
@@ -197,22 +210,46 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
                         message: format!("event {event} waited on before it was recorded"),
                     })?;
                     self.device.wait(stream, e).map_err(device_error)?;
+                    self.adopt(step, stream, event)?;
                 }
             }
         }
         Ok(events)
     }
 
-    /// Enqueues one action: takes its input, calls the stage, holds the stash, hands on the output.
+    /// After `stream` waited for event `event`: when the event is a transfer between ranks, the
+    /// transferred payload (in the mailbox since its producer ran) is made usable on `stream`
+    /// ([`Device::adopt`]: a peer copy when the ranks sit on different devices). A missing payload
+    /// is left for its consumer to report.
+    fn adopt(
+        &mut self,
+        step: &mut Step<D, S::Stash>,
+        stream: usize,
+        event: usize,
+    ) -> Result<(), RuntimeError> {
+        let Some(EventRole::Transfer(edge)) = self.program.events.get(event) else {
+            return Ok(());
+        };
+        if let Some(payload) = step.mailbox.remove(edge) {
+            let adopted = self.device.adopt(stream, payload).map_err(device_error)?;
+            step.mailbox.insert(*edge, adopted);
+        }
+        Ok(())
+    }
+    /// Enqueues one action on `stream`: takes its input (refused when it lives on another device),
+    /// calls the stage, holds the stash, hands on the output.
     fn run<L: Loss<D::Payload>>(
         &mut self,
         step: &mut Step<D, S::Stash>,
+        stream: usize,
         a: Action,
         targets: &[D::Payload],
         loss: &L,
     ) -> Result<(), RuntimeError> {
         run_action(
             &self.schedule,
+            &self.device,
+            stream,
             &mut self.stages[a.stage],
             step,
             a,

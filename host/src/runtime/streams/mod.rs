@@ -47,7 +47,7 @@ mod step;
 
 pub use check::check;
 pub use cpu::{CpuPeer, CpuPeers, CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
-pub use device::{Device, DeviceError};
+pub use device::{Device, DeviceError, Misplaced};
 pub use executor::StreamExecutor;
 pub use peer::{peer_ops, PeerError, PeerLink, PeerOp, PostOrder, RankPlan};
 pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};

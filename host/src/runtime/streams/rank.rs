@@ -223,6 +223,8 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
                 let stage = &mut self.stages[at].1;
                 run_action(
                     &self.schedule,
+                    &self.device,
+                    stream,
                     stage,
                     step,
                     action,

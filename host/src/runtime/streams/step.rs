@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::Device;
+use super::{Device, Misplaced};
 use crate::runtime::worker::{grad_edge, input_edge};
 use crate::runtime::{Loss, Payload, RuntimeError, Stage};
 use crate::schedule::deps::{output, Edge};
@@ -58,8 +58,15 @@ impl<D: Device, T> Step<D, T> {
 /// Enqueues one action of `schedule` on `stage` (the action's stage): takes its input (stage 0's
 /// from `step.inputs`, else from the mailbox), calls the stage, holds the stash, computes the loss
 /// after the last stage, and puts the output in the mailbox under its edge.
+///
+/// Each payload the action reads (input, output gradient, target) must live on the device of
+/// `stream`, the stream the action is enqueued on ([`Device::payload_device`]); else the action is
+/// refused with [`RuntimeError::WrongDevice`] before the stage is called.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_action<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
     schedule: &Schedule,
+    device: &D,
+    stream: usize,
     stage: &mut S,
     step: &mut Step<D, S::Stash>,
     a: Action,
@@ -67,9 +74,14 @@ pub(super) fn run_action<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
     loss: &L,
 ) -> Result<(), RuntimeError> {
     let rank = schedule.rank_of(a.stage);
+    let on = On {
+        schedule,
+        device,
+        stream,
+    };
     let handed: Option<D::Payload> = match a.op {
-        Op::F => forward(schedule, stage, step, a, targets, loss)?,
-        Op::I | Op::B => Some(backward(stage, step, a, rank)?),
+        Op::F => forward(&on, stage, step, a, targets, loss)?,
+        Op::I | Op::B => Some(backward(&on, stage, step, a)?),
         Op::W => {
             let key = (a.stage, a.microbatch);
             let h = step.stashes.remove(&key).ok_or_else(|| no_stash(rank, a))?;
@@ -93,13 +105,14 @@ pub(super) fn run_action<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
 /// `F`: the output to hand on, or `None` after the last stage (whose loss gradient goes to the
 /// mailbox for its own backward).
 fn forward<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
-    schedule: &Schedule,
+    on: &On<'_, D>,
     stage: &mut S,
     step: &mut Step<D, S::Stash>,
     a: Action,
     targets: &[D::Payload],
     loss: &L,
 ) -> Result<Option<D::Payload>, RuntimeError> {
+    let schedule = on.schedule;
     let rank = schedule.rank_of(a.stage);
     let input = if a.stage == 0 {
         step.inputs.get_mut(a.microbatch).and_then(Option::take)
@@ -107,6 +120,7 @@ fn forward<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
         step.mailbox.remove(&input_edge(a))
     };
     let input = input.ok_or_else(|| no_input(rank, a))?;
+    on.placed(a, &input)?;
     let (out, stash) = stage.forward(input).map_err(|e| act(rank, a, e))?;
     let bytes = stage.held_bytes(&stash);
     let stashed = Held {
@@ -126,6 +140,7 @@ fn forward<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
         return Ok(Some(out));
     }
     let target = targets.get(a.microbatch).ok_or_else(|| no_input(rank, a))?;
+    on.placed(a, target)?;
     let (value, mut grad) = loss.loss(&out, target).map_err(|e| act(rank, a, e))?;
     grad.scale_by(1.0 / schedule.microbatches as f32)
         .map_err(|e| act(rank, a, e))?;
@@ -136,16 +151,18 @@ fn forward<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
 
 /// `I` (keeping the stash for `W`) or `B` (consuming it): the input gradient.
 fn backward<D: Device, S: Stage<D::Payload>>(
+    on: &On<'_, D>,
     stage: &mut S,
     step: &mut Step<D, S::Stash>,
     a: Action,
-    rank: usize,
 ) -> Result<D::Payload, RuntimeError> {
+    let rank = on.schedule.rank_of(a.stage);
     let key = (a.stage, a.microbatch);
     let grad = step
         .mailbox
         .remove(&grad_edge(a))
         .ok_or_else(|| no_input(rank, a))?;
+    on.placed(a, &grad)?;
     let held = if a.op == Op::I {
         step.stashes.get_mut(&key)
     } else {
@@ -170,6 +187,34 @@ fn backward<D: Device, S: Stage<D::Payload>>(
                 return Err(act(rank, a, "B after I for this microbatch"));
             }
             stage.backward(h.stash, grad).map_err(|e| act(rank, a, e))
+        }
+    }
+}
+
+/// Where an action is enqueued: the schedule (for ranks), the device and the stream.
+struct On<'a, D> {
+    schedule: &'a Schedule,
+    device: &'a D,
+    stream: usize,
+}
+
+impl<D: Device> On<'_, D> {
+    /// Refuses `payload` when it lives on another device than the stream's.
+    fn placed(&self, a: Action, payload: &D::Payload) -> Result<(), RuntimeError> {
+        let stream_device = self.device.stream_device(self.stream);
+        match self.device.payload_device(payload) {
+            Some(payload_device) if payload_device != stream_device => {
+                Err(RuntimeError::WrongDevice {
+                    rank: self.schedule.rank_of(a.stage),
+                    action: a,
+                    misplaced: Misplaced {
+                        stream: self.stream,
+                        stream_device,
+                        payload_device,
+                    },
+                })
+            }
+            _ => Ok(()),
         }
     }
 }

@@ -132,8 +132,9 @@ fn gpu_step(
         .iter()
         .map(|x| x.shape().first().copied().unwrap_or(0))
         .collect();
+    // One GPU per process: inputs and targets both go up on this rank's upload stream.
     let (inputs, targets) = upload_batch(
-        upload,
+        &(upload.clone(), upload.clone()),
         job.setup.spec.loss,
         if first { x } else { &[] },
         if last { t } else { &[] },

@@ -52,7 +52,7 @@ impl CpuStreams {
         stream: usize,
         src: &Pending<Tensor>,
     ) -> Result<Pending<Tensor>, DeviceError> {
-        let out = Pending::empty();
+        let out = Pending::empty_on(self.link.device_of(stream));
         let (o, x, scale) = (out.share(), src.share(), src.scale);
         self.link.enqueue_on(stream, move || {
             let mut v = x.lock().clone().ok_or("no value to copy")?;

@@ -1,0 +1,296 @@
+//! `train --backend cuda --devices per-rank`'s runtime: [`CudaStreams::on_devices`], each rank's
+//! streams and stage on its own device, crossing payloads peer-copied on the consumer's stream
+//! (`Device::adopt`), events recorded on one device waited on by another, timing marks read
+//! against one origin per device.
+//!
+//! On a machine with two GPUs or more the devices are GPUs 0 and 1. On a machine with one GPU
+//! they are two separate contexts on GPU 0 (`Gpu::open_separate`): memory of one context is not
+//! usable by the other without a copy, so the peer-copy path runs all the same (its speed means
+//! nothing there). Every family at P = 2 (one device per rank) and 1f1b at P = 4 (round robin over
+//! the two) runs one step against sequential CPU training (losses, gradients, updated weights
+//! within a relative 1e-4), and the bytes copied equal the bytes of the step's crossings between
+//! ranks on different devices. A stage built on another device than its rank's, and `--graph`
+//! (capture) across devices, are refused.
+//!
+//! The CLI: `--devices` with `--backend cpu` exits 2 (runs anywhere); on a GPU, `train --backend
+//! cuda --format json` reports the choice (`per-rank` with two GPUs or more, else `one`).
+//!
+//! Without a GPU every GPU test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
+//! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use pipefill::cuda::{
+    device_count, gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams,
+};
+use pipefill::layers::gemm::GemmBackend;
+use pipefill::layers::{LinearStage, LossKind, Optimizer};
+use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill_host::runtime::streams::StreamExecutor;
+use pipefill_host::runtime::{sequential_step, Tensor};
+use pipefill_host::schedule::{families, Params, Schedule};
+use pipefill_kernels::Activation;
+
+const TOL: f64 = 1e-4;
+
+/// Two devices: GPUs 0 and 1, or two separate contexts on GPU 0 (says which).
+fn two_devices(what: &str) -> Option<[Arc<Gpu>; 2]> {
+    let gpu0 = gpu_or_skip(what)?;
+    let count = device_count().unwrap();
+    if count >= 2 {
+        eprintln!("{what}: GPUs 0 and 1 ({count} GPUs)");
+        return Some([gpu0, Gpu::open(1).unwrap()]);
+    }
+    eprintln!("{what}: one GPU: two separate contexts on GPU 0 stand for two devices");
+    Some([
+        Gpu::open_separate(0).unwrap(),
+        Gpu::open_separate(0).unwrap(),
+    ])
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum();
+    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    d.sqrt() / n.sqrt().max(1e-30)
+}
+
+fn spec(stages: usize) -> ModelSpec {
+    let layers = stages + 1;
+    ModelSpec {
+        input: 21,
+        layers: (0..layers)
+            .map(|i| LayerSpec {
+                width: if i + 1 == layers { 5 } else { 30 + 3 * i },
+                activation: [Activation::Silu, Activation::Gelu, Activation::Identity][i % 3],
+            })
+            .collect(),
+        loss: LossKind::Mse,
+        batch: 24,
+    }
+}
+
+fn cpu_stages(spec: &ModelSpec, s: &Schedule, seed: u64) -> Vec<LinearStage> {
+    let n = spec.layers.len();
+    let k = s.stages();
+    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
+    let opt = Optimizer::adamw(0.01);
+    spec.build_stages(&stage_ranges(&counts), opt, GemmBackend::default(), seed)
+        .unwrap()
+}
+
+type Ex = StreamExecutor<CudaStreams, OnCudaStreams>;
+
+/// The executor with rank `r` on `gpus[map[r]]`; `stage_gpu` says where each stage is built.
+fn executor(
+    gpus: &[Arc<Gpu>; 2],
+    map: &[usize],
+    sched: &Schedule,
+    cpu: &[LinearStage],
+    stage_gpu: impl Fn(usize) -> usize,
+) -> (Ex, CudaStreams) {
+    let device = CudaStreams::on_devices(gpus.to_vec(), map.to_vec()).unwrap();
+    let stages = cpu
+        .iter()
+        .enumerate()
+        .map(|(s, st)| device.stage(CudaStage::from_host(&gpus[stage_gpu(s)], st).unwrap()))
+        .collect();
+    gpus.iter().for_each(|g| g.synchronize().unwrap());
+    let ex = StreamExecutor::new(sched.clone(), stages, device.clone()).unwrap();
+    (ex, device)
+}
+
+/// Inputs on stage 0's device, targets on the last stage's.
+fn upload(gpus: &[Arc<Gpu>; 2], ex: &Ex, x: &[Tensor], t: &[Tensor]) -> Vec<Vec<DeviceTensor>> {
+    let last = ex.stages().len() - 1;
+    [(0, x), (last, t)]
+        .into_iter()
+        .map(|(stage, values)| {
+            let s = gpus[ex.stage_device(stage).unwrap()].new_stream().unwrap();
+            let out = values
+                .iter()
+                .map(|v| DeviceTensor::from_host(&s, v).unwrap())
+                .collect();
+            s.synchronize().unwrap();
+            out
+        })
+        .collect()
+}
+
+fn check_step(gpus: &[Arc<Gpu>; 2], sched: Schedule, map: &[usize]) {
+    let spec = spec(sched.stages());
+    let what = format!(
+        "{} P={} V={} M={} map {map:?}",
+        sched.name, sched.ranks, sched.chunks, sched.microbatches
+    );
+    let teacher = Teacher::new(&spec, 5);
+    let (x, t) = teacher.batch(0, spec.batch, sched.microbatches);
+    let mut seq = cpu_stages(&spec, &sched, 5);
+    let (mut ex, device) = executor(gpus, map, &sched, &seq, |s| map[sched.rank_of(s)]);
+    let want = sequential_step(&mut seq, x.clone(), &t, &spec.loss).unwrap();
+    let mut batch = upload(gpus, &ex, &x, &t);
+    let (targets, inputs) = (batch.pop().unwrap(), batch.pop().unwrap());
+    let got = ex
+        .step(inputs, &targets, &device.loss(LossKind::Mse))
+        .unwrap();
+    assert!(rel(&got.losses, &want.losses) <= TOL, "losses: {what}");
+    for (s, (a, b)) in ex.stages().iter().zip(&seq).enumerate() {
+        let a = a.inner();
+        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
+            let (dw, db) = la.grads_to_host(a.launcher()).unwrap().unwrap();
+            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
+            for (name, r) in [
+                ("dW", rel(&dw, lb.weight_grad().unwrap())),
+                ("db", rel(&db, lb.bias_grad().unwrap())),
+                ("W", rel(&w, &lb.weight)),
+                ("b", rel(&bias, &lb.bias)),
+            ] {
+                assert!(r <= TOL, "stage {s} layer {l} {name}: {r:e}: {what}");
+            }
+        }
+    }
+    let crossing: f64 = got
+        .timeline
+        .transfers
+        .iter()
+        .filter(|x| map[x.from_rank()] != map[x.to_rank()])
+        .map(|x| x.bytes)
+        .sum();
+    assert!(crossing > 0.0, "no crossing between devices: {what}");
+    assert_eq!(
+        device.copied_bytes() as f64,
+        crossing,
+        "bytes copied: {what}"
+    );
+    assert!(
+        got.timeline.spans.iter().all(|r| !r.is_empty()),
+        "a rank has no measured span: {what}"
+    );
+}
+
+#[test]
+fn one_device_per_rank_matches_sequential_cpu_training() {
+    let Some(gpus) = two_devices("one_device_per_rank_matches_sequential_cpu_training") else {
+        return;
+    };
+    for family in families::FAMILIES {
+        let params = Params::new(2, 4);
+        let Ok(sched) = families::generate(family.name, &params) else {
+            continue;
+        };
+        check_step(&gpus, sched, &[0, 1]);
+    }
+    let sched = families::generate("1f1b", &Params::new(4, 8)).unwrap();
+    check_step(&gpus, sched, &[0, 1, 0, 1]);
+}
+
+#[test]
+fn a_stage_on_another_device_and_capture_across_devices_are_refused() {
+    let Some(gpus) =
+        two_devices("a_stage_on_another_device_and_capture_across_devices_are_refused")
+    else {
+        return;
+    };
+    let sched = families::generate("1f1b", &Params::new(2, 2)).unwrap();
+    let spec = spec(2);
+    let teacher = Teacher::new(&spec, 3);
+    let (x, t) = teacher.batch(0, spec.batch, 2);
+    let cpu = cpu_stages(&spec, &sched, 3);
+    // Both stages built on device 0, rank 1 on device 1.
+    let (mut ex, device) = executor(&gpus, &[0, 1], &sched, &cpu, |_| 0);
+    let mut batch = upload(&gpus, &ex, &x, &t);
+    let (targets, inputs) = (batch.pop().unwrap(), batch.pop().unwrap());
+    let err = ex
+        .step(inputs, &targets, &device.loss(LossKind::Mse))
+        .unwrap_err();
+    assert!(err.to_string().contains("build each stage"), "{err}");
+
+    let (mut ex, device) = executor(&gpus, &[0, 1], &sched, &cpu, |s| s);
+    let mut batch = upload(&gpus, &ex, &x, &t);
+    let (targets, inputs) = (batch.pop().unwrap(), batch.pop().unwrap());
+    let err = ex
+        .capture(inputs, targets, &device.loss(LossKind::Mse))
+        .unwrap_err();
+    assert!(err.to_string().contains("several devices"), "{err}");
+}
+
+/// Runs the `pipefill` binary (`PIPEFILL_BIN` when set, as `scripts/gpu-check.sh run` does):
+/// exit code, stdout, stderr.
+fn pipefill(args: &[&str]) -> (i32, String, String) {
+    let bin = std::env::var_os("PIPEFILL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
+    let out = Command::new(&bin)
+        .args(args)
+        .output()
+        .expect("run pipefill");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_devices_flag_needs_the_cuda_backend() {
+    let (code, _, err) = pipefill(&["train", "--backend", "cpu", "--devices", "per-rank"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--devices per-rank") && err.contains("--backend cuda"),
+        "{err}"
+    );
+    let (code, _, err) = pipefill(&["train", "--devices", "two"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn train_reports_the_device_choice() {
+    let Some(_gpu) = gpu_or_skip("train_reports_the_device_choice") else {
+        return;
+    };
+    let count = device_count().unwrap();
+    let dir = std::env::temp_dir().join(format!("pipefill-devices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("t.svg");
+    let svg = svg.to_str().unwrap();
+    let (code, out, err) = pipefill(&[
+        "train",
+        "--backend",
+        "cuda",
+        "--ranks",
+        "2",
+        "--layers",
+        "4",
+        "--hidden",
+        "64",
+        "--batch",
+        "32",
+        "--microbatches",
+        "4",
+        "--steps",
+        "3",
+        "--schedule",
+        "1f1b",
+        "--format",
+        "json",
+        "--svg",
+        svg,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let want = if count >= 2 { "per-rank" } else { "one" };
+    assert_eq!(v["devices"]["mode"], want, "{out}");
+    assert!(err.contains(&format!("--devices auto: {want}")), "{err}");
+    if count >= 2 {
+        assert_eq!(v["devices"]["rank_gpu"], serde_json::json!([0, 1]), "{out}");
+    } else {
+        let (code, _, err) = pipefill(&["train", "--backend", "cuda", "--devices", "per-rank"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--devices one"), "{err}");
+    }
+}
