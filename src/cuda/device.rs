@@ -82,6 +82,19 @@ pub struct Gpu {
 /// The process's `Gpu` per device ordinal.
 static OPENED: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
 
+/// The device count, when device `ordinal` is one of the devices; else [`CudaError::NoDevice`].
+fn existing(ordinal: usize) -> Result<usize, CudaError> {
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(CudaError::NoDevice {
+            ordinal,
+            count,
+            reason: None,
+        });
+    }
+    Ok(count)
+}
+
 impl Gpu {
     /// The device `ordinal`, opened on first use (the same `Arc` afterwards).
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
@@ -89,14 +102,7 @@ impl Gpu {
         if let Some((_, gpu)) = opened.iter().find(|(o, _)| *o == ordinal) {
             return Ok(gpu.clone());
         }
-        let count = device_count()?;
-        if ordinal >= count {
-            return Err(CudaError::NoDevice {
-                ordinal,
-                count,
-                reason: None,
-            });
-        }
+        let count = existing(ordinal)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::NoDevice {
             ordinal,
             count,
@@ -113,14 +119,7 @@ impl Gpu {
     /// (`CudaStreams::on_devices`, peer copies) is exercised on a machine with one GPU. Kernels of
     /// different contexts time-slice the GPU rather than run together.
     pub fn open_separate(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
-        let count = device_count()?;
-        if ordinal >= count {
-            return Err(CudaError::NoDevice {
-                ordinal,
-                count,
-                reason: None,
-            });
-        }
+        let count = existing(ordinal)?;
         let ctx = CudaContext::new_non_primary(ordinal, 0).map_err(|e| CudaError::NoDevice {
             ordinal,
             count,
@@ -145,8 +144,8 @@ impl Gpu {
 
     /// Lets this context's kernels and copies reach `peer`'s memory directly where the hardware
     /// allows it (`cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess`, and `cuMemPoolSetAccess`
-    /// on `peer`'s default pool for this device); returns whether direct access is on. Without it, `cuMemcpyPeerAsync` still copies between the two (staged by the
-    /// driver). Two contexts of one GPU have nothing to enable (returns `false`).
+    /// on `peer`'s default pool for this device); returns whether direct access is on. Without
+    /// it, `cuMemcpyPeerAsync` still copies between the two (staged by the driver). Two contexts of one GPU have nothing to enable (returns `false`).
     pub fn enable_peer_access(&self, peer: &Gpu) -> Result<bool, CudaError> {
         let (me, other) = (self.ctx.cu_device(), peer.ctx.cu_device());
         if me == other {
