@@ -2,28 +2,12 @@
 //! `profile --backend cuda` exit 2 saying what is missing and `--backend auto` falls back to the
 //! CPU saying so; on a GPU (or with `PIPEFILL_REQUIRE_GPU=1`) they run and write a cost file.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::Command;
 
+use common::pipefill;
 use pipefill::cuda::{gpu_or_skip, probe};
-
-/// Runs the `pipefill` binary: `PIPEFILL_BIN` when set (`scripts/gpu-check.sh run` sets it: the
-/// bundle's copy, since the build machine's path does not exist on the GPU machine), else the one
-/// cargo built. Returns exit code, stdout and stderr.
-fn pipefill(args: &[&str]) -> (i32, String, String) {
-    let bin = std::env::var_os("PIPEFILL_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .expect("run pipefill");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// A scratch folder for this test process (created).
 fn scratch(tag: &str) -> PathBuf {

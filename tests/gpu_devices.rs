@@ -18,20 +18,22 @@
 //! Without a GPU every GPU test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
 //! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
+mod gpu_support;
+
 use std::sync::Arc;
 
+use common::pipefill;
+use gpu_support::{rel, spec};
 use pipefill::cuda::{
     device_count, gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams,
 };
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill::model::{stage_ranges, ModelSpec, Teacher};
 use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::runtime::{sequential_step, Tensor};
 use pipefill_host::schedule::{families, Params, Schedule};
-use pipefill_kernels::Activation;
 
 const TOL: f64 = 1e-4;
 
@@ -48,31 +50,6 @@ fn two_devices(what: &str) -> Option<[Arc<Gpu>; 2]> {
         Gpu::open_separate(0).unwrap(),
         Gpu::open_separate(0).unwrap(),
     ])
-}
-
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum();
-    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    d.sqrt() / n.sqrt().max(1e-30)
-}
-
-fn spec(stages: usize) -> ModelSpec {
-    let layers = stages + 1;
-    ModelSpec {
-        input: 21,
-        layers: (0..layers)
-            .map(|i| LayerSpec {
-                width: if i + 1 == layers { 5 } else { 30 + 3 * i },
-                activation: [Activation::Silu, Activation::Gelu, Activation::Identity][i % 3],
-            })
-            .collect(),
-        loss: LossKind::Mse,
-        batch: 24,
-    }
 }
 
 fn cpu_stages(spec: &ModelSpec, s: &Schedule, seed: u64) -> Vec<LinearStage> {
@@ -123,7 +100,7 @@ fn upload(gpus: &[Arc<Gpu>; 2], ex: &Ex, x: &[Tensor], t: &[Tensor]) -> Vec<Vec<
 }
 
 fn check_step(gpus: &[Arc<Gpu>; 2], sched: Schedule, map: &[usize]) {
-    let spec = spec(sched.stages());
+    let spec = spec(sched.stages(), LossKind::Mse);
     let what = format!(
         "{} P={} V={} M={} map {map:?}",
         sched.name, sched.ranks, sched.chunks, sched.microbatches
@@ -197,7 +174,7 @@ fn a_stage_on_another_device_and_capture_across_devices_are_refused() {
         return;
     };
     let sched = families::generate("1f1b", &Params::new(2, 2)).unwrap();
-    let spec = spec(2);
+    let spec = spec(2, LossKind::Mse);
     let teacher = Teacher::new(&spec, 3);
     let (x, t) = teacher.batch(0, spec.batch, 2);
     let cpu = cpu_stages(&spec, &sched, 3);
@@ -217,23 +194,6 @@ fn a_stage_on_another_device_and_capture_across_devices_are_refused() {
         .capture(inputs, targets, &device.loss(LossKind::Mse))
         .unwrap_err();
     assert!(err.to_string().contains("several devices"), "{err}");
-}
-
-/// Runs the `pipefill` binary (`PIPEFILL_BIN` when set, as `scripts/gpu-check.sh run` does):
-/// exit code, stdout, stderr.
-fn pipefill(args: &[&str]) -> (i32, String, String) {
-    let bin = std::env::var_os("PIPEFILL_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .expect("run pipefill");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

@@ -7,44 +7,21 @@
 //! Without a GPU every test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
 //! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
 
+mod gpu_support;
+
 use std::sync::Arc;
 
+use gpu_support::{rel, spec};
 use pipefill::cuda::{gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill::model::{stage_ranges, ModelSpec, Teacher};
 use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::runtime::Tensor;
 use pipefill_host::schedule::{families, Params, Schedule};
-use pipefill_kernels::Activation;
 
 const TOL: f64 = 1e-5;
 const STEPS: u64 = 6;
-
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum();
-    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    d.sqrt() / n.sqrt().max(1e-30)
-}
-
-fn spec(stages: usize, loss: LossKind) -> ModelSpec {
-    let layers = stages + 1;
-    ModelSpec {
-        input: 21,
-        layers: (0..layers)
-            .map(|i| LayerSpec {
-                width: if i + 1 == layers { 5 } else { 30 + 3 * i },
-                activation: [Activation::Silu, Activation::Gelu, Activation::Identity][i % 3],
-            })
-            .collect(),
-        loss,
-        batch: 24,
-    }
-}
 
 fn cpu_stages(spec: &ModelSpec, s: &Schedule, opt: Optimizer) -> Vec<LinearStage> {
     let n = spec.layers.len();

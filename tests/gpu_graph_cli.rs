@@ -2,27 +2,10 @@
 //! replay; on a GPU (or with `PIPEFILL_REQUIRE_GPU=1`) it trains and reports the host time per
 //! action with and without the graph, in the text and the JSON output.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
+use common::pipefill;
 use pipefill::cuda::gpu_or_skip;
-
-/// Runs `pipefill` (`PIPEFILL_BIN` when set, as `scripts/gpu-check.sh run` does): exit code,
-/// stdout, stderr.
-fn pipefill(args: &[&str]) -> (i32, String, String) {
-    let bin = std::env::var_os("PIPEFILL_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .expect("run pipefill");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn svg(tag: &str) -> String {
     let p = std::env::temp_dir().join(format!("pipefill-{tag}-{}.svg", std::process::id()));

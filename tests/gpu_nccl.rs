@@ -12,12 +12,15 @@
 //! and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead. Where NCCL is missing or refuses two
 //! ranks on one device, it prints `NCCL refused: ...` and passes (a note, not a result).
 
+mod gpu_support;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use gpu_support::spec;
 use pipefill::cuda::nccl::{nccl_present, NcclError, NcclLink, UniqueId};
 use pipefill::cuda::{
     gpu_or_skip, CudaRank, CudaStage, CudaStreams, DeviceTensor, Gpu, NcclPeer, PeerOpenError,
@@ -25,11 +28,10 @@ use pipefill::cuda::{
 };
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill::model::{stage_ranges, ModelSpec, Teacher};
 use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::runtime::Tensor;
 use pipefill_host::schedule::{families, Params, Schedule};
-use pipefill_kernels::Activation;
 
 /// Set in the two child processes: their rank.
 const CHILD: &str = "PIPEFILL_NCCL_TEST_RANK";
@@ -191,21 +193,6 @@ fn two_ranks(test: &str) -> Option<Vec<String>> {
 const FAMILIES: [&str; 2] = ["1f1b", "zbv"];
 const STEPS: u64 = 2;
 
-fn spec(stages: usize) -> ModelSpec {
-    let layers = stages + 1;
-    ModelSpec {
-        input: 21,
-        layers: (0..layers)
-            .map(|i| LayerSpec {
-                width: if i + 1 == layers { 5 } else { 30 + 3 * i },
-                activation: [Activation::Silu, Activation::Gelu, Activation::Identity][i % 3],
-            })
-            .collect(),
-        loss: LossKind::Mse,
-        batch: 24,
-    }
-}
-
 fn host_stages(spec: &ModelSpec, s: &Schedule) -> Vec<LinearStage> {
     let n = spec.layers.len();
     let k = s.stages();
@@ -269,7 +256,7 @@ fn train_child(rank: usize, id_file: PathBuf) {
     let mut peer = open_or_refuse(&gpu, rank, id);
     for family in FAMILIES {
         let schedule = families::generate(family, &Params::new(2, 4)).expect("a schedule");
-        let spec = spec(schedule.stages());
+        let spec = spec(schedule.stages(), LossKind::Mse);
         let stages = host_stages(&spec, &schedule);
         let model = RankModel {
             stages: (stages.iter().enumerate())

@@ -12,9 +12,12 @@
 //! Without a GPU every test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
 //! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
 
+mod gpu_support;
+
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use gpu_support::rel;
 use pipefill::cuda::{gpu_or_skip, CudaStage, Gpu, Launcher, LinearDims, Precision, TcElem};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
@@ -340,16 +343,6 @@ fn bf16_conversions_match_the_host_rounding() {
         want,
         "bf16 -> f32"
     );
-}
-
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum();
-    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    d.sqrt() / n.sqrt().max(1e-30)
 }
 
 /// One 1F1B step (2 ranks, 4 microbatches, 3 layers) of the device stages in `precision` against

@@ -3,27 +3,12 @@
 //! `--activations bf16` halves the activation bytes of the cost file `profile` writes. On a GPU (or
 //! with `PIPEFILL_REQUIRE_GPU=1`), `train --backend cuda` runs in each precision.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::Command;
 
+use common::pipefill;
 use pipefill::cuda::gpu_or_skip;
-
-/// Runs the `pipefill` binary (`PIPEFILL_BIN` when set, as in `tests/gpu_cli.rs`): exit code,
-/// stdout, stderr.
-fn pipefill(args: &[&str]) -> (i32, String, String) {
-    let bin = std::env::var_os("PIPEFILL_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .expect("run pipefill");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn scratch(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("pipefill-{tag}-{}", std::process::id()));

@@ -5,7 +5,12 @@ use std::process::Command;
 
 /// Runs `pipefill ARGS` in `dir` (or the test's folder) and returns exit code, stdout and stderr.
 pub fn pipefill_in(dir: Option<&Path>, args: &[&str]) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pipefill"));
+    // `PIPEFILL_BIN` when set (`scripts/gpu-check.sh run` sets it: the bundle's copy, since the
+    // build machine's path does not exist on the GPU machine), else the one cargo built.
+    let bin = std::env::var_os("PIPEFILL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
+    let mut cmd = Command::new(bin);
     if let Some(d) = dir {
         cmd.current_dir(d);
     }
