@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_refused, pipefill};
+use common::{assert_refused, losses, pipefill, small_train};
 
 /// A cost file of 8 equal layers with activation, release and output bytes, and parameters
 /// (which stay f32).
@@ -138,32 +138,9 @@ fn plan_refuses_a_bad_activations_value() {
     )]);
 }
 
-/// `train` on 2 ranks with `extra` flags: the losses.
+/// `train` on 2 ranks with `extra` flags, five steps: the losses.
 fn train(extra: &[&str]) -> Vec<f32> {
-    let mut args = vec![
-        "train",
-        "--ranks",
-        "2",
-        "--layers",
-        "4",
-        "--hidden",
-        "32",
-        "--batch",
-        "32",
-        "--microbatches",
-        "4",
-        "--plan",
-        "uniform",
-        "--steps",
-        "5",
-        "--format",
-        "json",
-    ];
-    args.extend(extra);
-    let (code, out, err) = pipefill(&args);
-    assert_eq!(code, 0, "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    serde_json::from_value(v["losses"].clone()).unwrap()
+    losses(pipefill(&small_train(&[&["--steps", "5"], extra].concat())))
 }
 
 #[test]
@@ -183,54 +160,24 @@ fn train_activations_bf16_rounds_for_real() {
 #[cfg(feature = "mpi")]
 #[test]
 fn bf16_tensors_cross_mpi_as_the_threaded_run_passes_them() {
-    let mut args = vec![
-        "train",
-        "--ranks",
-        "2",
-        "--layers",
-        "4",
-        "--hidden",
-        "32",
-        "--batch",
-        "32",
-        "--microbatches",
-        "4",
-        "--plan",
-        "uniform",
+    let args = small_train(&[
         "--steps",
         "3",
-        "--format",
-        "json",
         "--activations",
         "bf16",
         "--schedule",
         "zb-h1",
-    ];
-    let threads = {
-        let (code, out, err) = pipefill(&args);
-        assert_eq!(code, 0, "{err}");
-        losses_of(&out)
-    };
-    args.extend(["--launcher", "mpi"]);
-    let out = std::process::Command::new("mpirun")
-        .args(["--oversubscribe", "-n", "2"])
-        .arg(env!("CARGO_BIN_EXE_pipefill"))
-        .args(&args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .expect("run mpirun (install OpenMPI: see .ci/run)");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    let mpi = losses_of(&String::from_utf8_lossy(&out.stdout));
+    ]);
+    let threads = losses(pipefill(&args));
+    let dir = common::scratch("bf16-mpi");
+    let mpi = losses(common::mpirun(
+        &dir,
+        2,
+        &[&args[..], &["--launcher", "mpi"]].concat(),
+    ));
     assert_eq!(mpi.len(), threads.len());
     for (a, b) in mpi.iter().zip(&threads) {
         assert!((a - b).abs() <= 1e-6, "{mpi:?} vs {threads:?}");
     }
-}
-
-#[cfg(feature = "mpi")]
-fn losses_of(out: &str) -> Vec<f32> {
-    let v: serde_json::Value = serde_json::from_str(out).expect("one JSON object");
-    serde_json::from_value(v["losses"].clone()).expect("losses")
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -12,58 +12,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{pipefill_in, scratch};
+use common::{losses, mpirun, pipefill_in, scratch, small_train};
 
-/// Two ranks, four layers (room for `V = 2`), four microbatches (DualPipeV needs `M >= 2P`), equal
-/// layer counts (so both launchers split alike), JSON out.
-const RUN: [&str; 17] = [
-    "train",
-    "--ranks",
-    "2",
-    "--layers",
-    "4",
-    "--hidden",
-    "32",
-    "--batch",
-    "32",
-    "--microbatches",
-    "4",
-    "--plan",
-    "uniform",
-    "--svg",
-    "t.svg",
-    "--format",
-    "json",
-];
-
-/// `mpirun -n N pipefill ARGS` in `dir`: exit code, stdout, stderr. Root is allowed (CI runs as
-/// root).
-fn mpirun(dir: &Path, n: usize, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new("mpirun")
-        .current_dir(dir)
-        .args(["--oversubscribe", "-n", &n.to_string()])
-        .arg(env!("CARGO_BIN_EXE_pipefill"))
-        .args(args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .expect("run mpirun (install OpenMPI: see .ci/run)");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The losses of a run's JSON output (exit code 0 required).
-fn losses((code, out, err): (i32, String, String)) -> Vec<f32> {
-    assert_eq!(code, 0, "{out}\n{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
-    serde_json::from_value(v["losses"].clone()).expect("losses")
-}
-
+/// The small run with an SVG written (the MPI launcher writes it from process 0), then `extra`.
 fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    RUN.iter().copied().chain(extra.iter().copied()).collect()
+    small_train(&[&["--svg", "t.svg"], extra].concat())
 }
 
 /// `|a - b| <= 1e-6` step by step, and as many steps.
@@ -162,10 +115,13 @@ fn a_job_stopped_mid_run_resumes_from_its_last_checkpoint() {
         "--steps",
         "600",
     ];
-    let mut args: Vec<&str> = RUN.to_vec();
-    // `RUN`'s model flags give way to the larger model (clap takes each flag once).
+    let mut args: Vec<&str> = with(&[]);
+    // The small run's model flags give way to the larger model (clap takes each flag once).
     for flag in ["--layers", "--hidden", "--batch"] {
-        let i = args.iter().position(|a| *a == flag).expect("flag in RUN");
+        let i = args
+            .iter()
+            .position(|a| *a == flag)
+            .expect("flag in the small run");
         args.drain(i..i + 2);
     }
     args.extend_from_slice(&shape);

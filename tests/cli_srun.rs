@@ -12,30 +12,10 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{pipefill_in, scratch};
+use common::{losses, pipefill_in, scratch, small_train};
 
-/// Two ranks of two layers each, four microbatches, JSON out.
-const RUN: [&str; 19] = [
-    "train",
-    "--ranks",
-    "2",
-    "--layers",
-    "4",
-    "--hidden",
-    "32",
-    "--batch",
-    "32",
-    "--microbatches",
-    "4",
-    "--plan",
-    "uniform",
-    "--schedule",
-    "zbv",
-    "--steps",
-    "3",
-    "--format",
-    "json",
-];
+/// The schedule and length of the runs (appended to `common::SMALL_TRAIN`).
+const ZBV: [&str; 4] = ["--schedule", "zbv", "--steps", "3"];
 
 /// Whether `srun` can start jobs here; `None` (after printing why) when the tests should skip.
 fn slurm() -> Option<()> {
@@ -77,21 +57,15 @@ fn srun(dir: &Path, n: usize, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// The losses of a run's JSON output (exit code 0 required).
-fn losses((code, out, err): (i32, String, String)) -> Vec<f32> {
-    assert_eq!(code, 0, "{out}\n{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
-    serde_json::from_value(v["losses"].clone()).expect("losses")
-}
-
 #[test]
 fn two_replicas_of_two_ranks_under_srun_have_the_losses_of_the_threaded_run() {
     if slurm().is_none() {
         return;
     }
     let dir = scratch("srun-dp");
-    let threads = losses(pipefill_in(Some(&dir), &RUN));
-    let args = [&RUN[..], &["--launcher", "mpi", "--data-parallel", "2"]].concat();
+    let run = small_train(&ZBV);
+    let threads = losses(pipefill_in(Some(&dir), &run));
+    let args = [&run[..], &["--launcher", "mpi", "--data-parallel", "2"]].concat();
     let under_srun = losses(srun(&dir, 4, &args));
     assert_eq!(
         under_srun.len(),
@@ -112,7 +86,7 @@ fn a_world_of_another_size_under_srun_is_refused_once() {
         return;
     }
     let dir = scratch("srun-size");
-    let args = [&RUN[..], &["--launcher", "mpi"]].concat();
+    let args = small_train(&[&ZBV[..], &["--launcher", "mpi"]].concat());
     let (code, out, err) = srun(&dir, 3, &args);
     assert_eq!(code, 2, "{out}\n{err}");
     assert!(

@@ -47,3 +47,63 @@ pub fn assert_refused<'a>(cases: impl IntoIterator<Item = (Vec<&'a str>, &'a str
         );
     }
 }
+
+/// A small two-rank `train` run (four layers: room for `V = 2`; four microbatches: DualPipeV needs
+/// `M >= 2P`; equal layer counts, so every launcher splits alike), JSON on stdout. Tests append
+/// their own flags.
+#[allow(dead_code)]
+pub const SMALL_TRAIN: [&str; 15] = [
+    "train",
+    "--ranks",
+    "2",
+    "--layers",
+    "4",
+    "--hidden",
+    "32",
+    "--batch",
+    "32",
+    "--microbatches",
+    "4",
+    "--plan",
+    "uniform",
+    "--format",
+    "json",
+];
+
+/// `SMALL_TRAIN` followed by `extra`.
+#[allow(dead_code)]
+pub fn small_train<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    SMALL_TRAIN
+        .iter()
+        .copied()
+        .chain(extra.iter().copied())
+        .collect()
+}
+
+/// The per-step losses of a run's JSON output; the run must have exited 0.
+#[allow(dead_code)]
+pub fn losses((code, out, err): (i32, String, String)) -> Vec<f32> {
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    serde_json::from_value(v["losses"].clone()).expect("losses")
+}
+
+/// `mpirun --oversubscribe -n N pipefill ARGS` in `dir`: exit code, stdout, stderr. Root is
+/// allowed (CI runs as root).
+#[allow(dead_code)]
+pub fn mpirun(dir: &Path, n: usize, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("mpirun")
+        .current_dir(dir)
+        .args(["--oversubscribe", "-n", &n.to_string()])
+        .arg(env!("CARGO_BIN_EXE_pipefill"))
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("run mpirun (install OpenMPI: see .ci/run)");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
