@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::streams::{PostOrder, RankBatch, RankStreams};
 use pipefill_host::runtime::{RankOutcome, RuntimeError};
 use pipefill_host::schedule::deps::Edge;
@@ -28,6 +29,34 @@ pub enum CudaRankError {
     /// The runner refused the schedule or the stages.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The rank's stages store activations in different types (what crosses ranks must have one
+    /// type, which the receiving rank allocates).
+    #[error("stage {stage} stores activations as {got}, an earlier stage of this rank as {expected}: give every stage the same storage type")]
+    MixedActivations {
+        /// The global index of the stage that differs.
+        stage: usize,
+        /// The type of the rank's first stage.
+        expected: ActivationDtype,
+        /// The stage's type.
+        got: ActivationDtype,
+    },
+}
+
+/// The one storage type of the rank's stages (`f32` for none), else
+/// [`CudaRankError::MixedActivations`].
+fn rank_activations(stages: &[(usize, &LinearStage)]) -> Result<ActivationDtype, CudaRankError> {
+    let Some(&(_, first)) = stages.first() else {
+        return Ok(ActivationDtype::F32);
+    };
+    let expected = first.activations;
+    match stages.iter().find(|(_, st)| st.activations != expected) {
+        Some(&(stage, st)) => Err(CudaRankError::MixedActivations {
+            stage,
+            expected,
+            got: st.activations,
+        }),
+        None => Ok(expected),
+    }
 }
 
 /// The shape of the data of `e` (an activation or a gradient at one stage boundary): the rows of
@@ -63,14 +92,17 @@ pub struct RankModel<'a> {
 
 impl CudaRank {
     /// Rank `rank` of `schedule` on `gpu`: the rank's stages of `model` copied to the device, its
-    /// transfers over `peer`.
+    /// transfers over `peer` in the stages' storage type (BF16 stages: BF16 messages). Every stage
+    /// of the model must store activations alike (a rank whose stages differ is refused; the other
+    /// ranks' are not seen here).
     pub fn new(
         gpu: &Arc<Gpu>,
         schedule: Schedule,
         rank: usize,
         model: RankModel<'_>,
-        peer: NcclPeer,
+        mut peer: NcclPeer,
     ) -> Result<Self, CudaRankError> {
+        peer.set_activations(rank_activations(&model.stages)?);
         let device = CudaStreams::new(gpu.clone());
         let mine = model
             .stages
