@@ -9,6 +9,12 @@
 //! on every weight, through 3 layers): 5e-2, the bound `tests/gpu_tc.rs` uses for BF16 products.
 //! Chosen from these estimates; not yet run on a GPU.
 //!
+//! The stream runtime's device payload ([`DeviceTensor`]): a BF16 stage hands on its output and
+//! input gradient as BF16 device tensors (2 bytes a value, no widening); on two devices (GPUs 0
+//! and 1, or two separate contexts on GPU 0) the stream executor's reported transfer bytes and the
+//! bytes it peer-copies halve against `f32` stages, and its losses match the CPU layers with the
+//! same storage (1e-2 BF16, 1e-4 `f32`, products in `fp32`).
+//!
 //! `train --backend cuda --activations bf16` is checked against `train --backend cpu --activations
 //! bf16` on the same flags: per-step losses within the same tolerances.
 //!
@@ -19,13 +25,16 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use pipefill::cuda::{gpu_or_skip, CudaStage, Gpu, Precision};
+use pipefill::cuda::{
+    device_count, gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams, Precision,
+};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
 use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
 use pipefill_host::cost::ActivationDtype;
+use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::runtime::{Executor, Stage, StepReport, Tensor};
-use pipefill_host::schedule::{families, Params};
+use pipefill_host::schedule::{families, Params, Schedule};
 use pipefill_kernels::Activation;
 
 fn spec() -> ModelSpec {
@@ -225,4 +234,111 @@ fn train_on_the_gpu_with_bf16_activations_matches_the_cpu() {
             "--precision {p}: losses differ by {r:e}: {gpu:?} vs {cpu:?}"
         );
     }
+}
+
+/// Two devices: GPUs 0 and 1, or two separate contexts on GPU 0 (as `tests/gpu_devices.rs`).
+fn two_devices(what: &str) -> Option<[Arc<Gpu>; 2]> {
+    let gpu0 = gpu_or_skip(what)?;
+    if device_count().unwrap() >= 2 {
+        return Some([gpu0, Gpu::open(1).unwrap()]);
+    }
+    eprintln!("{what}: one GPU: two separate contexts on GPU 0 stand for two devices");
+    Some([
+        Gpu::open_separate(0).unwrap(),
+        Gpu::open_separate(0).unwrap(),
+    ])
+}
+
+/// `xs` copied to `gpu` on a new stream (waited for).
+fn upload(gpu: &Arc<Gpu>, xs: &[Tensor]) -> Vec<DeviceTensor> {
+    let s = gpu.new_stream().unwrap();
+    let out = xs
+        .iter()
+        .map(|x| DeviceTensor::from_host(&s, x).unwrap())
+        .collect();
+    s.synchronize().unwrap();
+    out
+}
+
+/// One step of the stream executor, rank `r` on `gpus[r]`, stages storing `dtype`: the losses,
+/// the transfer bytes it reports and the bytes it peer-copied.
+fn stream_step(
+    gpus: &[Arc<Gpu>; 2],
+    sched: &Schedule,
+    dtype: ActivationDtype,
+) -> (Vec<f32>, f64, usize) {
+    let spec = spec();
+    let device = CudaStreams::on_devices(gpus.to_vec(), vec![0, 1]).unwrap();
+    let stages: Vec<OnCudaStreams> = host_stages(dtype)
+        .iter()
+        .enumerate()
+        .map(|(s, st)| device.stage(CudaStage::from_host(&gpus[sched.rank_of(s)], st).unwrap()))
+        .collect();
+    gpus.iter().for_each(|g| g.synchronize().unwrap());
+    let mut ex = StreamExecutor::new(sched.clone(), stages, device.clone()).unwrap();
+    let (x, t) = Teacher::new(&spec, 11).batch(0, spec.batch, sched.microbatches);
+    let last = sched.rank_of(sched.stages() - 1);
+    let (inputs, targets) = (upload(&gpus[sched.rank_of(0)], &x), upload(&gpus[last], &t));
+    let report = ex.step(inputs, &targets, &device.loss(spec.loss)).unwrap();
+    let reported = sent(&report);
+    (report.losses, reported, device.copied_bytes())
+}
+
+#[test]
+fn the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes() {
+    let what = "the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes";
+    let Some(gpus) = two_devices(what) else {
+        return;
+    };
+    // The payload itself: a BF16 stage's output and input gradient are BF16, 2 bytes a value.
+    let stages = host_stages(ActivationDtype::Bf16);
+    let mut second = CudaStage::from_host(&gpus[0], &stages[1]).unwrap();
+    let rows = 8;
+    let x = Tensor::matrix(rows, second.inputs(), vec![0.25; rows * second.inputs()]).unwrap();
+    let x = upload(&gpus[0], &[x]).remove(0);
+    let (y, mut stash) = second.forward_device(x).unwrap();
+    assert_eq!((y.dtype(), y.bytes()), (ActivationDtype::Bf16, 2 * y.len()));
+    let dy = upload(
+        &gpus[0],
+        &[Tensor::matrix(rows, y.cols(), vec![0.01; y.len()]).unwrap()],
+    );
+    let dx = second
+        .backward_input_device(&mut stash, dy.into_iter().next().unwrap())
+        .unwrap();
+    assert_eq!(
+        (dx.dtype(), dx.bytes()),
+        (ActivationDtype::Bf16, 2 * dx.len())
+    );
+    second.synchronize().unwrap();
+
+    let sched = families::generate("1f1b", &Params::new(2, 4)).unwrap();
+    let spec = spec();
+    let (x, t) = Teacher::new(&spec, 11).batch(0, spec.batch, sched.microbatches);
+    let mut got = Vec::new();
+    for (dtype, tol) in [(ActivationDtype::F32, 1e-4), (ActivationDtype::Bf16, 1e-2)] {
+        let mut cpu = Executor::new(sched.clone(), host_stages(dtype)).unwrap();
+        let want = cpu.step(x.clone(), &t, &spec.loss).unwrap();
+        let (losses, reported, copied) = stream_step(&gpus, &sched, dtype);
+        let r = rel(&losses, &want.losses);
+        assert!(
+            r <= tol,
+            "{dtype}: stream losses differ from the CPU's by {r:e}"
+        );
+        assert!(reported > 0.0, "{dtype}: no transfer bytes reported");
+        assert_eq!(
+            copied as f64, reported,
+            "{dtype}: bytes peer-copied vs reported"
+        );
+        assert_eq!(
+            reported,
+            sent(&want),
+            "{dtype}: bytes vs the threaded CPU run"
+        );
+        got.push(reported);
+    }
+    assert_eq!(got[1] * 2.0, got[0], "bf16 vs f32 transfer bytes");
+    eprintln!(
+        "stream bf16: transfer bytes {} (f32 {}), losses match",
+        got[1], got[0]
+    );
 }
