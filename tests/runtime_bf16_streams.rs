@@ -216,6 +216,9 @@ fn the_stream_executor_copies_half_the_bytes_between_devices_with_bf16_stages() 
         let want = threaded(&spec, &sched, ActivationDtype::Bf16);
         assert_eq!(bf16_losses, want, "{name}: bf16 stream losses vs threads");
         assert_ne!(bf16_losses, f32_losses, "{name}: bf16 rounded nothing");
+        eprintln!(
+            "stream executor {name}: copied between devices f32 {f32_bytes} B, bf16 {bf16_bytes} B"
+        );
     }
 }
 
@@ -248,5 +251,8 @@ fn the_per_rank_runner_sends_half_the_bytes_over_cpu_peers_with_bf16_stages() {
         );
         let want = threaded(&spec, &sched, ActivationDtype::Bf16);
         assert_eq!(bf16_losses, want, "{name}: bf16 per-rank losses vs threads");
+        eprintln!(
+            "per-rank runner {name}: sent over CpuPeers f32 {f32_bytes} B, bf16 {bf16_bytes} B"
+        );
     }
 }
