@@ -291,4 +291,39 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn the_link_type_is_the_rank_stages_one_and_mixed_types_are_refused() {
+        let spec = spec(4, LossKind::Mse);
+        let all = stages(&spec, 4);
+        let bf16: Vec<LinearStage> = all
+            .iter()
+            .cloned()
+            .map(|s| s.with_activations(ActivationDtype::Bf16))
+            .collect();
+        let pick = |v: &[LinearStage], at: &[usize]| -> Vec<(usize, LinearStage)> {
+            at.iter().map(|&s| (s, v[s].clone())).collect()
+        };
+        fn refs(v: &[(usize, LinearStage)]) -> Vec<(usize, &LinearStage)> {
+            v.iter().map(|(s, st)| (*s, st)).collect()
+        }
+        let ok = pick(&bf16, &[1, 3]);
+        assert_eq!(rank_activations(&refs(&ok)).unwrap(), ActivationDtype::Bf16);
+        let plain = pick(&all, &[0, 2]);
+        assert_eq!(
+            rank_activations(&refs(&plain)).unwrap(),
+            ActivationDtype::F32
+        );
+        assert_eq!(rank_activations(&[]).unwrap(), ActivationDtype::F32);
+        let mut mixed = pick(&bf16, &[0]);
+        mixed.extend(pick(&all, &[2]));
+        match rank_activations(&refs(&mixed)) {
+            Err(CudaRankError::MixedActivations {
+                stage: 2,
+                expected: ActivationDtype::Bf16,
+                got: ActivationDtype::F32,
+            }) => {}
+            other => panic!("mixed types: {other:?}"),
+        }
+    }
 }
