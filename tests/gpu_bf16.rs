@@ -9,6 +9,19 @@
 //! on every weight, through 3 layers): 5e-2, the bound `tests/gpu_tc.rs` uses for BF16 products.
 //! Chosen from these estimates; not yet run on a GPU.
 //!
+//! The stream runtime's device payload ([`DeviceTensor`]): a BF16 stage hands on its output and
+//! input gradient as BF16 device tensors (2 bytes a value, no widening); on two devices (GPUs 0
+//! and 1, or two separate contexts on GPU 0) the stream executor's reported transfer bytes and the
+//! bytes it peer-copies halve against `f32` stages, and its losses match the CPU layers with the
+//! same storage (1e-2 BF16, 1e-4 `f32`, products in `fp32`).
+//!
+//! NCCL with BF16 messages: the test re-runs itself as two processes on GPU 0
+//! (`NCCL_MULTI_RANK_GPU_ENABLE=1`, the id through a file, as `tests/gpu_nccl.rs` does); each runs its
+//! rank of 1f1b (P = 2, M = 4, two steps) with BF16 stages over [`CudaRank`] (the link carries
+//! `ncclBfloat16`), and the last stage's rank checks the losses against the one-process stream run
+//! with the same BF16 stages (relative 1e-5: the same kernels, and NCCL moves the bits unchanged).
+//! Where NCCL is missing or refuses two ranks on one device it prints `NCCL refused: ...` and passes.
+//!
 //! `train --backend cuda --activations bf16` is checked against `train --backend cpu --activations
 //! bf16` on the same flags: per-step losses within the same tolerances.
 //!
@@ -16,16 +29,22 @@
 //! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use pipefill::cuda::{gpu_or_skip, CudaStage, Gpu, Precision};
+use pipefill::cuda::nccl::{nccl_present, NcclError, UniqueId};
+use pipefill::cuda::{
+    device_count, gpu_or_skip, CudaRank, CudaStage, CudaStreams, DeviceTensor, Gpu, NcclPeer,
+    OnCudaStreams, PeerOpenError, Precision, RankModel,
+};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
 use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
 use pipefill_host::cost::ActivationDtype;
+use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::runtime::{Executor, Stage, StepReport, Tensor};
-use pipefill_host::schedule::{families, Params};
+use pipefill_host::schedule::{families, Params, Schedule};
 use pipefill_kernels::Activation;
 
 fn spec() -> ModelSpec {
@@ -225,4 +244,284 @@ fn train_on_the_gpu_with_bf16_activations_matches_the_cpu() {
             "--precision {p}: losses differ by {r:e}: {gpu:?} vs {cpu:?}"
         );
     }
+}
+
+/// Two devices: GPUs 0 and 1, or two separate contexts on GPU 0 (as `tests/gpu_devices.rs`).
+fn two_devices(what: &str) -> Option<[Arc<Gpu>; 2]> {
+    let gpu0 = gpu_or_skip(what)?;
+    if device_count().unwrap() >= 2 {
+        return Some([gpu0, Gpu::open(1).unwrap()]);
+    }
+    eprintln!("{what}: one GPU: two separate contexts on GPU 0 stand for two devices");
+    Some([
+        Gpu::open_separate(0).unwrap(),
+        Gpu::open_separate(0).unwrap(),
+    ])
+}
+
+/// `xs` copied to `gpu` on a new stream (waited for).
+fn upload(gpu: &Arc<Gpu>, xs: &[Tensor]) -> Vec<DeviceTensor> {
+    let s = gpu.new_stream().unwrap();
+    let out = xs
+        .iter()
+        .map(|x| DeviceTensor::from_host(&s, x).unwrap())
+        .collect();
+    s.synchronize().unwrap();
+    out
+}
+
+/// One step of the stream executor, rank `r` on `gpus[r]`, stages storing `dtype`: the losses,
+/// the transfer bytes it reports and the bytes it peer-copied.
+fn stream_step(
+    gpus: &[Arc<Gpu>; 2],
+    sched: &Schedule,
+    dtype: ActivationDtype,
+) -> (Vec<f32>, f64, usize) {
+    let spec = spec();
+    let device = CudaStreams::on_devices(gpus.to_vec(), vec![0, 1]).unwrap();
+    let stages: Vec<OnCudaStreams> = host_stages(dtype)
+        .iter()
+        .enumerate()
+        .map(|(s, st)| device.stage(CudaStage::from_host(&gpus[sched.rank_of(s)], st).unwrap()))
+        .collect();
+    gpus.iter().for_each(|g| g.synchronize().unwrap());
+    let mut ex = StreamExecutor::new(sched.clone(), stages, device.clone()).unwrap();
+    let (x, t) = Teacher::new(&spec, 11).batch(0, spec.batch, sched.microbatches);
+    let last = sched.rank_of(sched.stages() - 1);
+    let (inputs, targets) = (upload(&gpus[sched.rank_of(0)], &x), upload(&gpus[last], &t));
+    let report = ex.step(inputs, &targets, &device.loss(spec.loss)).unwrap();
+    let reported = sent(&report);
+    (report.losses, reported, device.copied_bytes())
+}
+
+#[test]
+fn the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes() {
+    let what = "the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes";
+    let Some(gpus) = two_devices(what) else {
+        return;
+    };
+    // The payload itself: a BF16 stage's output and input gradient are BF16, 2 bytes a value.
+    let stages = host_stages(ActivationDtype::Bf16);
+    let mut second = CudaStage::from_host(&gpus[0], &stages[1]).unwrap();
+    let rows = 8;
+    let x = Tensor::matrix(rows, second.inputs(), vec![0.25; rows * second.inputs()]).unwrap();
+    let x = upload(&gpus[0], &[x]).remove(0);
+    let (y, mut stash) = second.forward_device(x).unwrap();
+    assert_eq!((y.dtype(), y.bytes()), (ActivationDtype::Bf16, 2 * y.len()));
+    let dy = upload(
+        &gpus[0],
+        &[Tensor::matrix(rows, y.cols(), vec![0.01; y.len()]).unwrap()],
+    );
+    let dx = second
+        .backward_input_device(&mut stash, dy.into_iter().next().unwrap())
+        .unwrap();
+    assert_eq!(
+        (dx.dtype(), dx.bytes()),
+        (ActivationDtype::Bf16, 2 * dx.len())
+    );
+    second.synchronize().unwrap();
+
+    let sched = families::generate("1f1b", &Params::new(2, 4)).unwrap();
+    let spec = spec();
+    let (x, t) = Teacher::new(&spec, 11).batch(0, spec.batch, sched.microbatches);
+    let mut got = Vec::new();
+    for (dtype, tol) in [(ActivationDtype::F32, 1e-4), (ActivationDtype::Bf16, 1e-2)] {
+        let mut cpu = Executor::new(sched.clone(), host_stages(dtype)).unwrap();
+        let want = cpu.step(x.clone(), &t, &spec.loss).unwrap();
+        let (losses, reported, copied) = stream_step(&gpus, &sched, dtype);
+        let r = rel(&losses, &want.losses);
+        assert!(
+            r <= tol,
+            "{dtype}: stream losses differ from the CPU's by {r:e}"
+        );
+        assert!(reported > 0.0, "{dtype}: no transfer bytes reported");
+        assert_eq!(
+            copied as f64, reported,
+            "{dtype}: bytes peer-copied vs reported"
+        );
+        assert_eq!(
+            reported,
+            sent(&want),
+            "{dtype}: bytes vs the threaded CPU run"
+        );
+        got.push(reported);
+    }
+    assert_eq!(got[1] * 2.0, got[0], "bf16 vs f32 transfer bytes");
+    eprintln!(
+        "stream bf16: transfer bytes {} (f32 {}), losses match",
+        got[1], got[0]
+    );
+}
+
+/// Set in the two child processes: their rank.
+const CHILD: &str = "PIPEFILL_BF16_NCCL_RANK";
+/// Set in the children: the id file.
+const ID_FILE: &str = "PIPEFILL_BF16_NCCL_ID";
+/// A child's exit code when NCCL refused (not a failure of pipefill).
+const REFUSED: i32 = 3;
+const NCCL_TEST: &str = "two_processes_train_bf16_stages_over_nccl_like_one_process";
+const NCCL_STEPS: u64 = 2;
+
+fn refused(e: &NcclError) -> ! {
+    println!("NCCL refused: {e}");
+    std::process::exit(REFUSED)
+}
+
+#[test]
+fn two_processes_train_bf16_stages_over_nccl_like_one_process() {
+    if let (Ok(rank), Ok(file)) = (std::env::var(CHILD), std::env::var(ID_FILE)) {
+        return nccl_child(rank.parse().expect("a rank"), PathBuf::from(file));
+    }
+    let Some(outputs) = two_ranks() else {
+        return;
+    };
+    let checked: Vec<&str> = outputs
+        .iter()
+        .flat_map(|o| o.lines())
+        .filter(|l| l.starts_with("nccl bf16: losses equal"))
+        .collect();
+    assert_eq!(checked.len(), 1, "one rank checks the losses\n{outputs:?}");
+    println!("{}", checked[0]);
+}
+
+/// Runs [`NCCL_TEST`] of this executable as two ranks on GPU 0; their outputs, each exited 0.
+/// `None` (with a note printed) without a GPU or where NCCL refuses.
+fn two_ranks() -> Option<Vec<String>> {
+    gpu_or_skip(NCCL_TEST)?;
+    if !nccl_present() {
+        println!("NCCL refused: {}", NcclError::NoLibrary);
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("pipefill-bf16-nccl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let exe = std::env::current_exe().expect("this test's executable");
+    let mut children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(&exe)
+                .args(["--exact", NCCL_TEST, "--nocapture", "--test-threads=1"])
+                .env(CHILD, rank.to_string())
+                .env(ID_FILE, dir.join("nccl-id"))
+                .env("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut codes = [None; 2];
+    while codes.iter().any(Option::is_none) {
+        for (c, code) in children.iter_mut().zip(codes.iter_mut()) {
+            if code.is_none() {
+                *code = c.try_wait().expect("wait").map(|s| s.code().unwrap_or(-1));
+            }
+        }
+        if Instant::now() > deadline {
+            children.iter_mut().for_each(|c| drop(c.kill()));
+            panic!("{NCCL_TEST}: the two NCCL ranks did not finish in 120 s (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outputs: Vec<String> = children
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().expect("output");
+            let (out, err) = (o.stdout, o.stderr);
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            )
+        })
+        .collect();
+    std::fs::remove_dir_all(&dir).ok();
+    if codes.contains(&Some(REFUSED)) {
+        println!(
+            "NCCL refused two ranks on one device; not run:\n{}",
+            outputs.join("\n")
+        );
+        return None;
+    }
+    for (rank, (code, out)) in codes.iter().zip(&outputs).enumerate() {
+        assert_eq!(*code, Some(0), "{NCCL_TEST} rank {rank}:\n{out}");
+    }
+    Some(outputs)
+}
+
+/// The losses of [`NCCL_STEPS`] steps of `schedule` over all BF16 stages in this one process.
+fn one_process_bf16(gpu: &Arc<Gpu>, schedule: &Schedule) -> Vec<Vec<f32>> {
+    let spec = spec();
+    let device = CudaStreams::new(gpu.clone());
+    let stages = host_stages(ActivationDtype::Bf16)
+        .iter()
+        .map(|s| device.stage(CudaStage::from_host(gpu, s).expect("stage")))
+        .collect();
+    gpu.synchronize().expect("synchronize");
+    let mut ex = StreamExecutor::new(schedule.clone(), stages, device.clone()).expect("executor");
+    let loss = device.loss(spec.loss);
+    let teacher = Teacher::new(&spec, 3);
+    (0..NCCL_STEPS)
+        .map(|step| {
+            let (x, t) = teacher.batch(step, spec.batch, schedule.microbatches);
+            let (x, t) = (upload(gpu, &x), upload(gpu, &t));
+            ex.step(x, &t, &loss).expect("a step").losses
+        })
+        .collect()
+}
+
+/// One rank of 1f1b over NCCL with BF16 stages; the rank with the last stage checks the losses.
+fn nccl_child(rank: usize, id_file: PathBuf) {
+    let gpu = Gpu::open(0).expect("device 0");
+    let id = if rank == 0 {
+        let id = UniqueId::new().unwrap_or_else(|e| refused(&e));
+        id.write(&id_file).expect("write the id");
+        id
+    } else {
+        UniqueId::wait_for(&id_file, Duration::from_secs(60)).expect("the id from rank 0")
+    };
+    let peer = NcclPeer::open(&gpu, rank, 2, id).unwrap_or_else(|e| match e {
+        PeerOpenError::Nccl(e) => refused(&e),
+        PeerOpenError::Cuda(e) => panic!("rank {rank}: {e}"),
+    });
+    let schedule = families::generate("1f1b", &Params::new(2, 4)).expect("a schedule");
+    let spec = spec();
+    let stages = host_stages(ActivationDtype::Bf16);
+    let model = RankModel {
+        stages: (stages.iter().enumerate())
+            .filter(|(s, _)| schedule.rank_of(*s) == rank)
+            .collect(),
+        widths: stages.iter().map(LinearStage::outputs).collect(),
+        precision: Precision::Fp32,
+        loss: spec.loss,
+    };
+    let mut me = CudaRank::new(&gpu, schedule.clone(), rank, model, peer).expect("the runner");
+    let teacher = Teacher::new(&spec, 3);
+    let (first, last) = (rank == schedule.rank_of(0), rank == schedule.rank_of(1));
+    let mut losses = Vec::new();
+    for step in 0..NCCL_STEPS {
+        let (x, t) = teacher.batch(step, spec.batch, schedule.microbatches);
+        let rows: Vec<usize> = x.iter().map(Tensor::rows).collect();
+        let inputs = if first { upload(&gpu, &x) } else { Vec::new() };
+        let targets = if last { upload(&gpu, &t) } else { Vec::new() };
+        let out = me.step(inputs, &targets, &rows);
+        if let Err(e) = &out.result {
+            panic!("rank {rank} step {step}: {e:?}");
+        }
+        let mut l = out.losses;
+        l.sort_by_key(|(k, _)| *k);
+        losses.push(l.into_iter().map(|(_, v)| v).collect::<Vec<f32>>());
+    }
+    assert_eq!(
+        me.into_peer().activations(),
+        ActivationDtype::Bf16,
+        "the link's type"
+    );
+    if last {
+        let want = one_process_bf16(&gpu, &schedule);
+        let (got, want): (Vec<f32>, Vec<f32>) = (losses.concat(), want.concat());
+        let r = rel(&got, &want);
+        assert!(got.len() == want.len() && r <= 1e-5, "{got:?} vs {want:?}");
+        println!("nccl bf16: losses equal the one-process run (rel diff {r:.1e})");
+    }
+    println!("nccl bf16 rank {rank}: ok");
 }

@@ -82,7 +82,12 @@ pub fn loss_and_grad(
     output: &DeviceTensor,
     target: &DeviceTarget,
 ) -> Result<(f32, DeviceTensor), CudaError> {
-    let out = nonempty(output, "loss input")?;
+    // A BF16 stage's output is widened (exactly) for the loss kernels, which read `f32`.
+    let out = output.widen(la)?.ok_or_else(|| CudaError::Shape {
+        what: "loss input".into(),
+        expected: 1,
+        got: 0,
+    })?;
     let n = output.len();
     let mut grad = zeros(la.stream(), n)?.ok_or_else(|| CudaError::Shape {
         what: "loss gradient".into(),
@@ -91,15 +96,15 @@ pub fn loss_and_grad(
     })?;
     let value = match target {
         DeviceTarget::Values(t) => {
-            let t = nonempty(t, "MSE target")?;
+            let t = nonempty(t, "MSE target (f32 values)")?;
             let mut partial =
                 zeros(la.stream(), Launcher::mse_partials(n))?.ok_or_else(|| CudaError::Shape {
                     what: "MSE partials".into(),
                     expected: 1,
                     got: 0,
                 })?;
-            la.mse_forward(out, t, &mut partial)?;
-            la.mse_grad(out, t, &mut grad, 1.0 / n as f32)?;
+            la.mse_forward(&out, t, &mut partial)?;
+            la.mse_grad(&out, t, &mut grad, 1.0 / n as f32)?;
             host_sum(la, &partial)? / n as f64
         }
         DeviceTarget::Classes(labels) => {
@@ -110,8 +115,8 @@ pub fn loss_and_grad(
                 expected: 1,
                 got: 0,
             })?;
-            la.softmax_ce_forward(out, labels, classes, &mut row_loss)?;
-            la.softmax_ce_grad(out, labels, &mut grad, classes, 1.0 / rows as f32)?;
+            la.softmax_ce_forward(&out, labels, classes, &mut row_loss)?;
+            la.softmax_ce_grad(&out, labels, &mut grad, classes, 1.0 / rows as f32)?;
             host_sum(la, &row_loss)? / rows as f64
         }
     };

@@ -195,6 +195,36 @@ impl NcclLink {
             .map_err(call(format!("receive from {peer}")))
     }
 
+    /// Enqueues sending BF16 bits `data` to `peer` as `ncclBfloat16` (2 bytes a value; matched by
+    /// the peer's [`recv_bf16`](Self::recv_bf16)).
+    pub fn send_bf16(&self, data: &CudaSlice<u16>, peer: usize) -> Result<(), NcclError> {
+        // SAFETY: `half::bf16` is a `u16` bit pattern (same size, every pattern valid).
+        let view =
+            unsafe { data.transmute::<half::bf16>(data.len()) }.ok_or(NcclError::Length {
+                op: "bf16 send",
+                a: data.len(),
+                b: 0,
+            })?;
+        self.comm
+            .send(&view, Self::peer(peer))
+            .map_err(call(format!("send (bf16) to {peer}")))
+    }
+
+    /// Enqueues receiving BF16 bits into `buf` from `peer` (`ncclBfloat16`).
+    pub fn recv_bf16(&self, buf: &mut CudaSlice<u16>, peer: usize) -> Result<(), NcclError> {
+        let n = buf.len();
+        // SAFETY: as in `send_bf16`: NCCL writes `n` BF16 values, each a valid `u16`.
+        let mut view = unsafe { buf.transmute_mut::<half::bf16>(n) }.ok_or(NcclError::Length {
+            op: "bf16 receive",
+            a: n,
+            b: 0,
+        })?;
+        self.comm
+            .recv(&mut view, Self::peer(peer))
+            .map(|_| ())
+            .map_err(call(format!("receive (bf16) from {peer}")))
+    }
+
     /// Enqueues a send of `data` to `peer` and a receive into `buf` from it as one NCCL group, so
     /// two ranks that exchange at once cannot block each other (both buffers of one length, else
     /// [`NcclError::Length`]).

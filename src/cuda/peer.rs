@@ -13,10 +13,17 @@
 //! there) and dropped after the send is enqueued, so its stream-ordered free follows the send; a
 //! received buffer is allocated on the communication stream and re-homed to its consumer's stream
 //! when consumed ([`DeviceTensor::into_scaled`]).
+//!
+//! Storage type: the link carries one type, the activations' ([`NcclPeer::set_activations`]): BF16
+//! payloads go as `ncclBfloat16` (2 bytes a value) and receives allocate BF16 buffers. Every edge
+//! between ranks is a stage's output or input gradient (the loss gradient never leaves its rank),
+//! so all of them have that type; a send of another type is refused (its receiver would expect
+//! another byte count).
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use cudarc::driver::{CudaEvent, CudaStream};
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::streams::{PeerError, PeerLink};
 use pipefill_host::schedule::deps::Edge;
 
@@ -25,7 +32,7 @@ use super::error::CudaError;
 use super::launch::Launcher;
 use super::nccl::{NcclError, NcclLink, UniqueId};
 use super::streams::CudaStreams;
-use super::tensor::DeviceTensor;
+use super::tensor::{DeviceStored, DeviceTensor};
 
 /// One GPU rank's NCCL link for the per-rank stream runner: its communicator and the
 /// communication stream every send and receive of the rank is enqueued on.
@@ -33,6 +40,7 @@ pub struct NcclPeer {
     gpu: Arc<Gpu>,
     comm: Arc<CudaStream>,
     link: NcclLink,
+    dtype: ActivationDtype,
 }
 
 /// Why an [`NcclPeer`] could not be opened.
@@ -67,7 +75,20 @@ impl NcclPeer {
             gpu: gpu.clone(),
             comm,
             link,
+            dtype: ActivationDtype::F32,
         })
+    }
+
+    /// Carries activations stored as `dtype` from now on (`f32` when opened): what receives
+    /// allocate and what sends must hold. [`CudaRank::new`](super::CudaRank::new) sets it from the
+    /// rank's stages.
+    pub fn set_activations(&mut self, dtype: ActivationDtype) {
+        self.dtype = dtype;
+    }
+
+    /// The storage type the link carries.
+    pub fn activations(&self) -> ActivationDtype {
+        self.dtype
     }
 
     /// The communication stream.
@@ -99,7 +120,19 @@ impl PeerLink<CudaStreams> for NcclPeer {
         let Some(buf) = data.into_scaled(&la).map_err(link_error)? else {
             return Ok(());
         };
-        self.link.send(&buf, to).map_err(link_error)
+        if buf.dtype() != self.dtype {
+            return Err(link_error(format!(
+                "a payload stored as {} on a link that carries {} (every stage of the model must \
+                 store activations alike)",
+                buf.dtype(),
+                self.dtype
+            )));
+        }
+        match &buf {
+            DeviceStored::F32(x) => self.link.send(x, to),
+            DeviceStored::Bf16(x) => self.link.send_bf16(x, to),
+        }
+        .map_err(link_error)
     }
 
     fn recv(
@@ -109,17 +142,23 @@ impl PeerLink<CudaStreams> for NcclPeer {
         shape: &[usize],
     ) -> Result<(DeviceTensor, CudaEvent), PeerError> {
         let n: usize = shape.iter().product();
-        let buf: Option<CudaSlice<f32>> = if n == 0 {
-            None
-        } else {
-            // SAFETY: NCCL writes all `n` values before the event recorded next completes, and
-            // the consumer's stream reads the buffer only after waiting on that event.
-            let mut buf = unsafe { self.comm.alloc::<f32>(n) }
-                .map_err(|e| link_error(CudaError::driver("cuMemAllocAsync")(e)))?;
-            self.link.recv(&mut buf, from).map_err(link_error)?;
-            Some(buf)
+        let alloc = |e| link_error(CudaError::driver("cuMemAllocAsync")(e));
+        // SAFETY (both allocations): NCCL writes all `n` values before the event recorded next
+        // completes, and the consumer's stream reads the buffer only after waiting on that event.
+        let buf = match (n, self.dtype) {
+            (0, _) => None,
+            (_, ActivationDtype::F32) => {
+                let mut buf = unsafe { self.comm.alloc::<f32>(n) }.map_err(alloc)?;
+                self.link.recv(&mut buf, from).map_err(link_error)?;
+                Some(DeviceStored::F32(buf))
+            }
+            (_, ActivationDtype::Bf16) => {
+                let mut buf = unsafe { self.comm.alloc::<u16>(n) }.map_err(alloc)?;
+                self.link.recv_bf16(&mut buf, from).map_err(link_error)?;
+                Some(DeviceStored::Bf16(buf))
+            }
         };
-        let data = DeviceTensor::from_slice(shape.to_vec(), buf).map_err(link_error)?;
+        let data = DeviceTensor::from_stored(shape.to_vec(), buf).map_err(link_error)?;
         Ok((data, self.event()?))
     }
 

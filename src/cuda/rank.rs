@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::streams::{PostOrder, RankBatch, RankStreams};
 use pipefill_host::runtime::{RankOutcome, RuntimeError};
 use pipefill_host::schedule::deps::Edge;
@@ -28,6 +29,34 @@ pub enum CudaRankError {
     /// The runner refused the schedule or the stages.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The rank's stages store activations in different types (what crosses ranks must have one
+    /// type, which the receiving rank allocates).
+    #[error("stage {stage} stores activations as {got}, an earlier stage of this rank as {expected}: give every stage the same storage type")]
+    MixedActivations {
+        /// The global index of the stage that differs.
+        stage: usize,
+        /// The type of the rank's first stage.
+        expected: ActivationDtype,
+        /// The stage's type.
+        got: ActivationDtype,
+    },
+}
+
+/// The one storage type of the rank's stages (`f32` for none), else
+/// [`CudaRankError::MixedActivations`].
+fn rank_activations(stages: &[(usize, &LinearStage)]) -> Result<ActivationDtype, CudaRankError> {
+    let Some(&(_, first)) = stages.first() else {
+        return Ok(ActivationDtype::F32);
+    };
+    let expected = first.activations;
+    match stages.iter().find(|(_, st)| st.activations != expected) {
+        Some(&(stage, st)) => Err(CudaRankError::MixedActivations {
+            stage,
+            expected,
+            got: st.activations,
+        }),
+        None => Ok(expected),
+    }
 }
 
 /// The shape of the data of `e` (an activation or a gradient at one stage boundary): the rows of
@@ -63,14 +92,17 @@ pub struct RankModel<'a> {
 
 impl CudaRank {
     /// Rank `rank` of `schedule` on `gpu`: the rank's stages of `model` copied to the device, its
-    /// transfers over `peer`.
+    /// transfers over `peer` in the stages' storage type (BF16 stages: BF16 messages). Every stage
+    /// of the model must store activations alike (a rank whose stages differ is refused; the other
+    /// ranks' are not seen here).
     pub fn new(
         gpu: &Arc<Gpu>,
         schedule: Schedule,
         rank: usize,
         model: RankModel<'_>,
-        peer: NcclPeer,
+        mut peer: NcclPeer,
     ) -> Result<Self, CudaRankError> {
+        peer.set_activations(rank_activations(&model.stages)?);
         let device = CudaStreams::new(gpu.clone());
         let mine = model
             .stages
@@ -257,6 +289,41 @@ mod tests {
                     "{family}: stage {s} weights differ by {worst}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_link_type_is_the_rank_stages_one_and_mixed_types_are_refused() {
+        let spec = spec(4, LossKind::Mse);
+        let all = stages(&spec, 4);
+        let bf16: Vec<LinearStage> = all
+            .iter()
+            .cloned()
+            .map(|s| s.with_activations(ActivationDtype::Bf16))
+            .collect();
+        let pick = |v: &[LinearStage], at: &[usize]| -> Vec<(usize, LinearStage)> {
+            at.iter().map(|&s| (s, v[s].clone())).collect()
+        };
+        fn refs(v: &[(usize, LinearStage)]) -> Vec<(usize, &LinearStage)> {
+            v.iter().map(|(s, st)| (*s, st)).collect()
+        }
+        let ok = pick(&bf16, &[1, 3]);
+        assert_eq!(rank_activations(&refs(&ok)).unwrap(), ActivationDtype::Bf16);
+        let plain = pick(&all, &[0, 2]);
+        assert_eq!(
+            rank_activations(&refs(&plain)).unwrap(),
+            ActivationDtype::F32
+        );
+        assert_eq!(rank_activations(&[]).unwrap(), ActivationDtype::F32);
+        let mut mixed = pick(&bf16, &[0]);
+        mixed.extend(pick(&all, &[2]));
+        match rank_activations(&refs(&mixed)) {
+            Err(CudaRankError::MixedActivations {
+                stage: 2,
+                expected: ActivationDtype::Bf16,
+                got: ActivationDtype::F32,
+            }) => {}
+            other => panic!("mixed types: {other:?}"),
         }
     }
 }

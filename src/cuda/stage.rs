@@ -11,9 +11,11 @@
 //! A stage made from a host stage that stores BF16 activations
 //! ([`LinearStage::with_activations`](crate::layers::LinearStage::with_activations)) keeps its stash
 //! on the device as BF16 buffers ([`DeviceStored::Bf16`]: `X`, `Z`, `dZ`), rounded where the CPU layers
-//! round them; [`Stage::held_bytes`] reports 2 bytes a value. Through the host-tensor path the tensors
-//! it hands on are BF16 [`Tensor`]s (copied as BF16 bits, both ways); the device payload of the
-//! stream runtime ([`DeviceTensor`]) stays `f32` (BF16 values widened exactly).
+//! round them; [`Stage::held_bytes`] reports 2 bytes a value. The tensors it hands on (its output and
+//! its input gradient) are BF16 too, 2 bytes a value: BF16 [`Tensor`]s through the host-tensor path
+//! (copied as BF16 bits, both ways), BF16 [`DeviceTensor`]s on the stream runtime's device path (no
+//! widening kernel: the next stage's first product reads them as they are). It accepts `f32` or BF16
+//! inputs and output gradients on both paths (rounded, or widened, to its own storage type).
 
 use std::sync::Arc;
 
@@ -190,7 +192,8 @@ impl CudaStage {
         Ok(())
     }
 
-    /// `F`, enqueued: the output and the stash.
+    /// `F`, enqueued: the output (in the stage's storage type: BF16 under `--activations bf16`)
+    /// and the stash. The input may be `f32` or BF16.
     pub fn forward_device(
         &mut self,
         input: DeviceTensor,
@@ -199,12 +202,11 @@ impl CudaStage {
         self.check_input(rows, input.cols(), input.len())?;
         let x = input
             .into_scaled(&self.launcher)?
-            .ok_or_else(|| empty("stage input"))?;
-        let x = DeviceStored::store(&self.launcher, self.activations, x)?;
+            .ok_or_else(|| empty("stage input"))?
+            .into_dtype(&self.launcher, self.activations)?;
         let (y, stash) = self.forward_stored(x, rows)?;
-        let y = y.into_f32(&self.launcher)?;
         Ok((
-            DeviceTensor::from_slice(vec![rows, self.outputs()], Some(y))?,
+            DeviceTensor::from_stored(vec![rows, self.outputs()], Some(y))?,
             stash,
         ))
     }
@@ -231,7 +233,9 @@ impl CudaStage {
         Ok((x, stash))
     }
 
-    /// `I`, enqueued: the input gradient (empty for the first stage); keeps `dZ` in the stash.
+    /// `I`, enqueued: the input gradient in the stage's storage type (empty for the first stage);
+    /// keeps `dZ` in the stash. The output gradient may be `f32` (the loss's, with its pending
+    /// scale) or BF16.
     pub fn backward_input_device(
         &mut self,
         stash: &mut CudaStash,
@@ -241,14 +245,11 @@ impl CudaStage {
         self.check_grad(stash, grad_output.len())?;
         let g = grad_output
             .into_scaled(&self.launcher)?
-            .ok_or_else(|| empty("output gradient"))?;
-        let g = DeviceStored::store(&self.launcher, self.activations, g)?;
+            .ok_or_else(|| empty("output gradient"))?
+            .into_dtype(&self.launcher, self.activations)?;
         match self.backward_input_stored(stash, g)? {
-            Some(dx) => {
-                let dx = dx.into_f32(&self.launcher)?;
-                DeviceTensor::from_slice(vec![rows, self.inputs()], Some(dx))
-            }
-            None => DeviceTensor::from_slice(vec![0], None),
+            Some(dx) => DeviceTensor::from_stored(vec![rows, self.inputs()], Some(dx)),
+            None => DeviceTensor::from_stored(vec![0], None),
         }
     }
 

@@ -27,7 +27,7 @@ use super::device::Gpu;
 use super::error::CudaError;
 use super::launch::Launcher;
 use super::stage::{CudaStage, CudaStash};
-use super::tensor::{rehome, DeviceTensor};
+use super::tensor::{DeviceStored, DeviceTensor};
 use crate::layers::LossKind;
 
 /// The streams and the one bound now, shared by the device and the stage and loss wrappers.
@@ -45,7 +45,7 @@ struct Link {
     copied: AtomicUsize,
     /// Sources of peer copies, kept until the next device-wide synchronisation (their
     /// stream-ordered free, on the producer's device, must follow the copy on the consumer's).
-    parked: Mutex<Vec<CudaSlice<f32>>>,
+    parked: Mutex<Vec<DeviceStored>>,
 }
 
 impl Link {
@@ -312,7 +312,8 @@ fn unfit(what: &str, expected: usize, got: usize) -> CudaError {
     }
 }
 
-/// A new buffer on `s` holding `src`'s values (a graph allocation and copy node under capture).
+/// A new buffer on `s` holding `src`'s values in its storage type (a graph allocation and copy
+/// node under capture).
 fn copy_on(s: &Arc<CudaStream>, src: &DeviceTensor) -> Result<DeviceTensor, CudaError> {
     if src.pending_scale() != 1.0 {
         return Err(unfit(
@@ -321,19 +322,12 @@ fn copy_on(s: &Arc<CudaStream>, src: &DeviceTensor) -> Result<DeviceTensor, Cuda
             0,
         ));
     }
-    let Some(x) = src.slice() else {
-        return DeviceTensor::from_slice(src.shape().to_vec(), None);
-    };
-    // SAFETY: every element is written by the copy enqueued next on the same stream.
-    let mut out =
-        unsafe { s.alloc::<f32>(x.len()) }.map_err(CudaError::driver("cuMemAllocAsync"))?;
-    s.memcpy_dtod(x, &mut out)
-        .map_err(CudaError::driver("cuMemcpyDtoDAsync"))?;
-    DeviceTensor::from_slice(src.shape().to_vec(), Some(out))
+    let copied = src.stored().map(|x| x.duplicate(s)).transpose()?;
+    DeviceTensor::from_stored(src.shape().to_vec(), copied)
 }
 
 /// Copies `src` into `dst` on `s` (stream 0, where the graph launches next); `src` is re-homed to
-/// `s`, so its stream-ordered free comes after the copy.
+/// `s`, so its stream-ordered free comes after the copy. Both must have one shape and storage type.
 fn refresh_on(
     s: &Arc<CudaStream>,
     dst: &mut DeviceTensor,
@@ -349,15 +343,14 @@ fn refresh_on(
             src.len(),
         ));
     }
-    let Some(x) = src.into_slice() else {
+    let Some(x) = src.into_stored() else {
         return Ok(());
     };
-    let x = rehome(x, s);
+    let x = x.rehome(s);
     let d = dst
-        .slice_mut()
+        .stored_mut()
         .ok_or_else(|| unfit("refreshed buffer", x.len(), 0))?;
-    s.memcpy_dtod(&x, d)
-        .map_err(CudaError::driver("cuMemcpyDtoDAsync"))
+    x.copy_into(d, s)
 }
 
 impl Payload for DeviceTensor {
@@ -495,8 +488,12 @@ impl CudaLoss {
         if output.pending_scale() != 1.0 || target.pending_scale() != 1.0 {
             return Err(empty("loss input with a pending scale (not supported)"));
         }
-        let out = output.slice().ok_or_else(|| empty("loss input"))?;
-        let t = target.slice().ok_or_else(|| empty("loss target"))?;
+        // A BF16 stage's output is widened (exactly) for the loss kernels, which read `f32`; the
+        // gradient they write is `f32` and never crosses ranks (the last stage's own backward).
+        let out = output.widen(&la)?.ok_or_else(|| empty("loss input"))?;
+        let t = target
+            .slice()
+            .ok_or_else(|| empty("loss target (f32 values or labels)"))?;
         let n = output.len();
         let alloc = |n: usize| {
             la.stream()
@@ -507,8 +504,8 @@ impl CudaLoss {
         let (partial, divisor) = match self.kind {
             LossKind::Mse => {
                 let mut partial = alloc(Launcher::mse_partials(n))?;
-                la.mse_forward(out, t, &mut partial)?;
-                la.mse_grad(out, t, &mut grad, 1.0 / n as f32)?;
+                la.mse_forward(&out, t, &mut partial)?;
+                la.mse_grad(&out, t, &mut grad, 1.0 / n as f32)?;
                 (partial, n as f64)
             }
             LossKind::CrossEntropy => {
@@ -516,8 +513,8 @@ impl CudaLoss {
                 // SAFETY: the labels' bits are `u32`s (`DeviceTensor::labels`), same size as `f32`.
                 let labels = unsafe { t.transmute::<u32>(rows) }.ok_or_else(|| empty("labels"))?;
                 let mut row_loss = alloc(rows)?;
-                la.softmax_ce_forward(out, &labels, output.cols(), &mut row_loss)?;
-                la.softmax_ce_grad(out, &labels, &mut grad, output.cols(), 1.0 / rows as f32)?;
+                la.softmax_ce_forward(&out, &labels, output.cols(), &mut row_loss)?;
+                la.softmax_ce_grad(&out, &labels, &mut grad, output.cols(), 1.0 / rows as f32)?;
                 (row_loss, rows as f64)
             }
         };

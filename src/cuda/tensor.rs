@@ -1,7 +1,7 @@
-//! [`DeviceTensor`]: an `f32` buffer on a device with a shape, the payload a device stage exchanges
-//! (the device counterpart of the runtime's host [`Tensor`]).
+//! [`DeviceTensor`]: a device buffer with a shape, the payload a device stage exchanges (the device
+//! counterpart of the runtime's host [`Tensor`]): `f32`, or BF16 bits under `--activations bf16`
+//! ([`DeviceStored`], 2 bytes a value), as the host tensor is.
 
-use std::ops::Deref;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
@@ -11,7 +11,13 @@ use pipefill_host::runtime::Tensor;
 use super::error::CudaError;
 use super::launch::Launcher;
 
-/// A row-major `f32` tensor in device memory. An empty tensor (no values) owns no allocation.
+mod stored;
+
+pub use stored::{DeviceStored, Widened};
+
+/// A row-major tensor in device memory, stored as `f32` or as BF16 bits ([`DeviceStored`]): what
+/// device stages hand each other, so a BF16 stage's output and input gradient cross as 2 bytes a
+/// value ([`DeviceTensor::bytes`]). An empty tensor (no values) owns no allocation.
 ///
 /// Its memory belongs to the stream it was made on: it is freed on that stream (stream-ordered) when
 /// dropped, so work on another stream that reads it must be ordered before the drop by the caller.
@@ -21,7 +27,7 @@ use super::launch::Launcher;
 #[derive(Debug)]
 pub struct DeviceTensor {
     shape: Vec<usize>,
-    data: Option<CudaSlice<f32>>,
+    data: Option<DeviceStored>,
     scale: f32,
 }
 
@@ -62,17 +68,13 @@ pub fn address<T>(slice: Option<&CudaSlice<T>>, stream: &CudaStream) -> u64 {
 }
 
 impl DeviceTensor {
-    /// A tensor of zeros of `shape` on `stream`.
+    /// A tensor of `f32` zeros of `shape` on `stream`.
     pub fn zeros(stream: &Arc<CudaStream>, shape: Vec<usize>) -> Result<Self, CudaError> {
         let n = shape.iter().product();
-        Ok(DeviceTensor {
-            data: zeros(stream, n)?,
-            shape,
-            scale: 1.0,
-        })
+        Self::from_slice(shape, zeros(stream, n)?)
     }
 
-    /// A tensor of `shape` holding `values` (row-major), copied to the device on `stream`.
+    /// A tensor of `shape` holding `values` (row-major, `f32`), copied to the device on `stream`.
     pub fn from_values(
         stream: &Arc<CudaStream>,
         shape: Vec<usize>,
@@ -95,29 +97,41 @@ impl DeviceTensor {
                     .map_err(CudaError::driver("memcpy to device"))?,
             )
         };
-        Ok(DeviceTensor {
-            shape,
-            data,
-            scale: 1.0,
-        })
+        Self::from_slice(shape, data)
     }
 
     /// Class indices (`rows x 1`) for the cross-entropy loss of the stream runtime, stored as the
-    /// bits of `u32`s in the `f32` buffer (the loss reads them as `u32`).
+    /// bits of `u32`s in an `f32` buffer (the loss reads them as `u32`).
     pub fn labels(stream: &Arc<CudaStream>, classes: &[u32]) -> Result<Self, CudaError> {
         let bits: Vec<f32> = classes.iter().map(|&c| f32::from_bits(c)).collect();
         Self::from_values(stream, vec![classes.len(), 1], &bits)
     }
 
-    /// The host tensor `t` copied to the device on `stream`.
+    /// The host tensor `t` copied to the device on `stream`, in its storage type: a BF16 tensor's
+    /// bits are copied as they are (2 bytes a value).
     pub fn from_host(stream: &Arc<CudaStream>, t: &Tensor) -> Result<Self, CudaError> {
-        Self::from_values(stream, t.shape().to_vec(), t.data())
+        match t.bf16_bits() {
+            Some(bits) if !bits.is_empty() => {
+                let data = stream
+                    .clone_htod(&bits)
+                    .map_err(CudaError::driver("memcpy to device"))?;
+                Self::from_stored(t.shape().to_vec(), Some(DeviceStored::Bf16(data)))
+            }
+            _ => Self::from_values(stream, t.shape().to_vec(), t.data()),
+        }
     }
 
-    /// A tensor of `shape` over an existing buffer (`None` only when the shape holds no values).
+    /// An `f32` tensor of `shape` over an existing buffer (`None` only when the shape holds no
+    /// values).
     pub fn from_slice(shape: Vec<usize>, data: Option<CudaSlice<f32>>) -> Result<Self, CudaError> {
+        Self::from_stored(shape, data.map(DeviceStored::F32))
+    }
+
+    /// A tensor of `shape` over an existing buffer in either storage type (`None` only when the
+    /// shape holds no values).
+    pub fn from_stored(shape: Vec<usize>, data: Option<DeviceStored>) -> Result<Self, CudaError> {
         let n: usize = shape.iter().product();
-        let got = data.as_ref().map_or(0, CudaSlice::len);
+        let got = data.as_ref().map_or(0, DeviceStored::len);
         if n != got {
             return Err(CudaError::Shape {
                 what: format!("device buffer for shape {shape:?}"),
@@ -144,52 +158,53 @@ impl DeviceTensor {
     }
 
     /// The buffer, owned by the launcher's stream ([`rehome`]) and with any pending scale applied
-    /// there (`None` when empty).
-    pub fn into_scaled(
-        self,
-        la: &super::launch::Launcher,
-    ) -> Result<Option<CudaSlice<f32>>, CudaError> {
+    /// there (`None` when empty). Without a pending scale it keeps its storage type; with one the
+    /// result is `f32` (a BF16 buffer is widened, then scaled: the consumer rounds it again if it
+    /// stores BF16, as the CPU's [`Tensor::scale`] turns a BF16 tensor into `f32`).
+    pub fn into_scaled(self, la: &Launcher) -> Result<Option<DeviceStored>, CudaError> {
         let Some(data) = self.data else {
             return Ok(None);
         };
-        let data = rehome(data, la.stream());
+        let data = data.rehome(la.stream());
         if self.scale == 1.0 {
             return Ok(Some(data));
         }
+        let x = data.widen(la)?;
         let mut out = la
             .stream()
-            .alloc_zeros::<f32>(data.len())
+            .alloc_zeros::<f32>(x.len())
             .map_err(CudaError::driver("cuMemAllocAsync"))?;
-        la.scale(&data, &mut out, self.scale)?;
-        Ok(Some(out))
+        la.scale(&x, &mut out, self.scale)?;
+        Ok(Some(DeviceStored::F32(out)))
     }
 
-    /// The values copied back to the host on `stream` (waits for the stream).
+    /// The values as `f32` for a kernel that reads `f32` (`None` when empty): the buffer itself,
+    /// or a widened copy of BF16 bits made on the launcher's stream. The pending scale is not
+    /// applied (callers that read a payload in place refuse one).
+    pub fn widen(&self, la: &Launcher) -> Result<Option<Widened<'_>>, CudaError> {
+        self.data.as_ref().map(|d| d.widen(la)).transpose()
+    }
+
+    /// The values copied back to the host as `f32` on `stream` (BF16 widened exactly; waits for
+    /// the stream).
     pub fn to_vec(&self, stream: &Arc<CudaStream>) -> Result<Vec<f32>, CudaError> {
         match &self.data {
             None => Ok(Vec::new()),
-            Some(d) => {
-                let v = stream
-                    .clone_dtoh(d)
-                    .map_err(CudaError::driver("memcpy to host"))?;
-                // A copy to pageable memory returns once done; the explicit wait makes that
-                // independent of the driver's staging.
-                stream
-                    .synchronize()
-                    .map_err(CudaError::driver("cuStreamSynchronize"))?;
-                Ok(v)
-            }
+            Some(d) => Ok(d.to_host(stream, vec![d.len()])?.data().to_vec()),
         }
     }
 
-    /// The tensor copied back to the host on `stream` (waits for the stream).
+    /// The tensor copied back to the host on `stream` in its storage type (a BF16 tensor becomes a
+    /// BF16 [`Tensor`]; waits for the stream).
     pub fn to_host(&self, stream: &Arc<CudaStream>) -> Result<Tensor, CudaError> {
-        let values = self.to_vec(stream)?;
-        Tensor::new(self.shape.clone(), values).map_err(|e| CudaError::Shape {
-            what: format!("host copy ({e})"),
-            expected: self.len(),
-            got: self.len(),
-        })
+        match &self.data {
+            Some(d) => d.to_host(stream, self.shape.clone()),
+            None => Tensor::new(self.shape.clone(), Vec::new()).map_err(|e| CudaError::Shape {
+                what: format!("host copy ({e})"),
+                expected: e.expected,
+                got: e.got,
+            }),
+        }
     }
 
     /// The shape.
@@ -217,9 +232,17 @@ impl DeviceTensor {
         self.shape.iter().skip(1).product()
     }
 
-    /// Bytes of device memory it holds.
+    /// The storage type (`f32` when empty).
+    pub fn dtype(&self) -> ActivationDtype {
+        self.data
+            .as_ref()
+            .map_or(ActivationDtype::F32, DeviceStored::dtype)
+    }
+
+    /// Bytes of device memory it holds: 4 a value for `f32`, 2 for BF16 (what the stream runtime
+    /// reports as transfer bytes, and what a peer copy or an NCCL message moves).
     pub fn bytes(&self) -> usize {
-        self.len() * std::mem::size_of::<f32>()
+        self.data.as_ref().map_or(0, DeviceStored::bytes)
     }
 
     /// The context (device) its buffer lives in: the device tag a multi-device runtime checks
@@ -228,160 +251,36 @@ impl DeviceTensor {
         self.data.as_ref().map(|d| d.stream().context())
     }
 
-    /// The device buffer (`None` when empty).
-    pub fn slice(&self) -> Option<&CudaSlice<f32>> {
+    /// The device buffer in its storage type (`None` when empty).
+    pub fn stored(&self) -> Option<&DeviceStored> {
         self.data.as_ref()
     }
 
-    /// The device buffer, mutably (`None` when empty).
-    pub fn slice_mut(&mut self) -> Option<&mut CudaSlice<f32>> {
+    /// The device buffer in its storage type, mutably (`None` when empty).
+    pub fn stored_mut(&mut self) -> Option<&mut DeviceStored> {
         self.data.as_mut()
+    }
+
+    /// The `f32` device buffer (`None` when empty or stored as BF16: see
+    /// [`DeviceTensor::stored`]).
+    pub fn slice(&self) -> Option<&CudaSlice<f32>> {
+        match &self.data {
+            Some(DeviceStored::F32(s)) => Some(s),
+            _ => None,
+        }
     }
 
     /// The raw device address for a kernel argument (0 when empty).
     pub fn address(&self, stream: &CudaStream) -> u64 {
-        address(self.data.as_ref(), stream)
+        match &self.data {
+            None => 0,
+            Some(DeviceStored::F32(s)) => address(Some(s), stream),
+            Some(DeviceStored::Bf16(s)) => address(Some(s), stream),
+        }
     }
 
-    /// Gives up the buffer.
-    pub fn into_slice(self) -> Option<CudaSlice<f32>> {
+    /// Gives up the buffer, in its storage type.
+    pub fn into_stored(self) -> Option<DeviceStored> {
         self.data
-    }
-}
-
-/// An activation a device stage keeps or hands on: `f32`, or BF16 bits under `--activations bf16`
-/// (2 bytes a value; made by the conversion kernel, `pf_f32_to_bf16`, which rounds to nearest, ties
-/// to even, as the CPU layers' [`crate::layers::store`] does).
-#[derive(Debug)]
-pub enum DeviceStored {
-    /// 4 bytes a value.
-    F32(CudaSlice<f32>),
-    /// BF16 bit patterns, 2 bytes a value.
-    Bf16(CudaSlice<u16>),
-}
-
-/// An `f32` view of a [`DeviceStored`]: the buffer itself, or a widened copy of BF16 bits.
-#[derive(Debug)]
-pub enum Widened<'a> {
-    /// The stored `f32` buffer.
-    Borrowed(&'a CudaSlice<f32>),
-    /// A new `f32` buffer widened from BF16 (freed when dropped, in its stream's order).
-    Owned(CudaSlice<f32>),
-}
-
-impl Deref for Widened<'_> {
-    type Target = CudaSlice<f32>;
-
-    fn deref(&self) -> &CudaSlice<f32> {
-        match self {
-            Widened::Borrowed(s) => s,
-            Widened::Owned(s) => s,
-        }
-    }
-}
-
-impl DeviceStored {
-    /// `x` stored as `dtype`: for BF16, rounded on the launcher's stream, and the `f32` buffer freed
-    /// (stream-ordered, after the conversion).
-    pub fn store(
-        la: &Launcher,
-        dtype: ActivationDtype,
-        x: CudaSlice<f32>,
-    ) -> Result<Self, CudaError> {
-        Ok(match dtype {
-            ActivationDtype::F32 => DeviceStored::F32(x),
-            ActivationDtype::Bf16 => DeviceStored::Bf16(la.to_bf16(&x)?),
-        })
-    }
-
-    /// The host tensor `t` on the device (`None` when empty): a BF16 tensor's bits are copied as
-    /// they are (2 bytes a value); an `f32` tensor is copied, then stored as `dtype`.
-    pub fn from_host(
-        la: &Launcher,
-        t: &Tensor,
-        dtype: ActivationDtype,
-    ) -> Result<Option<Self>, CudaError> {
-        if t.is_empty() {
-            return Ok(None);
-        }
-        let stream = la.stream();
-        let up = CudaError::driver("memcpy to device");
-        Ok(Some(match t.bf16_bits() {
-            Some(bits) => DeviceStored::Bf16(stream.clone_htod(&bits).map_err(up)?),
-            None => Self::store(la, dtype, stream.clone_htod(t.data()).map_err(up)?)?,
-        }))
-    }
-
-    /// The storage type.
-    pub fn dtype(&self) -> ActivationDtype {
-        match self {
-            DeviceStored::F32(_) => ActivationDtype::F32,
-            DeviceStored::Bf16(_) => ActivationDtype::Bf16,
-        }
-    }
-
-    /// Number of values.
-    pub fn len(&self) -> usize {
-        match self {
-            DeviceStored::F32(s) => s.len(),
-            DeviceStored::Bf16(s) => s.len(),
-        }
-    }
-
-    /// Whether it holds no values.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Bytes of device memory it holds.
-    pub fn bytes(&self) -> usize {
-        self.len() * self.dtype().bytes() as usize
-    }
-
-    /// The buffer owned by `stream` from now on ([`rehome`]).
-    pub fn rehome(self, stream: &Arc<CudaStream>) -> Self {
-        match self {
-            DeviceStored::F32(s) => DeviceStored::F32(rehome(s, stream)),
-            DeviceStored::Bf16(s) => DeviceStored::Bf16(rehome(s, stream)),
-        }
-    }
-
-    /// The values as `f32` for a kernel that reads `f32` (a BF16 buffer is widened, exactly, into a
-    /// new buffer on the launcher's stream).
-    pub fn widen(&self, la: &Launcher) -> Result<Widened<'_>, CudaError> {
-        Ok(match self {
-            DeviceStored::F32(s) => Widened::Borrowed(s),
-            DeviceStored::Bf16(s) => Widened::Owned(la.to_f32(s)?),
-        })
-    }
-
-    /// The values as an owned `f32` buffer (widened for BF16; the BF16 buffer is freed).
-    pub fn into_f32(self, la: &Launcher) -> Result<CudaSlice<f32>, CudaError> {
-        match self {
-            DeviceStored::F32(s) => Ok(s),
-            DeviceStored::Bf16(s) => la.to_f32(&s),
-        }
-    }
-
-    /// A host tensor of `shape` with the values, copied on `stream` (waits for it): BF16 bits are
-    /// copied as they are and make a BF16 [`Tensor`] (2 bytes a value).
-    pub fn to_host(
-        &self,
-        stream: &Arc<CudaStream>,
-        shape: Vec<usize>,
-    ) -> Result<Tensor, CudaError> {
-        let down = CudaError::driver("memcpy to host");
-        let made = match self {
-            DeviceStored::F32(s) => Tensor::new(shape, stream.clone_dtoh(s).map_err(down)?),
-            DeviceStored::Bf16(s) => Tensor::from_bf16(shape, stream.clone_dtoh(s).map_err(down)?),
-        };
-        stream
-            .synchronize()
-            .map_err(CudaError::driver("cuStreamSynchronize"))?;
-        made.map_err(|e| CudaError::Shape {
-            what: format!("host copy ({e})"),
-            expected: e.expected,
-            got: e.got,
-        })
     }
 }

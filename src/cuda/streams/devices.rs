@@ -23,12 +23,14 @@
 use std::sync::{Arc, MutexGuard};
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+};
 use pipefill_host::runtime::streams::StreamId;
 
 use super::{CudaStreams, Link};
 use crate::cuda::error::CudaError;
-use crate::cuda::tensor::DeviceTensor;
+use crate::cuda::tensor::{DeviceStored, DeviceTensor};
 use crate::cuda::Gpu;
 
 impl CudaStreams {
@@ -139,7 +141,7 @@ impl Link {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(super) fn parked(&self) -> MutexGuard<'_, Vec<CudaSlice<f32>>> {
+    pub(super) fn parked(&self) -> MutexGuard<'_, Vec<DeviceStored>> {
         self.parked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -161,8 +163,8 @@ impl Link {
     }
 
     /// `t` itself when it is empty or on `stream`'s device; else a peer copy enqueued on `stream`
-    /// (a new buffer owned by it, the pending scale kept), the source parked until the next
-    /// synchronisation.
+    /// (a new buffer owned by it, in `t`'s storage type: 2 bytes a value for BF16; the pending
+    /// scale kept), the source parked until the next synchronisation.
     pub(super) fn adopt(&self, stream: usize, t: DeviceTensor) -> Result<DeviceTensor, CudaError> {
         let dst_gpu = self.gpu_of(stream);
         let Some(src_ctx) = t.context().cloned() else {
@@ -173,41 +175,56 @@ impl Link {
         }
         let s = self.stream(stream)?;
         let (shape, scale) = (t.shape().to_vec(), t.pending_scale());
-        let Some(src) = t.into_slice() else {
-            return DeviceTensor::from_slice(shape, None);
+        let Some(src) = t.into_stored() else {
+            return DeviceTensor::from_stored(shape, None);
         };
-        let bytes = src.len() * std::mem::size_of::<f32>();
-        // SAFETY: every element is written by the copy enqueued next on the same stream.
-        let mut out =
-            unsafe { s.alloc::<f32>(src.len()) }.map_err(CudaError::driver("cuMemAllocAsync"))?;
-        {
-            // Event tracking is off: taking the addresses records nothing.
-            let (src_ptr, _a) = src.device_ptr(src.stream());
-            let (dst_ptr, _b) = out.device_ptr_mut(&s);
-            dst_gpu
-                .context()
-                .bind_to_thread()
-                .map_err(CudaError::driver("cuCtxSetCurrent"))?;
-            // SAFETY: both buffers are alive (the source is parked until the next synchronise,
-            // the destination owned by `out`) and hold `bytes` bytes; the stream waited for the
-            // producer's event before this call.
-            unsafe {
-                cudarc::driver::result::memcpy_peer_async(
-                    dst_gpu.context().cu_ctx(),
-                    dst_ptr,
-                    src_ctx.cu_ctx(),
-                    src_ptr,
-                    bytes,
-                    s.cu_stream(),
-                )
-            }
-            .map_err(CudaError::driver("cuMemcpyPeerAsync"))?;
-        }
+        let bytes = src.bytes();
+        let out = match &src {
+            DeviceStored::F32(x) => DeviceStored::F32(peer_copy(dst_gpu, &src_ctx, &s, x)?),
+            DeviceStored::Bf16(x) => DeviceStored::Bf16(peer_copy(dst_gpu, &src_ctx, &s, x)?),
+        };
         self.parked().push(src);
         self.copied
             .fetch_add(bytes, std::sync::atomic::Ordering::SeqCst);
-        let mut adopted = DeviceTensor::from_slice(shape, Some(out))?;
+        let mut adopted = DeviceTensor::from_stored(shape, Some(out))?;
         adopted.scale_later(scale);
         Ok(adopted)
     }
+}
+
+/// A copy of `src` (in context `src_ctx`) into a new buffer allocated on `s` (of `dst_gpu`),
+/// enqueued on `s` with `cuMemcpyPeerAsync`; the caller keeps `src` alive until `s` is done.
+fn peer_copy<T: DeviceRepr>(
+    dst_gpu: &Gpu,
+    src_ctx: &Arc<CudaContext>,
+    s: &Arc<CudaStream>,
+    src: &CudaSlice<T>,
+) -> Result<CudaSlice<T>, CudaError> {
+    let bytes = src.len() * std::mem::size_of::<T>();
+    // SAFETY: every element is written by the copy enqueued next on the same stream.
+    let mut out =
+        unsafe { s.alloc::<T>(src.len()) }.map_err(CudaError::driver("cuMemAllocAsync"))?;
+    // Event tracking is off: taking the addresses records nothing.
+    let (src_ptr, src_record) = src.device_ptr(src.stream());
+    let (dst_ptr, dst_record) = out.device_ptr_mut(s);
+    dst_gpu
+        .context()
+        .bind_to_thread()
+        .map_err(CudaError::driver("cuCtxSetCurrent"))?;
+    // SAFETY: both buffers are alive (the caller parks the source until the next synchronise, the
+    // destination is owned by `out`) and hold `bytes` bytes; the stream waited for the producer's
+    // event before this call.
+    unsafe {
+        cudarc::driver::result::memcpy_peer_async(
+            dst_gpu.context().cu_ctx(),
+            dst_ptr,
+            src_ctx.cu_ctx(),
+            src_ptr,
+            bytes,
+            s.cu_stream(),
+        )
+    }
+    .map_err(CudaError::driver("cuMemcpyPeerAsync"))?;
+    drop((src_record, dst_record));
+    Ok(out)
 }

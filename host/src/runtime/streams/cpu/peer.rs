@@ -13,7 +13,7 @@
 //! (caught as a mismatch) instead of deadlocking.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -61,6 +61,8 @@ struct Hub {
     failed: AtomicBool,
     round: Mutex<Round>,
     ended: Condvar,
+    /// Bytes of every message sent ([`Tensor::bytes`]: 2 a value for BF16), by all ranks.
+    sent_bytes: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -219,6 +221,7 @@ impl CpuPeers {
             failed: AtomicBool::new(false),
             round: Mutex::new(Round::default()),
             ended: Condvar::new(),
+            sent_bytes: AtomicUsize::new(0),
         });
         (0..ranks).map(|rank| CpuPeer::start(rank, &hub)).collect()
     }
@@ -260,6 +263,13 @@ impl CpuPeer {
         self.rank
     }
 
+    /// Bytes of every message sent so far over this link's [`CpuPeers`], by all its ranks: what
+    /// the tensors' storage type says ([`Tensor::bytes`], 2 a value for BF16), the twin of the
+    /// bytes NCCL moves.
+    pub fn sent_bytes(&self) -> usize {
+        self.hub.sent_bytes.load(Ordering::SeqCst)
+    }
+
     fn post(&self, job: Job) -> Result<(), PeerError> {
         let stopped = || PeerError::Link {
             message: format!("rank {}'s communication thread has stopped", self.rank),
@@ -290,6 +300,7 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<PeerError>>, job: Job) {
             }
             match data.take_tensor() {
                 Ok(tensor) => {
+                    hub.sent_bytes.fetch_add(tensor.bytes(), Ordering::SeqCst);
                     if let Err(e) = hub.send(rank, to, Message { edge, tensor }) {
                         fail(e);
                     }
