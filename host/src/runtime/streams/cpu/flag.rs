@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-/// An event of [`CpuStreams`]: a flag its stream's worker raises when it reaches the record.
+/// An event of [`CpuStreams`](super::CpuStreams): a flag its stream's worker raises when it reaches the record.
 pub struct Flag {
     set: Mutex<bool>,
     cond: Condvar,
