@@ -28,11 +28,14 @@
 //! Without a GPU every test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
 //! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
 
+mod gpu_support;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpu_support::{assert_stage_close, rel};
 use pipefill::cuda::nccl::{nccl_present, NcclError, UniqueId};
 use pipefill::cuda::{
     device_count, gpu_or_skip, CudaRank, CudaStage, CudaStreams, DeviceTensor, Gpu, NcclPeer,
@@ -77,16 +80,6 @@ fn host_stages(dtype: ActivationDtype) -> Vec<LinearStage> {
         .collect()
 }
 
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum();
-    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    d.sqrt() / n.sqrt().max(1e-30)
-}
-
 fn sent(r: &StepReport) -> f64 {
     r.timeline.transfers.iter().map(|t| t.bytes).sum()
 }
@@ -121,21 +114,7 @@ fn one_step(gpu: &Arc<Gpu>, precision: Precision, tol: f64) {
     assert!(r <= tol, "{what}: losses differ by {r:e}");
     for (s, (a, b)) in ex.stages().iter().zip(cpu.stages()).enumerate() {
         assert_eq!(a.activations, ActivationDtype::Bf16);
-        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
-            let (dw, db) = la.grads_to_host(a.launcher()).unwrap().expect("a gradient");
-            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
-            for (name, r) in [
-                ("dW", rel(&dw, lb.weight_grad().unwrap())),
-                ("db", rel(&db, lb.bias_grad().unwrap())),
-                ("W", rel(&w, &lb.weight)),
-                ("b", rel(&bias, &lb.bias)),
-            ] {
-                assert!(
-                    r <= tol,
-                    "{what}: stage {s} layer {l} {name} differs by {r:e}"
-                );
-            }
-        }
+        assert_stage_close(s, a, b, tol, &what);
     }
 }
 

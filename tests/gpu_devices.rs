@@ -24,7 +24,7 @@ mod gpu_support;
 use std::sync::Arc;
 
 use common::pipefill;
-use gpu_support::{rel, spec};
+use gpu_support::{assert_stage_close, rel, spec};
 use pipefill::cuda::{
     device_count, gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams,
 };
@@ -118,18 +118,7 @@ fn check_step(gpus: &[Arc<Gpu>; 2], sched: Schedule, map: &[usize]) {
     assert!(rel(&got.losses, &want.losses) <= TOL, "losses: {what}");
     for (s, (a, b)) in ex.stages().iter().zip(&seq).enumerate() {
         let a = a.inner();
-        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
-            let (dw, db) = la.grads_to_host(a.launcher()).unwrap().unwrap();
-            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
-            for (name, r) in [
-                ("dW", rel(&dw, lb.weight_grad().unwrap())),
-                ("db", rel(&db, lb.bias_grad().unwrap())),
-                ("W", rel(&w, &lb.weight)),
-                ("b", rel(&bias, &lb.bias)),
-            ] {
-                assert!(r <= TOL, "stage {s} layer {l} {name}: {r:e}: {what}");
-            }
-        }
+        assert_stage_close(s, a, b, TOL, &what);
     }
     let crossing: f64 = got
         .timeline

@@ -6,8 +6,11 @@
 //! Without a GPU every test prints `skipped: no CUDA device (set PIPEFILL_REQUIRE_GPU=1 to fail
 //! instead)` and passes; with `PIPEFILL_REQUIRE_GPU=1` it fails instead.
 
+mod gpu_support;
+
 use std::sync::Arc;
 
+use gpu_support::assert_stage_close;
 use pipefill::cuda::{gpu_or_skip, loss_and_grad, CudaStage, DeviceTarget, DeviceTensor, Gpu};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
@@ -81,25 +84,7 @@ fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt
         want.losses
     );
     for (s, (a, b)) in ex.stages().iter().zip(&seq).enumerate() {
-        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
-            let (dw, db) = la
-                .grads_to_host(a.launcher())
-                .unwrap()
-                .unwrap_or_else(|| panic!("stage {s} layer {l}: no gradient on the GPU: {what}"));
-            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
-            let checks = [
-                ("dW", rel(&dw, lb.weight_grad().unwrap())),
-                ("db", rel(&db, lb.bias_grad().unwrap())),
-                ("W", rel(&w, &lb.weight)),
-                ("b", rel(&bias, &lb.bias)),
-            ];
-            for (name, r) in checks {
-                assert!(
-                    r <= TOL,
-                    "stage {s} layer {l} {name}: relative difference {r:e}: {what}"
-                );
-            }
-        }
+        assert_stage_close(s, a, b, TOL, &what);
     }
 }
 

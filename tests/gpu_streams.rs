@@ -10,7 +10,7 @@ mod gpu_support;
 
 use std::sync::Arc;
 
-use gpu_support::{rel, spec};
+use gpu_support::{assert_stage_close, rel, spec};
 use pipefill::cuda::{gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
@@ -88,24 +88,7 @@ fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt
     );
     for (s, (a, b)) in ex.stages().iter().zip(&seq).enumerate() {
         let a = a.inner();
-        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
-            let (dw, db) = la
-                .grads_to_host(a.launcher())
-                .unwrap()
-                .unwrap_or_else(|| panic!("stage {s} layer {l}: no gradient on the GPU: {what}"));
-            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
-            for (name, r) in [
-                ("dW", rel(&dw, lb.weight_grad().unwrap())),
-                ("db", rel(&db, lb.bias_grad().unwrap())),
-                ("W", rel(&w, &lb.weight)),
-                ("b", rel(&bias, &lb.bias)),
-            ] {
-                assert!(
-                    r <= TOL,
-                    "stage {s} layer {l} {name}: relative difference {r:e}: {what}"
-                );
-            }
-        }
+        assert_stage_close(s, a, b, TOL, &what);
     }
 }
 

@@ -17,7 +17,7 @@ mod gpu_support;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use gpu_support::rel;
+use gpu_support::{assert_stage_close, rel};
 use pipefill::cuda::{gpu_or_skip, CudaStage, Gpu, Launcher, LinearDims, Precision, TcElem};
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
@@ -391,22 +391,7 @@ fn one_step(gpu: &Arc<Gpu>, precision: Precision, tol: f64) {
         want.losses
     );
     for (s, (a, b)) in ex.stages().iter().zip(&cpu).enumerate() {
-        for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
-            assert_eq!(la.precision, precision);
-            let (dw, db) = la.grads_to_host(a.launcher()).unwrap().expect("a gradient");
-            let (w, bias) = la.parameters_to_host(a.launcher()).unwrap();
-            for (name, r) in [
-                ("dW", rel(&dw, lb.weight_grad().unwrap())),
-                ("db", rel(&db, lb.bias_grad().unwrap())),
-                ("W", rel(&w, &lb.weight)),
-                ("b", rel(&bias, &lb.bias)),
-            ] {
-                assert!(
-                    r <= tol,
-                    "{what}: stage {s} layer {l} {name} differs by {r:e}"
-                );
-            }
-        }
+        assert_stage_close(s, a, b, tol, &what);
     }
 }
 

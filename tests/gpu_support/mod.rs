@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use pipefill::layers::LossKind;
+use pipefill::cuda::CudaStage;
+use pipefill::layers::{LinearStage, LossKind};
 use pipefill::model::{LayerSpec, ModelSpec};
 use pipefill_kernels::Activation;
 
@@ -32,5 +33,29 @@ pub fn spec(stages: usize, loss: LossKind) -> ModelSpec {
             .collect(),
         loss,
         batch: 24,
+    }
+}
+
+/// Asserts that every layer of the device stage `dev` (stage number `s`) has the weights, bias and
+/// gradients of the host stage `host` within relative `tol` (each of `dW`, `db`, `W`, `b`); `what`
+/// names the run in the message.
+pub fn assert_stage_close(s: usize, dev: &CudaStage, host: &LinearStage, tol: f64, what: &str) {
+    for (l, (la, lb)) in dev.layers.iter().zip(&host.layers).enumerate() {
+        let (dw, db) = la
+            .grads_to_host(dev.launcher())
+            .unwrap()
+            .unwrap_or_else(|| panic!("stage {s} layer {l}: no gradient on the GPU: {what}"));
+        let (w, bias) = la.parameters_to_host(dev.launcher()).unwrap();
+        for (name, r) in [
+            ("dW", rel(&dw, lb.weight_grad().unwrap())),
+            ("db", rel(&db, lb.bias_grad().unwrap())),
+            ("W", rel(&w, &lb.weight)),
+            ("b", rel(&bias, &lb.bias)),
+        ] {
+            assert!(
+                r <= tol,
+                "stage {s} layer {l} {name}: relative difference {r:e}: {what}"
+            );
+        }
     }
 }
