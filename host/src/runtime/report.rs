@@ -63,17 +63,10 @@ mod action_times {
 /// The output of a worker whose thread died outside any guarded call (cannot happen unless the
 /// runtime itself has a bug); reported rather than propagated as a panic.
 pub(super) fn lost_worker(rank: usize) -> RankOutcome {
-    RankOutcome {
-        spans: Vec::new(),
-        transfers: Vec::new(),
-        losses: Vec::new(),
-        peak_held: 0,
-        action_seconds: Vec::new(),
-        result: Err(RankStop::Failed(RuntimeError::Internal {
-            rank,
-            message: "a worker thread panicked outside a layer call".into(),
-        })),
-    }
+    RankOutcome::empty(Err(RankStop::Failed(RuntimeError::Internal {
+        rank,
+        message: "a worker thread panicked outside a layer call".into(),
+    })))
 }
 
 /// Gathers the outcomes of every rank's [`run_rank`](super::run_rank) (in rank order) into a step

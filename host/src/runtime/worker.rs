@@ -125,6 +125,20 @@ pub struct RankOutcome {
     pub result: Result<(), RankStop>,
 }
 
+impl RankOutcome {
+    /// An outcome with nothing run yet and the result `result` (what a runner starts from).
+    pub fn empty(result: Result<(), RankStop>) -> Self {
+        RankOutcome {
+            spans: Vec::new(),
+            transfers: Vec::new(),
+            losses: Vec::new(),
+            peak_held: 0,
+            action_seconds: Vec::new(),
+            result,
+        }
+    }
+}
+
 /// The mutable state of a running rank.
 struct RankRun<'c, S: Stage, L, T> {
     schedule: &'c Schedule,
@@ -179,14 +193,7 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
             Some(_) => last_gradient_actions(step.schedule),
             None => Vec::new(),
         },
-        out: RankOutcome {
-            spans: Vec::new(),
-            transfers: Vec::new(),
-            losses: Vec::new(),
-            peak_held: 0,
-            action_seconds: Vec::new(),
-            result: Ok(()),
-        },
+        out: RankOutcome::empty(Ok(())),
     };
     // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
     // itself from leaving the other ranks waiting at the barrier.

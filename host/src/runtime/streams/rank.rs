@@ -129,14 +129,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         batch: RankBatch<'_, D::Payload, L>,
         peer: &mut P,
     ) -> RankOutcome {
-        let mut out = RankOutcome {
-            spans: Vec::new(),
-            transfers: Vec::new(),
-            losses: Vec::new(),
-            peak_held: 0,
-            action_seconds: Vec::new(),
-            result: Ok(()),
-        };
+        let mut out = RankOutcome::empty(Ok(()));
         let rank = self.rank;
         let enqueued =
             catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, peer))).unwrap_or_else(|p| {
