@@ -268,7 +268,7 @@ fn a_target_on_another_device_than_the_last_stage_is_refused() {
     let err = ex.step(x, &t, &loss).unwrap_err();
     assert!(
         matches!(
-            err,
+            &err,
             RuntimeError::WrongDevice { misplaced, .. }
                 if misplaced.payload_device == 0 && misplaced.stream_device == 1
         ),

@@ -73,8 +73,8 @@ pub enum RuntimeError {
         rank: usize,
         /// The action.
         action: Action,
-        /// Where the payload and the stream are.
-        misplaced: super::streams::Misplaced,
+        /// Where the payload and the stream are (boxed, as `Peer`'s error).
+        misplaced: Box<super::streams::Misplaced>,
     },
     /// The runtime itself failed outside any layer call (a bug in pipefill, not in the layers).
     #[error("the runtime failed on rank {rank}: {message}")]
@@ -120,8 +120,9 @@ pub enum RuntimeError {
     Peer {
         /// The rank that saw it.
         rank: usize,
-        /// What went wrong.
-        error: super::streams::PeerError,
+        /// What went wrong (boxed: it is large, and a `RuntimeError` travels in every action's
+        /// `Result`).
+        error: Box<super::streams::PeerError>,
     },
     /// A per-rank runner was given other stages than the ones its rank holds.
     #[error(

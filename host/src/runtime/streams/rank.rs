@@ -166,7 +166,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
     fn peer_failed(&self, error: PeerError) -> RankStop {
         RankStop::Failed(RuntimeError::Peer {
             rank: self.rank,
-            error,
+            error: Box::new(error),
         })
     }
 
@@ -202,9 +202,9 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         batch: &RankBatch<'_, D::Payload, L>,
         peer: &mut P,
     ) -> Result<(), RuntimeError> {
-        let link = |error| RuntimeError::Peer {
+        let link = |error: PeerError| RuntimeError::Peer {
             rank: self.rank,
-            error,
+            error: Box::new(error),
         };
         match op {
             PeerOp::Local(StreamOp::Run { stream, action }) => {

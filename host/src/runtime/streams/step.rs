@@ -207,11 +207,11 @@ impl<D: Device> On<'_, D> {
                 Err(RuntimeError::WrongDevice {
                     rank: self.schedule.rank_of(a.stage),
                     action: a,
-                    misplaced: Misplaced {
+                    misplaced: Box::new(Misplaced {
                         stream: self.stream,
                         stream_device,
                         payload_device,
-                    },
+                    }),
                 })
             }
             _ => Ok(()),
