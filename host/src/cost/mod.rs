@@ -51,6 +51,7 @@ pub use flag::parse_cost_flag;
 pub use model::{split_even, CostSpec};
 pub use scaling::{FixedCost, SizeSample};
 
+use crate::schedule::deps::Footprint;
 use crate::schedule::Op;
 
 /// Measured or hand-written cost of one layer, as in the cost file. Times in seconds, sizes in bytes.
@@ -222,6 +223,14 @@ impl StageCost {
             released_at_input: 0.0,
             parameter_bytes: 0.0,
             output_bytes: 0.0,
+        }
+    }
+
+    /// What one microbatch of this stage holds, in bytes: allocated by `F`, partly released by `I`.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            bytes: self.activation_bytes,
+            released_at_input: self.released_at_input,
         }
     }
 

@@ -6,7 +6,7 @@
 //! that carries its transfers is run as written: a send happens when its rank reaches it, a receive
 //! waits on its rank until the data sent has arrived, both take no time on the rank.
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, StageCost};
 use crate::schedule::deps::{self, Edge, Flow, Footprint, InFlight, Need};
 use crate::schedule::validate::deadlock;
 use crate::schedule::{Action, Comm, Item, Op, Schedule, ScheduleError};
@@ -184,14 +184,7 @@ impl<'a> Engine<'a> {
             lowered,
             stage_rank: (0..s).map(|st| schedule.rank_of(st)).collect(),
             send: (0..s).map(|st| costs.boundary_time(st)).collect(),
-            footprint: costs
-                .stages
-                .iter()
-                .map(|c| Footprint {
-                    bytes: c.activation_bytes,
-                    released_at_input: c.released_at_input,
-                })
-                .collect(),
+            footprint: costs.stages.iter().map(StageCost::footprint).collect(),
             tables: Tables {
                 stages: s,
                 microbatches: m,

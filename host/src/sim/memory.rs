@@ -5,7 +5,6 @@
 //! constant: `parameter_bytes` of the rank's stages).
 
 use crate::cost::CostModel;
-use crate::schedule::deps::Footprint;
 use crate::schedule::Item;
 use crate::timeline::Timeline;
 
@@ -65,10 +64,7 @@ fn bytes(item: &Item, costs: &CostModel) -> (f64, f64) {
         let Some(st) = costs.stages.get(a.stage) else {
             continue;
         };
-        let footprint = Footprint {
-            bytes: st.activation_bytes,
-            released_at_input: st.released_at_input,
-        };
+        let footprint = st.footprint();
         alloc += footprint.allocated_by(a.op);
         freed += footprint.released_by(a.op);
     }

@@ -31,7 +31,7 @@
 //! so the makespan is also at least the total work times `(1 + share (P - 1)) / P`: the serial sum
 //! when `share = 1`. The simulation reports the larger.
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, StageCost};
 use crate::schedule::deps::{self, Footprint, InFlight, Need};
 use crate::schedule::validate::deadlock;
 use crate::schedule::{Action, Item, Op, Schedule, ScheduleError};
@@ -87,14 +87,7 @@ pub(super) fn run(
         schedule,
         costs,
         stage_rank: (0..s).map(|st| schedule.rank_of(st)).collect(),
-        footprint: costs
-            .stages
-            .iter()
-            .map(|c| Footprint {
-                bytes: c.activation_bytes,
-                released_at_input: c.released_at_input,
-            })
-            .collect(),
+        footprint: costs.stages.iter().map(StageCost::footprint).collect(),
         forward_end: vec![None; s * m],
         grad_end: vec![None; s * m],
         pos: vec![0; p],

@@ -1,7 +1,7 @@
 //! The request checked and turned into what the phases read: per-stage times, transfer times per
 //! boundary, footprints and each rank's activation budget.
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, StageCost};
 use crate::schedule::deps::Footprint;
 use crate::schedule::{Action, Op, Params, Placement, MAX_PAIRS};
 
@@ -121,10 +121,7 @@ impl Instance {
             .scoring
             .stages
             .iter()
-            .map(|c| Footprint {
-                bytes: c.activation_bytes,
-                released_at_input: c.released_at_input,
-            })
+            .map(StageCost::footprint)
             .collect();
         let mut params = vec![0.0; self.p];
         for (x, c) in req.costs.stages.iter().enumerate() {
