@@ -14,9 +14,10 @@ use pipefill_host::schedule::Placement;
 use super::simulate::{cost_spec_of, CostFlags};
 use super::CliError;
 
-/// Flags that steer `auto`.
+/// The flags that steer `auto`, the same in every subcommand that can run it (`train` takes these
+/// alone: its own `--seed` seeds `auto` too, and its costs are the run's profile).
 #[derive(Debug, Clone, clap::Args)]
-pub struct AutoArgs {
+pub struct AutoSteer {
     /// auto: at most this many microbatches in flight per rank (fractional allowed; one unit is one
     /// rank's activations for one microbatch, a V-shape chunk counts 1/2).
     #[arg(long = "max-in-flight", value_name = "N", value_parser = parse_in_flight, allow_hyphen_values = true)]
@@ -29,49 +30,51 @@ pub struct AutoArgs {
     /// depends only on the inputs and --seed).
     #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time, allow_hyphen_values = true)]
     pub time_budget: f64,
-    /// auto: seed of the improvement phase.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     /// auto: stage placement, `looped` or `vshape` (V = 2).
     #[arg(long, value_name = "PLACEMENT", default_value = "looped", value_parser = parse_placement)]
     pub placement: Placement,
 }
 
-/// The `auto` flags of `pipefill train` (its `--seed` seeds `auto` too, and the costs are the run's
-/// profile).
-#[derive(Debug, Clone, clap::Args)]
-pub struct TrainAutoArgs {
-    /// auto: at most this many microbatches in flight per rank (fractional allowed; one unit is one
-    /// rank's activations for one microbatch, a V-shape chunk counts 1/2).
-    #[arg(long = "max-in-flight", value_name = "N", value_parser = parse_in_flight, allow_hyphen_values = true)]
-    pub max_in_flight: Option<f64>,
-    /// auto: what to minimise, `makespan` (the step) or `span` (the longest per-rank span).
-    #[arg(long, value_name = "OBJECTIVE", default_value = "makespan", value_parser = parse_objective)]
-    pub objective: Objective,
-    /// auto: seconds of improvement after the constructive phase (counted as work: the result
-    /// depends only on the inputs and --seed).
-    #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time, allow_hyphen_values = true)]
-    pub time_budget: f64,
-    /// auto: stage placement, `looped` or `vshape` (V = 2).
-    #[arg(long, value_name = "PLACEMENT", default_value = "looped", value_parser = parse_placement)]
-    pub placement: Placement,
-}
-
-impl TrainAutoArgs {
-    /// The first of these flags given away from its default.
+impl AutoSteer {
+    /// The first of these flags given away from its default (they only steer `auto`).
     pub fn given(&self) -> Option<&'static str> {
-        self.with_seed(0).given().filter(|f| *f != "--seed")
+        if self.max_in_flight.is_some() {
+            Some("--max-in-flight")
+        } else if self.objective != Objective::Makespan {
+            Some("--objective")
+        } else if self.time_budget != DEFAULT_TIME_BUDGET {
+            Some("--time-budget")
+        } else if self.placement != Placement::Looped {
+            Some("--placement")
+        } else {
+            None
+        }
     }
 
     /// These flags as `auto`'s, seeded with `seed`.
     pub fn with_seed(&self, seed: u64) -> AutoArgs {
         AutoArgs {
-            max_in_flight: self.max_in_flight,
-            objective: self.objective,
-            time_budget: self.time_budget,
+            steer: self.clone(),
             seed,
-            placement: self.placement,
         }
+    }
+}
+
+/// The `auto` flags of `schedule`, `simulate` and `plan`: the steering flags and the seed.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AutoArgs {
+    /// The steering flags.
+    #[command(flatten)]
+    pub steer: AutoSteer,
+    /// auto: seed of the improvement phase.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl AutoArgs {
+    /// The first of these flags given away from its default (they only steer `auto`).
+    pub fn given(&self) -> Option<&'static str> {
+        self.steer.given().or((self.seed != 0).then_some("--seed"))
     }
 }
 
@@ -127,25 +130,6 @@ impl CostArgs {
     }
 }
 
-impl AutoArgs {
-    /// The first of these flags given away from its default (they only steer `auto`).
-    pub fn given(&self) -> Option<&'static str> {
-        if self.max_in_flight.is_some() {
-            Some("--max-in-flight")
-        } else if self.objective != Objective::Makespan {
-            Some("--objective")
-        } else if self.time_budget != DEFAULT_TIME_BUDGET {
-            Some("--time-budget")
-        } else if self.seed != 0 {
-            Some("--seed")
-        } else if self.placement != Placement::Looped {
-            Some("--placement")
-        } else {
-            None
-        }
-    }
-}
-
 /// Refuses `flag` when no `auto` schedule is asked for (it would do nothing).
 pub fn only_for_auto(flag: Option<&str>) -> Result<(), CliError> {
     match flag {
@@ -182,9 +166,9 @@ pub fn solve_auto(
     args: &AutoArgs,
 ) -> Result<AutoSchedule, CliError> {
     let mut req = AutoRequest::new(shape.ranks, shape.microbatches, costs)
-        .with_chunks(shape.chunks, args.placement)
-        .with_objective(args.objective)
-        .with_budget(args.time_budget, args.seed);
+        .with_chunks(shape.chunks, args.steer.placement)
+        .with_objective(args.steer.objective)
+        .with_budget(args.steer.time_budget, args.seed);
     req.limit = limit;
     solve(&req).map_err(|e| auto_error(e, limit))
 }

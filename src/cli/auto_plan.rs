@@ -46,7 +46,7 @@ pub fn auto_plans(
     max_in_flight: Option<f64>,
     args: &AutoArgs,
 ) -> (Vec<Plan>, Vec<Skipped>) {
-    let chunks = if args.placement == Placement::Vshape {
+    let chunks = if args.steer.placement == Placement::Vshape {
         2
     } else {
         1

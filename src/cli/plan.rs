@@ -336,7 +336,7 @@ fn plan_with_auto(req: &PlanRequest, args: &Args) -> Result<PlanReport, CliError
         plan(&handcrafted).map_err(plan_error)?
     };
     if wants_auto {
-        let (plans, skipped) = auto_plans(req, args.auto.max_in_flight, &args.auto);
+        let (plans, skipped) = auto_plans(req, args.auto.steer.max_in_flight, &args.auto);
         if plans.is_empty() && report.plans.is_empty() {
             return Err(plan_error(PlanError::NoPlan { skipped }));
         }

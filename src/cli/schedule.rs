@@ -131,7 +131,7 @@ fn solve(args: &Args) -> Result<AutoSchedule, CliError> {
     let need = |v: Option<usize>, flag: &str| {
         v.ok_or_else(|| CliError::Usage(format!("--schedule auto needs {flag}")))
     };
-    let default_v = if args.auto.placement == Placement::Vshape {
+    let default_v = if args.auto.steer.placement == Placement::Vshape {
         2
     } else {
         1
@@ -146,7 +146,7 @@ fn solve(args: &Args) -> Result<AutoSchedule, CliError> {
         .spec()?
         .model_for(shape.ranks, shape.chunks)
         .map_err(|e| CliError::Usage(format!("costs for `auto`: {e}")))?;
-    let limit = auto_flags::limit(args.cost.memory_limit, args.auto.max_in_flight);
+    let limit = auto_flags::limit(args.cost.memory_limit, args.auto.steer.max_in_flight);
     auto_flags::solve_auto(shape, model, limit, &args.auto)
 }
 

@@ -347,7 +347,7 @@ fn auto(
         })?),
         None => None,
     };
-    let default_v = if args.auto.placement == Placement::Vshape {
+    let default_v = if args.auto.steer.placement == Placement::Vshape {
         2
     } else {
         1
@@ -361,7 +361,7 @@ fn auto(
         microbatches,
         chunks,
     };
-    let limit = auto_flags::limit(args.memory_limit, args.auto.max_in_flight);
+    let limit = auto_flags::limit(args.memory_limit, args.auto.steer.max_in_flight);
     let out = auto_flags::solve_auto(shape, model, limit, &args.auto)?;
     eprintln!("{}", auto_flags::summary(&out));
     Ok(out.schedule)

@@ -245,7 +245,7 @@ fn auto_plan(setup: &Setup, costs: &CostFile, split: Split) -> Result<Plan, Plan
     let shape = auto_flags::Shape {
         ranks: a.ranks,
         microbatches: a.microbatches,
-        chunks: a.chunks.unwrap_or(match flags.placement {
+        chunks: a.chunks.unwrap_or(match flags.steer.placement {
             Placement::Vshape => 2,
             Placement::Looped => 1,
         }),

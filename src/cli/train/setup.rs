@@ -165,7 +165,7 @@ pub struct Args {
     /// The automatic scheduler's flags (for `--schedule auto`, and `auto` among the default
     /// candidates).
     #[command(flatten)]
-    pub auto: crate::cli::auto_flags::TrainAutoArgs,
+    pub auto: crate::cli::auto_flags::AutoSteer,
     /// `--precision`, `--activations`.
     #[command(flatten)]
     pub numerics: crate::cli::model_flags::NumericsArgs,
