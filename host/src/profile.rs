@@ -120,6 +120,24 @@ impl PairExecution {
     }
 }
 
+/// One layer's cost from its timing samples `[F, I, W, B]` (seconds; each the median) and its
+/// memory `(held after F, held after I, output)` in bytes: what every profiler (the CPU one here,
+/// the CUDA one in the `pipefill` crate) writes into the cost file.
+pub fn measured_layer(
+    name: &str,
+    [f, i, w, b]: [&mut [f64]; 4],
+    (after_f, after_i, output): (usize, usize, usize),
+    parameter_bytes: f64,
+) -> LayerCost {
+    let mut cost = LayerCost::new(name, median(f), median(i), median(w));
+    cost.backward = median(b);
+    cost.activation_bytes = after_f as f64;
+    cost.released_at_input = after_f.saturating_sub(after_i) as f64;
+    cost.parameter_bytes = parameter_bytes;
+    cost.output_bytes = output as f64;
+    cost
+}
+
 /// The median of `v` (mean of the middle two for even lengths); 0 for an empty slice.
 pub fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
@@ -199,13 +217,12 @@ pub fn profile_layers<S: Stage>(
         layers.iter_mut().zip(samples).zip(memory)
     {
         l.stage.zero_grad();
-        let mut cost = LayerCost::new(&l.name, median(&mut f), median(&mut i), median(&mut w));
-        cost.backward = median(&mut b);
-        cost.activation_bytes = after_f as f64;
-        cost.released_at_input = after_f.saturating_sub(after_i) as f64;
-        cost.parameter_bytes = l.parameter_bytes;
-        cost.output_bytes = output as f64;
-        out.push(cost);
+        out.push(measured_layer(
+            &l.name,
+            [&mut f, &mut i, &mut w, &mut b],
+            (after_f, after_i, output),
+            l.parameter_bytes,
+        ));
     }
     Ok(out)
 }

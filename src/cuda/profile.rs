@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use pipefill_host::cost::LayerCost;
-use pipefill_host::profile::{median, ProfileOptions};
+use pipefill_host::profile::{measured_layer, ProfileOptions};
 use pipefill_host::runtime::Tensor;
 
 use super::device::Gpu;
@@ -89,19 +89,12 @@ pub fn profile_device_layers(
     let mut out = Vec::with_capacity(layers.len());
     for (l, mut s) in layers.iter_mut().zip(samples) {
         l.stage.zero_grad_device();
-        let mut cost = LayerCost::new(
+        out.push(measured_layer(
             &l.name,
-            median(&mut s.f),
-            median(&mut s.i),
-            median(&mut s.w),
-        );
-        cost.backward = median(&mut s.b);
-        let (after_f, after_i, output) = s.memory;
-        cost.activation_bytes = after_f as f64;
-        cost.released_at_input = after_f.saturating_sub(after_i) as f64;
-        cost.parameter_bytes = l.parameter_bytes;
-        cost.output_bytes = output as f64;
-        out.push(cost);
+            [&mut s.f, &mut s.i, &mut s.w, &mut s.b],
+            s.memory,
+            l.parameter_bytes,
+        ));
     }
     Ok(out)
 }
