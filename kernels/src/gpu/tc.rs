@@ -138,150 +138,99 @@ unsafe impl TensorCore for Nvptx {
 const TF32_BK: usize = depth(Precision::Tf32);
 const BF16_BK: usize = depth(Precision::Bf16);
 
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pf_linear_forward_tf32(
-    x: *const f32,
-    w: *const f32,
-    b: *const f32,
-    y: *mut f32,
-    z: *mut f32,
-    rows: u32,
-    inputs: u32,
-    outputs: u32,
-    act: u32,
-) {
-    let args = TcForward {
-        x,
-        w,
-        b,
-        y,
-        z,
-        rows: rows as usize,
-        inputs: inputs as usize,
-        outputs: outputs as usize,
-        act: activation(act),
+/// The three entry points of one precision (forward, input gradient, weight gradient), operands and
+/// stored activations of element type `$e`; gradients of weights and biases stay `f32`.
+macro_rules! tc_entries {
+    ($forward:ident, $input:ident, $weight:ident, $e:ty, $p:ty, $bk:ident) => {
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $forward(
+            x: *const $e,
+            w: *const $e,
+            b: *const f32,
+            y: *mut $e,
+            z: *mut $e,
+            rows: u32,
+            inputs: u32,
+            outputs: u32,
+            act: u32,
+        ) {
+            let args = TcForward {
+                x,
+                w,
+                b,
+                y,
+                z,
+                rows: rows as usize,
+                inputs: inputs as usize,
+                outputs: outputs as usize,
+                act: activation(act),
+            };
+            linear_forward_tc::<Nvptx, $p, $bk>(&Nvptx, &args);
+        }
+
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $input(
+            dy: *const $e,
+            z: *const $e,
+            w: *const $e,
+            dx: *mut $e,
+            dz: *mut $e,
+            rows: u32,
+            inputs: u32,
+            outputs: u32,
+            act: u32,
+        ) {
+            let args = TcBackwardInput {
+                dy,
+                z,
+                w,
+                dx,
+                dz,
+                rows: rows as usize,
+                inputs: inputs as usize,
+                outputs: outputs as usize,
+                act: activation(act),
+            };
+            linear_backward_input_tc::<Nvptx, $p, $bk>(&Nvptx, &args);
+        }
+
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $weight(
+            x: *const $e,
+            dz: *const $e,
+            dw: *mut f32,
+            db: *mut f32,
+            rows: u32,
+            inputs: u32,
+            outputs: u32,
+        ) {
+            let args = TcBackwardWeight {
+                x,
+                dz,
+                dw,
+                db,
+                rows: rows as usize,
+                inputs: inputs as usize,
+                outputs: outputs as usize,
+            };
+            linear_backward_weight_tc::<Nvptx, $p, $bk>(&Nvptx, &args);
+        }
     };
-    linear_forward_tc::<Nvptx, Tf32, TF32_BK>(&Nvptx, &args);
 }
 
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pf_linear_forward_bf16(
-    x: *const u16,
-    w: *const u16,
-    b: *const f32,
-    y: *mut u16,
-    z: *mut u16,
-    rows: u32,
-    inputs: u32,
-    outputs: u32,
-    act: u32,
-) {
-    let args = TcForward {
-        x,
-        w,
-        b,
-        y,
-        z,
-        rows: rows as usize,
-        inputs: inputs as usize,
-        outputs: outputs as usize,
-        act: activation(act),
-    };
-    linear_forward_tc::<Nvptx, Bf16, BF16_BK>(&Nvptx, &args);
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pf_linear_backward_input_tf32(
-    dy: *const f32,
-    z: *const f32,
-    w: *const f32,
-    dx: *mut f32,
-    dz: *mut f32,
-    rows: u32,
-    inputs: u32,
-    outputs: u32,
-    act: u32,
-) {
-    let args = TcBackwardInput {
-        dy,
-        z,
-        w,
-        dx,
-        dz,
-        rows: rows as usize,
-        inputs: inputs as usize,
-        outputs: outputs as usize,
-        act: activation(act),
-    };
-    linear_backward_input_tc::<Nvptx, Tf32, TF32_BK>(&Nvptx, &args);
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pf_linear_backward_input_bf16(
-    dy: *const u16,
-    z: *const u16,
-    w: *const u16,
-    dx: *mut u16,
-    dz: *mut u16,
-    rows: u32,
-    inputs: u32,
-    outputs: u32,
-    act: u32,
-) {
-    let args = TcBackwardInput {
-        dy,
-        z,
-        w,
-        dx,
-        dz,
-        rows: rows as usize,
-        inputs: inputs as usize,
-        outputs: outputs as usize,
-        act: activation(act),
-    };
-    linear_backward_input_tc::<Nvptx, Bf16, BF16_BK>(&Nvptx, &args);
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pf_linear_backward_weight_tf32(
-    x: *const f32,
-    dz: *const f32,
-    dw: *mut f32,
-    db: *mut f32,
-    rows: u32,
-    inputs: u32,
-    outputs: u32,
-) {
-    let args = TcBackwardWeight {
-        x,
-        dz,
-        dw,
-        db,
-        rows: rows as usize,
-        inputs: inputs as usize,
-        outputs: outputs as usize,
-    };
-    linear_backward_weight_tc::<Nvptx, Tf32, TF32_BK>(&Nvptx, &args);
-}
-
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn pf_linear_backward_weight_bf16(
-    x: *const u16,
-    dz: *const u16,
-    dw: *mut f32,
-    db: *mut f32,
-    rows: u32,
-    inputs: u32,
-    outputs: u32,
-) {
-    let args = TcBackwardWeight {
-        x,
-        dz,
-        dw,
-        db,
-        rows: rows as usize,
-        inputs: inputs as usize,
-        outputs: outputs as usize,
-    };
-    linear_backward_weight_tc::<Nvptx, Bf16, BF16_BK>(&Nvptx, &args);
-}
+tc_entries!(
+    pf_linear_forward_tf32,
+    pf_linear_backward_input_tf32,
+    pf_linear_backward_weight_tf32,
+    f32,
+    Tf32,
+    TF32_BK
+);
+tc_entries!(
+    pf_linear_forward_bf16,
+    pf_linear_backward_input_bf16,
+    pf_linear_backward_weight_bf16,
+    u16,
+    Bf16,
+    BF16_BK
+);
