@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod nccl;
+
 use std::sync::Arc;
 
 use pipefill::cuda::{CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams};
@@ -120,4 +122,15 @@ pub fn upload_batch(
         .collect();
     s.synchronize().unwrap();
     (inputs, targets)
+}
+
+/// `xs` copied to `gpu` on a new stream (waited for).
+pub fn upload(gpu: &Arc<Gpu>, xs: &[Tensor]) -> Vec<DeviceTensor> {
+    let s = gpu.new_stream().expect("a stream");
+    let v = xs
+        .iter()
+        .map(|x| DeviceTensor::from_host(&s, x).expect("copy in"))
+        .collect();
+    s.synchronize().expect("synchronize");
+    v
 }
