@@ -64,12 +64,7 @@ fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
 fn bound_never_exceeds_any_family_and_never_weakens() {
     let tally = prop_coverage::run(file!(), 128, case(), |c, tally| {
         for fam in families::FAMILIES {
-            let params = Params {
-                ranks: c.p,
-                microbatches: c.m,
-                chunks: Some(c.v),
-                group_size: None,
-            };
+            let params = c.params();
             let Ok(s) = (fam.generate)(&params) else {
                 continue;
             };

@@ -6,7 +6,7 @@
 mod prop_coverage;
 mod sim_support;
 
-use pipefill_host::schedule::{families, Params, Schedule};
+use pipefill_host::schedule::{families, Schedule};
 use pipefill_host::sim::{simulate, summarize};
 use proptest::prelude::*;
 use sim_support::random::{case, Case};
@@ -47,12 +47,7 @@ fn simulator_is_exact_and_bounded() {
     let tally = prop_coverage::run(file!(), 96, case(), |c, tally| {
         let mut simulated = 0;
         for fam in families::FAMILIES {
-            let params = Params {
-                ranks: c.p,
-                microbatches: c.m,
-                chunks: Some(c.v),
-                group_size: None,
-            };
+            let params = c.params();
             // A family that refuses these P, M, V is skipped here (refusals are tested in
             // schedule_props); the floors below keep the skips from taking over.
             let Ok(s) = (fam.generate)(&params) else {

@@ -2,7 +2,7 @@
 //! boundary bytes), latency, bandwidth and overlap share, for random P, M and V.
 
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::Schedule;
+use pipefill_host::schedule::{Params, Schedule};
 use proptest::prelude::*;
 
 /// One random stage cost: F, I, W in `[0, 3)`, an optional fused B in `[0, 6)`, boundary bytes.
@@ -45,6 +45,16 @@ pub struct Case {
 }
 
 impl Case {
+    /// The case's P, M and V as schedule parameters.
+    pub fn params(&self) -> Params {
+        Params {
+            ranks: self.p,
+            microbatches: self.m,
+            chunks: Some(self.v),
+            group_size: None,
+        }
+    }
+
     /// The case's cost model for the stages of `s`.
     pub fn costs_for(&self, s: &Schedule) -> CostModel {
         CostModel {
