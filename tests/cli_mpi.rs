@@ -8,11 +8,12 @@
 
 mod common;
 
+use std::io::Read;
 use std::path::Path;
-use std::process::Command;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{losses, mpirun, pipefill_in, scratch, small_train};
+use common::{losses, mpirun, mpirun_command, pipefill_in, scratch, small_train};
 
 /// The small run with an SVG written (the MPI launcher writes it from process 0), then `extra`.
 fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
@@ -138,13 +139,7 @@ fn a_job_stopped_mid_run_resumes_from_its_last_checkpoint() {
         ],
     ]
     .concat();
-    let mut job = Command::new("mpirun")
-        .current_dir(&dir)
-        .args(["--oversubscribe", "-n", "2"])
-        .arg(env!("CARGO_BIN_EXE_pipefill"))
-        .args(&save)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let mut job = mpirun_command(&dir, 2, &save)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -191,6 +186,15 @@ fn a_job_stopped_mid_run_resumes_from_its_last_checkpoint() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// All of `job`'s stderr (piped), read to its end.
+fn read_stderr(job: &mut Child) -> String {
+    let mut err = String::new();
+    if let Some(mut e) = job.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
 /// The processes whose parent is `parent` (from `/proc/*/stat`).
 fn children(parent: u32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -218,13 +222,7 @@ fn children(parent: u32) -> Vec<i32> {
 fn a_killed_rank_ends_the_whole_job_within_seconds() {
     let dir = scratch("mpi-fault");
     let args = with(&["--launcher", "mpi", "--steps", "100000"]);
-    let mut job = Command::new("mpirun")
-        .current_dir(&dir)
-        .args(["--oversubscribe", "-n", "2"])
-        .arg(env!("CARGO_BIN_EXE_pipefill"))
-        .args(&args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let mut job = mpirun_command(&dir, 2, &args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -265,11 +263,7 @@ fn a_killed_rank_ends_the_whole_job_within_seconds() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut err = String::new();
-    if let Some(mut e) = job.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
+    let err = read_stderr(&mut job);
     assert!(!status.success(), "{err}");
     // mpirun names the rank that died and takes the other one down with it.
     assert!(
@@ -391,11 +385,7 @@ fn end_within(mut job: std::process::Child, limit: Duration) -> (std::process::E
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let mut err = String::new();
-    if let Some(mut e) = job.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
+    let err = read_stderr(&mut job);
     let gone = Instant::now() + Duration::from_secs(10);
     for pid in seen {
         while Path::new(&format!("/proc/{pid}")).exists() {
@@ -430,13 +420,7 @@ fn a_rank_that_fails_with_an_error_ends_the_whole_job_within_seconds() {
             "--checkpoint-every",
             "2",
         ]);
-        let job = Command::new("mpirun")
-            .current_dir(&dir)
-            .args(["--oversubscribe", "-n", &(2 * replicas).to_string()])
-            .arg(env!("CARGO_BIN_EXE_pipefill"))
-            .args(&args)
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        let job = mpirun_command(&dir, 2 * replicas, &args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -467,13 +451,7 @@ fn gpu_ranks_without_a_cuda_driver_exit_2_in_every_process_without_hanging() {
     let dir = scratch("mpi-cuda-no-driver");
     let args = with(&["--backend", "cuda", "--launcher", "mpi", "--steps", "2"]);
     let start = Instant::now();
-    let mut job = Command::new("mpirun")
-        .current_dir(&dir)
-        .args(["--oversubscribe", "-n", "2"])
-        .arg(env!("CARGO_BIN_EXE_pipefill"))
-        .args(&args)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let mut job = mpirun_command(&dir, 2, &args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -31,15 +31,14 @@
 mod gpu_support;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use gpu_support::{assert_stage_close, rel};
-use pipefill::cuda::nccl::{nccl_present, NcclError, UniqueId};
+use gpu_support::nccl::{child_rank, open_or_refuse, two_ranks, unique_id};
+use gpu_support::{assert_stage_close, rel, upload};
 use pipefill::cuda::{
-    device_count, gpu_or_skip, CudaRank, CudaStage, CudaStreams, DeviceTensor, Gpu, NcclPeer,
-    OnCudaStreams, PeerOpenError, Precision, RankModel,
+    device_count, gpu_or_skip, CudaRank, CudaStage, CudaStreams, Gpu, OnCudaStreams, Precision,
+    RankModel,
 };
 use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
@@ -238,17 +237,6 @@ fn two_devices(what: &str) -> Option<[Arc<Gpu>; 2]> {
     ])
 }
 
-/// `xs` copied to `gpu` on a new stream (waited for).
-fn upload(gpu: &Arc<Gpu>, xs: &[Tensor]) -> Vec<DeviceTensor> {
-    let s = gpu.new_stream().unwrap();
-    let out = xs
-        .iter()
-        .map(|x| DeviceTensor::from_host(&s, x).unwrap())
-        .collect();
-    s.synchronize().unwrap();
-    out
-}
-
 /// One step of the stream executor, rank `r` on `gpus[r]`, stages storing `dtype`: the losses,
 /// the transfer bytes it reports and the bytes it peer-copied.
 fn stream_step(
@@ -332,26 +320,15 @@ fn the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes() {
     );
 }
 
-/// Set in the two child processes: their rank.
-const CHILD: &str = "PIPEFILL_BF16_NCCL_RANK";
-/// Set in the children: the id file.
-const ID_FILE: &str = "PIPEFILL_BF16_NCCL_ID";
-/// A child's exit code when NCCL refused (not a failure of pipefill).
-const REFUSED: i32 = 3;
 const NCCL_TEST: &str = "two_processes_train_bf16_stages_over_nccl_like_one_process";
 const NCCL_STEPS: u64 = 2;
 
-fn refused(e: &NcclError) -> ! {
-    println!("NCCL refused: {e}");
-    std::process::exit(REFUSED)
-}
-
 #[test]
 fn two_processes_train_bf16_stages_over_nccl_like_one_process() {
-    if let (Ok(rank), Ok(file)) = (std::env::var(CHILD), std::env::var(ID_FILE)) {
-        return nccl_child(rank.parse().expect("a rank"), PathBuf::from(file));
+    if let Some((rank, id_file)) = child_rank() {
+        return nccl_child(rank, id_file);
     }
-    let Some(outputs) = two_ranks() else {
+    let Some(outputs) = two_ranks(NCCL_TEST) else {
         return;
     };
     let checked: Vec<&str> = outputs
@@ -361,70 +338,6 @@ fn two_processes_train_bf16_stages_over_nccl_like_one_process() {
         .collect();
     assert_eq!(checked.len(), 1, "one rank checks the losses\n{outputs:?}");
     println!("{}", checked[0]);
-}
-
-/// Runs [`NCCL_TEST`] of this executable as two ranks on GPU 0; their outputs, each exited 0.
-/// `None` (with a note printed) without a GPU or where NCCL refuses.
-fn two_ranks() -> Option<Vec<String>> {
-    gpu_or_skip(NCCL_TEST)?;
-    if !nccl_present() {
-        println!("NCCL refused: {}", NcclError::NoLibrary);
-        return None;
-    }
-    let dir = std::env::temp_dir().join(format!("pipefill-bf16-nccl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a scratch folder");
-    let exe = std::env::current_exe().expect("this test's executable");
-    let mut children: Vec<_> = (0..2)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(["--exact", NCCL_TEST, "--nocapture", "--test-threads=1"])
-                .env(CHILD, rank.to_string())
-                .env(ID_FILE, dir.join("nccl-id"))
-                .env("NCCL_MULTI_RANK_GPU_ENABLE", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start a rank")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut codes = [None; 2];
-    while codes.iter().any(Option::is_none) {
-        for (c, code) in children.iter_mut().zip(codes.iter_mut()) {
-            if code.is_none() {
-                *code = c.try_wait().expect("wait").map(|s| s.code().unwrap_or(-1));
-            }
-        }
-        if Instant::now() > deadline {
-            children.iter_mut().for_each(|c| drop(c.kill()));
-            panic!("{NCCL_TEST}: the two NCCL ranks did not finish in 120 s (a hang)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let outputs: Vec<String> = children
-        .into_iter()
-        .map(|c| {
-            let o = c.wait_with_output().expect("output");
-            let (out, err) = (o.stdout, o.stderr);
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out),
-                String::from_utf8_lossy(&err)
-            )
-        })
-        .collect();
-    std::fs::remove_dir_all(&dir).ok();
-    if codes.contains(&Some(REFUSED)) {
-        println!(
-            "NCCL refused two ranks on one device; not run:\n{}",
-            outputs.join("\n")
-        );
-        return None;
-    }
-    for (rank, (code, out)) in codes.iter().zip(&outputs).enumerate() {
-        assert_eq!(*code, Some(0), "{NCCL_TEST} rank {rank}:\n{out}");
-    }
-    Some(outputs)
 }
 
 /// The losses of [`NCCL_STEPS`] steps of `schedule` over all BF16 stages in this one process.
@@ -451,17 +364,8 @@ fn one_process_bf16(gpu: &Arc<Gpu>, schedule: &Schedule) -> Vec<Vec<f32>> {
 /// One rank of 1f1b over NCCL with BF16 stages; the rank with the last stage checks the losses.
 fn nccl_child(rank: usize, id_file: PathBuf) {
     let gpu = Gpu::open(0).expect("device 0");
-    let id = if rank == 0 {
-        let id = UniqueId::new().unwrap_or_else(|e| refused(&e));
-        id.write(&id_file).expect("write the id");
-        id
-    } else {
-        UniqueId::wait_for(&id_file, Duration::from_secs(60)).expect("the id from rank 0")
-    };
-    let peer = NcclPeer::open(&gpu, rank, 2, id).unwrap_or_else(|e| match e {
-        PeerOpenError::Nccl(e) => refused(&e),
-        PeerOpenError::Cuda(e) => panic!("rank {rank}: {e}"),
-    });
+    let id = unique_id(rank, &id_file);
+    let peer = open_or_refuse(&gpu, rank, id);
     let schedule = families::generate("1f1b", &Params::new(2, 4)).expect("a schedule");
     let spec = spec();
     let stages = host_stages(ActivationDtype::Bf16);

@@ -24,13 +24,12 @@ mod gpu_support;
 use std::sync::Arc;
 
 use common::pipefill;
-use gpu_support::{assert_stage_close, rel, spec};
+use gpu_support::{assert_stage_close, cpu_stages, rel, spec};
 use pipefill::cuda::{
     device_count, gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams,
 };
-use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, ModelSpec, Teacher};
+use pipefill::model::Teacher;
 use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::runtime::{sequential_step, Tensor};
 use pipefill_host::schedule::{families, Params, Schedule};
@@ -50,15 +49,6 @@ fn two_devices(what: &str) -> Option<[Arc<Gpu>; 2]> {
         Gpu::open_separate(0).unwrap(),
         Gpu::open_separate(0).unwrap(),
     ])
-}
-
-fn cpu_stages(spec: &ModelSpec, s: &Schedule, seed: u64) -> Vec<LinearStage> {
-    let n = spec.layers.len();
-    let k = s.stages();
-    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
-    let opt = Optimizer::adamw(0.01);
-    spec.build_stages(&stage_ranges(&counts), opt, GemmBackend::default(), seed)
-        .unwrap()
 }
 
 type Ex = StreamExecutor<CudaStreams, OnCudaStreams>;
@@ -107,7 +97,7 @@ fn check_step(gpus: &[Arc<Gpu>; 2], sched: Schedule, map: &[usize]) {
     );
     let teacher = Teacher::new(&spec, 5);
     let (x, t) = teacher.batch(0, spec.batch, sched.microbatches);
-    let mut seq = cpu_stages(&spec, &sched, 5);
+    let mut seq = cpu_stages(&spec, &sched, Optimizer::adamw(0.01), 5);
     let (mut ex, device) = executor(gpus, map, &sched, &seq, |s| map[sched.rank_of(s)]);
     let want = sequential_step(&mut seq, x.clone(), &t, &spec.loss).unwrap();
     let mut batch = upload(gpus, &ex, &x, &t);
@@ -166,7 +156,7 @@ fn a_stage_on_another_device_and_capture_across_devices_are_refused() {
     let spec = spec(2, LossKind::Mse);
     let teacher = Teacher::new(&spec, 3);
     let (x, t) = teacher.batch(0, spec.batch, 2);
-    let cpu = cpu_stages(&spec, &sched, 3);
+    let cpu = cpu_stages(&spec, &sched, Optimizer::adamw(0.01), 3);
     // Both stages built on device 0, rank 1 on device 1.
     let (mut ex, device) = executor(&gpus, &[0, 1], &sched, &cpu, |_| 0);
     let mut batch = upload(&gpus, &ex, &x, &t);

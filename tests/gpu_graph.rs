@@ -11,61 +11,17 @@ mod gpu_support;
 
 use std::sync::Arc;
 
-use gpu_support::{rel, spec};
-use pipefill::cuda::{gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams};
-use pipefill::layers::gemm::GemmBackend;
-use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, ModelSpec, Teacher};
-use pipefill_host::runtime::streams::StreamExecutor;
-use pipefill_host::runtime::Tensor;
-use pipefill_host::schedule::{families, Params, Schedule};
+use gpu_support::{cpu_stages, rel, spec, streams_executor, upload_batch, StreamsEx};
+use pipefill::cuda::{gpu_or_skip, Gpu};
+use pipefill::layers::{LossKind, Optimizer};
+use pipefill::model::Teacher;
+use pipefill_host::schedule::{families, Params};
 
 const TOL: f64 = 1e-5;
 const STEPS: u64 = 6;
 
-fn cpu_stages(spec: &ModelSpec, s: &Schedule, opt: Optimizer) -> Vec<LinearStage> {
-    let n = spec.layers.len();
-    let k = s.stages();
-    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
-    spec.build_stages(&stage_ranges(&counts), opt, GemmBackend::default(), 11)
-        .unwrap()
-}
-
-type Ex = StreamExecutor<CudaStreams, OnCudaStreams>;
-
-fn executor(gpu: &Arc<Gpu>, sched: &Schedule, cpu: &[LinearStage]) -> (Ex, CudaStreams) {
-    let device = CudaStreams::new(gpu.clone());
-    let stages = cpu
-        .iter()
-        .map(|s| device.stage(CudaStage::from_host(gpu, s).unwrap()))
-        .collect();
-    gpu.synchronize().unwrap();
-    let ex = StreamExecutor::new(sched.clone(), stages, device.clone()).unwrap();
-    (ex, device)
-}
-
-fn upload(gpu: &Arc<Gpu>, kind: LossKind, x: &[Tensor], t: &[Tensor]) -> [Vec<DeviceTensor>; 2] {
-    let s = gpu.new_stream().unwrap();
-    let inputs = x
-        .iter()
-        .map(|x| DeviceTensor::from_host(&s, x).unwrap())
-        .collect();
-    let targets = t
-        .iter()
-        .map(|t| match kind {
-            LossKind::Mse => DeviceTensor::from_host(&s, t).unwrap(),
-            LossKind::CrossEntropy => {
-                let c: Vec<u32> = t.data().iter().map(|&v| v as u32).collect();
-                DeviceTensor::labels(&s, &c).unwrap()
-            }
-        })
-        .collect();
-    s.synchronize().unwrap();
-    [inputs, targets]
-}
-
 /// Every weight and bias of every stage, flattened (copied back from the device).
-fn weights(ex: &Ex) -> Vec<f32> {
+fn weights(ex: &StreamsEx) -> Vec<f32> {
     let mut all = Vec::new();
     for st in ex.stages() {
         let st = st.inner();
@@ -89,16 +45,16 @@ fn check(gpu: &Arc<Gpu>, family: &str, loss: LossKind, opt: Optimizer) {
     let sched = families::generate(family, &params).unwrap();
     let spec = spec(sched.stages(), loss);
     let what = format!("{family} {loss} {opt}");
-    let cpu = cpu_stages(&spec, &sched, opt);
-    let (mut plain, pd) = executor(gpu, &sched, &cpu);
-    let (mut graph, gd) = executor(gpu, &sched, &cpu);
+    let cpu = cpu_stages(&spec, &sched, opt, 11);
+    let (mut plain, pd) = streams_executor(gpu, &sched, &cpu);
+    let (mut graph, gd) = streams_executor(gpu, &sched, &cpu);
     let (pl, gl) = (pd.loss(loss), gd.loss(loss));
     let teacher = Teacher::new(&spec, 3);
     for step in 0..STEPS {
         let (x, t) = teacher.batch(step, spec.batch, params.microbatches);
-        let [xi, ti] = upload(gpu, loss, &x, &t);
+        let (xi, ti) = upload_batch(gpu, loss, &x, &t);
         let want = plain.step(xi, &ti, &pl).unwrap();
-        let [xi, ti] = upload(gpu, loss, &x, &t);
+        let (xi, ti) = upload_batch(gpu, loss, &x, &t);
         let got = match step {
             0 => graph.step(xi, &ti, &gl),
             1 => graph.capture(xi, ti, &gl),

@@ -15,30 +15,17 @@
 mod gpu_support;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use std::sync::Arc;
 
-use gpu_support::spec;
-use pipefill::cuda::nccl::{nccl_present, NcclError, NcclLink, UniqueId};
-use pipefill::cuda::{
-    gpu_or_skip, CudaRank, CudaStage, CudaStreams, DeviceTensor, Gpu, NcclPeer, PeerOpenError,
-    Precision, RankModel,
-};
-use pipefill::layers::gemm::GemmBackend;
+use gpu_support::nccl::{child_rank, open_or_refuse, refused, two_ranks, unique_id};
+use gpu_support::{cpu_stages, spec, upload};
+use pipefill::cuda::nccl::NcclLink;
+use pipefill::cuda::{CudaRank, CudaStage, CudaStreams, Gpu, Precision, RankModel};
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, ModelSpec, Teacher};
+use pipefill::model::{ModelSpec, Teacher};
 use pipefill_host::runtime::streams::StreamExecutor;
-use pipefill_host::runtime::Tensor;
 use pipefill_host::schedule::{families, Params, Schedule};
 
-/// Set in the two child processes: their rank.
-const CHILD: &str = "PIPEFILL_NCCL_TEST_RANK";
-/// Set in the children: the id file.
-const ID_FILE: &str = "PIPEFILL_NCCL_TEST_ID";
-/// A child's exit code when NCCL refused (not a failure of pipefill).
-const REFUSED: i32 = 3;
 const TEST: &str = "two_processes_exchange_and_reduce_over_nccl_on_one_gpu";
 const TRAIN: &str = "two_processes_train_1f1b_and_zbv_over_nccl_like_one_process";
 const N: usize = 1000;
@@ -51,13 +38,7 @@ fn values(rank: usize) -> Vec<f32> {
 fn child(rank: usize, id_file: PathBuf) {
     let gpu = Gpu::open(0).expect("device 0");
     let stream = gpu.new_stream().expect("a stream");
-    let id = if rank == 0 {
-        let id = UniqueId::new().unwrap_or_else(|e| refused(&e));
-        id.write(&id_file).expect("write the id");
-        id
-    } else {
-        UniqueId::wait_for(&id_file, Duration::from_secs(60)).expect("the id from rank 0")
-    };
+    let id = unique_id(rank, &id_file);
     let link = NcclLink::open(stream.clone(), rank, 2, id).unwrap_or_else(|e| refused(&e));
     let mine = stream.clone_htod(&values(rank)).expect("copy in");
     let mut theirs = stream.alloc_zeros::<f32>(N).expect("alloc");
@@ -82,15 +63,10 @@ fn child(rank: usize, id_file: PathBuf) {
     println!("nccl rank {rank}: ok");
 }
 
-fn refused(e: &NcclError) -> ! {
-    println!("NCCL refused: {e}");
-    std::process::exit(REFUSED)
-}
-
 #[test]
 fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
-    if let (Ok(rank), Ok(file)) = (std::env::var(CHILD), std::env::var(ID_FILE)) {
-        return child(rank.parse().expect("a rank"), PathBuf::from(file));
+    if let Some((rank, id_file)) = child_rank() {
+        return child(rank, id_file);
     }
     let Some(outputs) = two_ranks(TEST) else {
         return;
@@ -102,8 +78,8 @@ fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
 
 #[test]
 fn two_processes_train_1f1b_and_zbv_over_nccl_like_one_process() {
-    if let (Ok(rank), Ok(file)) = (std::env::var(CHILD), std::env::var(ID_FILE)) {
-        return train_child(rank.parse().expect("a rank"), PathBuf::from(file));
+    if let Some((rank, id_file)) = child_rank() {
+        return train_child(rank, id_file);
     }
     let Some(outputs) = two_ranks(TRAIN) else {
         return;
@@ -126,100 +102,13 @@ fn two_processes_train_1f1b_and_zbv_over_nccl_like_one_process() {
     }
 }
 
-/// Runs `test` of this executable as two ranks on GPU 0; their outputs, each exited 0. `None`
-/// (with a note printed) without a GPU or where NCCL refuses.
-fn two_ranks(test: &str) -> Option<Vec<String>> {
-    gpu_or_skip("gpu_nccl")?;
-    if !nccl_present() {
-        println!("NCCL refused: {}", NcclError::NoLibrary);
-        return None;
-    }
-    let dir = std::env::temp_dir().join(format!("pipefill-nccl-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a scratch folder");
-    let id_file = dir.join("nccl-id");
-    let exe = std::env::current_exe().expect("this test's executable");
-    let mut children: Vec<_> = (0..2)
-        .map(|rank| {
-            Command::new(&exe)
-                .args(["--exact", test, "--nocapture", "--test-threads=1"])
-                .env(CHILD, rank.to_string())
-                .env(ID_FILE, &id_file)
-                .env("NCCL_MULTI_RANK_GPU_ENABLE", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start a rank")
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut codes = [None; 2];
-    while codes.iter().any(Option::is_none) {
-        for (c, code) in children.iter_mut().zip(codes.iter_mut()) {
-            if code.is_none() {
-                *code = c.try_wait().expect("wait").map(|s| s.code().unwrap_or(-1));
-            }
-        }
-        if Instant::now() > deadline {
-            children.iter_mut().for_each(|c| drop(c.kill()));
-            panic!("{test}: the two NCCL ranks did not finish in 120 s (a hang)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let outputs: Vec<String> = children
-        .into_iter()
-        .map(|c| {
-            let o = c.wait_with_output().expect("output");
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        })
-        .collect();
-    std::fs::remove_dir_all(&dir).ok();
-    if codes.contains(&Some(REFUSED)) {
-        println!(
-            "NCCL refused two ranks on one device; not run:\n{}",
-            outputs.join("\n")
-        );
-        return None;
-    }
-    for (rank, (code, out)) in codes.iter().zip(&outputs).enumerate() {
-        assert_eq!(*code, Some(0), "{test} rank {rank}:\n{out}");
-    }
-    Some(outputs)
-}
-
 const FAMILIES: [&str; 2] = ["1f1b", "zbv"];
 const STEPS: u64 = 2;
-
-fn host_stages(spec: &ModelSpec, s: &Schedule) -> Vec<LinearStage> {
-    let n = spec.layers.len();
-    let k = s.stages();
-    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
-    spec.build_stages(
-        &stage_ranges(&counts),
-        Optimizer::adamw(0.01),
-        GemmBackend::default(),
-        7,
-    )
-    .expect("the model's stages")
-}
-
-fn upload(gpu: &Arc<Gpu>, xs: &[Tensor]) -> Vec<DeviceTensor> {
-    let s = gpu.new_stream().expect("a stream");
-    let v = xs
-        .iter()
-        .map(|x| DeviceTensor::from_host(&s, x).expect("copy in"))
-        .collect();
-    s.synchronize().expect("synchronize");
-    v
-}
 
 /// The losses of `STEPS` steps of `schedule` over all `stages` in this one process.
 fn one_process(gpu: &Arc<Gpu>, schedule: &Schedule, spec: &ModelSpec) -> Vec<Vec<f32>> {
     let device = CudaStreams::new(gpu.clone());
-    let stages = host_stages(spec, schedule)
+    let stages = cpu_stages(spec, schedule, Optimizer::adamw(0.01), 7)
         .iter()
         .map(|s| device.stage(CudaStage::from_host_in(gpu, s, Precision::Fp32).expect("stage")))
         .collect();
@@ -236,28 +125,15 @@ fn one_process(gpu: &Arc<Gpu>, schedule: &Schedule, spec: &ModelSpec) -> Vec<Vec
         .collect()
 }
 
-fn open_or_refuse(gpu: &Arc<Gpu>, rank: usize, id: UniqueId) -> NcclPeer {
-    NcclPeer::open(gpu, rank, 2, id).unwrap_or_else(|e| match e {
-        PeerOpenError::Nccl(e) => refused(&e),
-        PeerOpenError::Cuda(e) => panic!("rank {rank}: {e}"),
-    })
-}
-
 /// One rank of each family's steps over NCCL; the rank with the last stage checks the losses.
 fn train_child(rank: usize, id_file: PathBuf) {
     let gpu = Gpu::open(0).expect("device 0");
-    let id = if rank == 0 {
-        let id = UniqueId::new().unwrap_or_else(|e| refused(&e));
-        id.write(&id_file).expect("write the id");
-        id
-    } else {
-        UniqueId::wait_for(&id_file, Duration::from_secs(60)).expect("the id from rank 0")
-    };
+    let id = unique_id(rank, &id_file);
     let mut peer = open_or_refuse(&gpu, rank, id);
     for family in FAMILIES {
         let schedule = families::generate(family, &Params::new(2, 4)).expect("a schedule");
         let spec = spec(schedule.stages(), LossKind::Mse);
-        let stages = host_stages(&spec, &schedule);
+        let stages = cpu_stages(&spec, &schedule, Optimizer::adamw(0.01), 7);
         let model = RankModel {
             stages: (stages.iter().enumerate())
                 .filter(|(s, _)| schedule.rank_of(*s) == rank)

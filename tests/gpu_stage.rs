@@ -10,26 +10,15 @@ mod gpu_support;
 
 use std::sync::Arc;
 
-use gpu_support::assert_stage_close;
+use gpu_support::{assert_stage_close, cpu_stages, rel};
 use pipefill::cuda::{gpu_or_skip, loss_and_grad, CudaStage, DeviceTarget, DeviceTensor, Gpu};
-use pipefill::layers::gemm::GemmBackend;
 use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+use pipefill::model::{LayerSpec, ModelSpec, Teacher};
 use pipefill_host::runtime::{sequential_step, Executor, Loss, Tensor};
 use pipefill_host::schedule::{families, Params, Schedule};
 use pipefill_kernels::Activation;
 
 const TOL: f64 = 1e-4;
-
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum();
-    let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    d.sqrt() / n.sqrt().max(1e-30)
-}
 
 fn spec(stages: usize, loss: LossKind) -> ModelSpec {
     let layers = stages + 1;
@@ -44,14 +33,6 @@ fn spec(stages: usize, loss: LossKind) -> ModelSpec {
         loss,
         batch: 24,
     }
-}
-
-fn cpu_stages(spec: &ModelSpec, s: &Schedule, opt: Optimizer, seed: u64) -> Vec<LinearStage> {
-    let n = spec.layers.len();
-    let k = s.stages();
-    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
-    spec.build_stages(&stage_ranges(&counts), opt, GemmBackend::default(), seed)
-        .unwrap()
 }
 
 fn gpu_stages(gpu: &Arc<Gpu>, cpu: &[LinearStage]) -> Vec<CudaStage> {

@@ -10,62 +10,14 @@ mod gpu_support;
 
 use std::sync::Arc;
 
-use gpu_support::{assert_stage_close, rel, spec};
-use pipefill::cuda::{gpu_or_skip, CudaStage, CudaStreams, DeviceTensor, Gpu, OnCudaStreams};
-use pipefill::layers::gemm::GemmBackend;
-use pipefill::layers::{LinearStage, LossKind, Optimizer};
-use pipefill::model::{stage_ranges, ModelSpec, Teacher};
-use pipefill_host::runtime::streams::StreamExecutor;
-use pipefill_host::runtime::{sequential_step, Tensor};
+use gpu_support::{assert_stage_close, cpu_stages, rel, spec, streams_executor, upload_batch};
+use pipefill::cuda::{gpu_or_skip, Gpu};
+use pipefill::layers::{LossKind, Optimizer};
+use pipefill::model::Teacher;
+use pipefill_host::runtime::sequential_step;
 use pipefill_host::schedule::{families, Params, Schedule};
 
 const TOL: f64 = 1e-4;
-
-fn cpu_stages(spec: &ModelSpec, s: &Schedule, opt: Optimizer, seed: u64) -> Vec<LinearStage> {
-    let n = spec.layers.len();
-    let k = s.stages();
-    let counts: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
-    spec.build_stages(&stage_ranges(&counts), opt, GemmBackend::default(), seed)
-        .unwrap()
-}
-
-type Ex = StreamExecutor<CudaStreams, OnCudaStreams>;
-
-fn executor(gpu: &Arc<Gpu>, sched: &Schedule, cpu: &[LinearStage]) -> (Ex, CudaStreams) {
-    let device = CudaStreams::new(gpu.clone());
-    let stages = cpu
-        .iter()
-        .map(|s| device.stage(CudaStage::from_host(gpu, s).unwrap()))
-        .collect();
-    gpu.synchronize().unwrap();
-    let ex = StreamExecutor::new(sched.clone(), stages, device.clone()).unwrap();
-    (ex, device)
-}
-
-fn upload(
-    gpu: &Arc<Gpu>,
-    kind: LossKind,
-    x: &[Tensor],
-    t: &[Tensor],
-) -> (Vec<DeviceTensor>, Vec<DeviceTensor>) {
-    let s = gpu.new_stream().unwrap();
-    let inputs = x
-        .iter()
-        .map(|x| DeviceTensor::from_host(&s, x).unwrap())
-        .collect();
-    let targets = t
-        .iter()
-        .map(|t| match kind {
-            LossKind::Mse => DeviceTensor::from_host(&s, t).unwrap(),
-            LossKind::CrossEntropy => {
-                let c: Vec<u32> = t.data().iter().map(|&v| v as u32).collect();
-                DeviceTensor::labels(&s, &c).unwrap()
-            }
-        })
-        .collect();
-    s.synchronize().unwrap();
-    (inputs, targets)
-}
 
 fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt: Optimizer) {
     let spec = spec(sched.stages(), loss);
@@ -76,9 +28,9 @@ fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt
     let teacher = Teacher::new(&spec, 9);
     let (x, t) = teacher.batch(0, spec.batch, sched.microbatches);
     let mut seq = cpu_stages(&spec, &sched, opt, 9);
-    let (mut ex, device) = executor(gpu, &sched, &seq);
+    let (mut ex, device) = streams_executor(gpu, &sched, &seq);
     let want = sequential_step(&mut seq, x.clone(), &t, &spec.loss).unwrap();
-    let (inputs, targets) = upload(gpu, loss, &x, &t);
+    let (inputs, targets) = upload_batch(gpu, loss, &x, &t);
     let got = ex.step(inputs, &targets, &device.loss(loss)).unwrap();
     assert!(
         rel(&got.losses, &want.losses) <= TOL,
@@ -144,11 +96,11 @@ fn twenty_steps_through_cuda_streams_follow_the_cpu() {
     let opt = Optimizer::adamw(0.01);
     let teacher = Teacher::new(&spec, 4);
     let mut seq = cpu_stages(&spec, &sched, opt, 4);
-    let (mut ex, device) = executor(&gpu, &sched, &seq);
+    let (mut ex, device) = streams_executor(&gpu, &sched, &seq);
     let loss = device.loss(LossKind::Mse);
     for step in 0..20 {
         let (x, t) = teacher.batch(step, spec.batch, params.microbatches);
-        let (inputs, targets) = upload(&gpu, LossKind::Mse, &x, &t);
+        let (inputs, targets) = upload_batch(&gpu, LossKind::Mse, &x, &t);
         let a = ex.step(inputs, &targets, &loss).unwrap().loss;
         let b = sequential_step(&mut seq, x, &t, &spec.loss).unwrap().loss;
         assert!(

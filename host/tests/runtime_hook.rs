@@ -1,76 +1,20 @@
 //! The step hook: every action told once, on time, and "gradients ready" exactly once per stage per
 //! step, after every `B`/`W` of that stage.
 
+mod runtime_support;
+
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use pipefill_host::runtime::{
-    last_gradient_actions, Executor, RuntimeError, Stage, StageError, StepEvent, StepReport, Tensor,
+    last_gradient_actions, Executor, RuntimeError, StepEvent, StepReport, Tensor,
 };
 use pipefill_host::schedule::{families, Action, Item, Op, Params, Schedule};
-
-/// `y = w * x` with a scalar weight.
-struct Scale {
-    w: f32,
-    grad: f32,
-    steps: usize,
-}
-
-impl Stage for Scale {
-    type Stash = (Tensor, Option<Tensor>);
-
-    fn forward(&mut self, x: Tensor) -> Result<(Tensor, Self::Stash), StageError> {
-        let mut y = x.clone();
-        y.scale(self.w);
-        Ok((y, (x, None)))
-    }
-
-    fn backward_input(&mut self, st: &mut Self::Stash, dy: Tensor) -> Result<Tensor, StageError> {
-        let mut dx = dy.clone();
-        dx.scale(self.w);
-        st.1 = Some(dy);
-        Ok(dx)
-    }
-
-    fn backward_weight(&mut self, st: Self::Stash) -> Result<(), StageError> {
-        let dy = st.1.ok_or_else(|| StageError::new("W before I"))?;
-        self.grad +=
-            st.0.data()
-                .iter()
-                .zip(dy.data())
-                .map(|(a, b)| a * b)
-                .sum::<f32>();
-        Ok(())
-    }
-
-    fn held_bytes(&self, st: &Self::Stash) -> usize {
-        st.0.bytes()
-    }
-
-    fn zero_grad(&mut self) {
-        self.grad = 0.0;
-    }
-
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
-        self.w -= 0.01 * self.grad;
-        self.steps += 1;
-        Ok(())
-    }
-}
-
-fn loss(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
-    let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
-    let v = 0.5 * d.iter().map(|x| x * x).sum::<f32>();
-    Ok((v, Tensor::new(y.shape().to_vec(), d)?))
-}
+use runtime_support::{mse, Scale};
 
 fn executor(schedule: Schedule) -> Executor<Scale> {
     let stages = (0..schedule.stages())
-        .map(|s| Scale {
-            w: 1.0 - 0.05 * s as f32,
-            grad: 0.0,
-            steps: 0,
-        })
+        .map(|s| Scale::new(1.0 - 0.05 * s as f32, 0.01))
         .collect();
     Executor::new(schedule, stages).unwrap()
 }
@@ -92,7 +36,7 @@ fn hooked_step(
             .map(|k| Tensor::new(vec![1, 2], vec![k as f32, 1.0]).unwrap())
             .collect();
         let events = Mutex::new(Vec::new());
-        let r = ex.step_with(x.clone(), &x, &loss, |e| {
+        let r = ex.step_with(x.clone(), &x, &mse, |e| {
             events.lock().unwrap().push(e);
             if let StepEvent::ActionDone { action, .. } = e {
                 if Some(action) == panic_at {
@@ -208,7 +152,7 @@ fn a_hooked_step_trains_exactly_like_a_plain_one() {
     let x: Vec<Tensor> = (0..4)
         .map(|k| Tensor::new(vec![1, 2], vec![k as f32, 1.0]).unwrap())
         .collect();
-    let plain = b.step(x.clone(), &x, &loss).unwrap();
+    let plain = b.step(x.clone(), &x, &mse).unwrap();
     assert_eq!(hooked.unwrap().losses, plain.losses);
     for (x, y) in a.stages().iter().zip(b.stages()) {
         assert_eq!((x.w, x.grad), (y.w, y.grad));

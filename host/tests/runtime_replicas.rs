@@ -2,71 +2,16 @@
 //! step on the union of their microbatches; a failing replica stops the others instead of leaving
 //! them waiting in the reduction.
 
-use pipefill_host::runtime::{Executor, Replicas, Stage, StageError, Tensor};
+mod runtime_support;
+
+use pipefill_host::runtime::{Executor, Replicas, Tensor};
 use pipefill_host::schedule::{families, Params};
-
-/// `y = w x` per element; fails on an input of exactly 13.
-struct Scale {
-    w: f32,
-    grad: [f32; 1],
-}
-
-impl Stage for Scale {
-    type Stash = (Tensor, Option<Tensor>);
-    fn forward(&mut self, x: Tensor) -> Result<(Tensor, Self::Stash), StageError> {
-        if x.data().contains(&13.0) {
-            return Err(StageError::new("unlucky input"));
-        }
-        let mut y = x.clone();
-        y.scale(self.w);
-        Ok((y, (x, None)))
-    }
-    fn backward_input(&mut self, st: &mut Self::Stash, dy: Tensor) -> Result<Tensor, StageError> {
-        let mut dx = dy.clone();
-        dx.scale(self.w);
-        st.1 = Some(dy);
-        Ok(dx)
-    }
-    fn backward_weight(&mut self, st: Self::Stash) -> Result<(), StageError> {
-        let dy = st.1.ok_or_else(|| StageError::new("W before I"))?;
-        self.grad[0] +=
-            st.0.data()
-                .iter()
-                .zip(dy.data())
-                .map(|(x, d)| x * d)
-                .sum::<f32>();
-        Ok(())
-    }
-    fn held_bytes(&self, st: &Self::Stash) -> usize {
-        st.0.bytes()
-    }
-    fn zero_grad(&mut self) {
-        self.grad = [0.0];
-    }
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
-        self.w -= 0.5 * self.grad[0];
-        Ok(())
-    }
-    fn gradients(&mut self) -> Vec<&mut [f32]> {
-        vec![&mut self.grad[..]]
-    }
-}
-
-fn mse(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
-    let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
-    Ok((
-        0.5 * d.iter().map(|x| x * x).sum::<f32>(),
-        Tensor::new(y.shape().to_vec(), d)?,
-    ))
-}
+use runtime_support::{mse, Scale};
 
 fn executor(m: usize) -> Executor<Scale> {
     let schedule = families::generate("zb-h1", &Params::new(2, m)).unwrap();
     let stages = (0..2)
-        .map(|s| Scale {
-            w: 1.0 + 0.5 * s as f32,
-            grad: [0.0],
-        })
+        .map(|s| Scale::new(1.0 + 0.5 * s as f32, 0.5).failing_on(13.0))
         .collect();
     Executor::new(schedule, stages).unwrap()
 }

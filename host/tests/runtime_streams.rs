@@ -7,12 +7,12 @@ use pipefill_host::runtime::streams::{
     check, CpuStreams, OnStreams, Pending, StreamError, StreamExecutor, StreamOp, StreamProgram,
 };
 use pipefill_host::runtime::{sequential_step, RuntimeError, Stage, StageError, Tensor};
-use pipefill_host::schedule::families::{self, FAMILIES};
+use pipefill_host::schedule::families;
 use pipefill_host::schedule::{Params, Schedule};
 
 mod streams_support;
 
-use streams_support::{cells, mse, Cell};
+use streams_support::{cells, for_every_family_shape, mse, Cell};
 
 fn batch(m: usize) -> (Vec<Tensor>, Vec<Tensor>) {
     let x = |k: usize| Tensor::new(vec![2, 2], vec![0.1 * k as f32, -0.3, 0.7, 0.2]).unwrap();
@@ -66,25 +66,7 @@ fn agrees(schedule: Schedule) {
 
 #[test]
 fn every_family_matches_the_sequential_step_for_p_up_to_4_and_v_up_to_3() {
-    let mut ran = Vec::new();
-    for family in FAMILIES {
-        let mut count = 0;
-        for p in 1..=4 {
-            for v in 1..=3 {
-                for m in [p, 2 * p + 1] {
-                    let params = Params::new(p, m).with_chunks(v);
-                    let Ok(schedule) = families::generate(family.name, &params) else {
-                        continue;
-                    };
-                    agrees(schedule);
-                    count += 1;
-                }
-            }
-        }
-        assert!(count >= 2, "{}: only {count} shapes generated", family.name);
-        ran.push((family.name, count));
-    }
-    assert_eq!(ran.len(), FAMILIES.len());
+    for_every_family_shape(agrees);
 }
 
 #[test]

@@ -2,57 +2,19 @@
 //! transport wrapping it) give the threaded `Executor`'s step, and every crossing goes through the
 //! transport exactly at the lowered schedule's sends and receives.
 
+mod runtime_support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pipefill_host::runtime::{
-    assemble, run_rank, Channels, Executor, Parcel, RankProgram, RankStep, Stage, StageError,
-    Tensor, Transport, TransportError,
+    assemble, run_rank, Channels, Executor, Parcel, RankProgram, RankStep, Tensor, Transport,
+    TransportError,
 };
 use pipefill_host::schedule::deps::Edge;
 use pipefill_host::schedule::lower::lower;
 use pipefill_host::schedule::{families, Item, Params, Schedule};
-
-/// `y = w x` per element with a learnable `w`.
-struct Scale {
-    w: f32,
-    grad: f32,
-}
-
-impl Stage for Scale {
-    type Stash = (Tensor, Option<Tensor>);
-    fn forward(&mut self, x: Tensor) -> Result<(Tensor, Self::Stash), StageError> {
-        let mut y = x.clone();
-        y.scale(self.w);
-        Ok((y, (x, None)))
-    }
-    fn backward_input(&mut self, st: &mut Self::Stash, dy: Tensor) -> Result<Tensor, StageError> {
-        let mut dx = dy.clone();
-        dx.scale(self.w);
-        st.1 = Some(dy);
-        Ok(dx)
-    }
-    fn backward_weight(&mut self, st: Self::Stash) -> Result<(), StageError> {
-        let dy = st.1.ok_or_else(|| StageError::new("W before I"))?;
-        self.grad +=
-            st.0.data()
-                .iter()
-                .zip(dy.data())
-                .map(|(x, d)| x * d)
-                .sum::<f32>();
-        Ok(())
-    }
-    fn held_bytes(&self, st: &Self::Stash) -> usize {
-        st.0.bytes()
-    }
-    fn zero_grad(&mut self) {
-        self.grad = 0.0;
-    }
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
-        self.w -= 0.1 * self.grad;
-        Ok(())
-    }
-}
+use runtime_support::{mse, Scale};
 
 /// Counts what goes through the transport.
 struct Counted<'a> {
@@ -83,19 +45,8 @@ impl Transport for Counted<'_> {
 
 fn stages(n: usize) -> Vec<Scale> {
     (0..n)
-        .map(|s| Scale {
-            w: 1.0 + 0.05 * s as f32,
-            grad: 0.0,
-        })
+        .map(|s| Scale::new(1.0 + 0.05 * s as f32, 0.1))
         .collect()
-}
-
-fn mse(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
-    let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
-    Ok((
-        0.5 * d.iter().map(|x| x * x).sum::<f32>(),
-        Tensor::new(y.shape().to_vec(), d)?,
-    ))
 }
 
 fn data(m: usize) -> (Vec<Tensor>, Vec<Tensor>) {

@@ -5,6 +5,7 @@
 //! are strictly stronger.
 
 mod prop_coverage;
+mod sim_support;
 
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
@@ -13,68 +14,7 @@ use pipefill_host::sim::{
     peak_activations, simulate, BoundError,
 };
 use proptest::prelude::*;
-
-fn stage() -> impl Strategy<Value = StageCost> {
-    (
-        0.0f64..3.0,
-        0.0f64..3.0,
-        0.0f64..3.0,
-        prop::option::of(0.0f64..6.0),
-        0.0f64..1e6,
-    )
-        .prop_map(|(f, i, w, b, bytes)| {
-            let mut s = StageCost::uniform(f, i, w);
-            if let Some(b) = b {
-                s.backward = b;
-            }
-            s.output_bytes = bytes;
-            s
-        })
-}
-
-/// One random case: P, M, V and a cost model for up to 15 stages (cycled).
-#[derive(Debug, Clone)]
-struct Case {
-    p: usize,
-    m: usize,
-    v: usize,
-    stages: Vec<StageCost>,
-    latency: f64,
-    bandwidth: Option<f64>,
-    share: f64,
-}
-
-fn case() -> impl Strategy<Value = Case> {
-    (
-        1usize..=5,
-        1usize..=10,
-        1usize..=3,
-        prop::collection::vec(stage(), 15),
-        0.0f64..0.5,
-        prop::option::of(1e5f64..1e7),
-        0.0f64..=1.0,
-    )
-        .prop_map(|(p, m, v, stages, latency, bandwidth, share)| Case {
-            p,
-            m,
-            v,
-            stages,
-            latency,
-            bandwidth,
-            share,
-        })
-}
-
-fn costs_for(s: &Schedule, c: &Case) -> CostModel {
-    CostModel {
-        stages: c.stages.iter().cycle().take(s.stages()).copied().collect(),
-        link: LinkCost {
-            latency: c.latency,
-            bandwidth: c.bandwidth.unwrap_or(f64::INFINITY),
-        },
-        overlap_share: c.share,
-    }
-}
+use sim_support::random::{case, Case};
 
 /// The schedule's peak in-flight per rank in rank-microbatches (a stage's microbatch counts 1/V).
 fn peak_in_flight(s: &Schedule, sim_costs: &CostModel) -> Vec<f64> {
@@ -88,7 +28,7 @@ fn peak_in_flight(s: &Schedule, sim_costs: &CostModel) -> Vec<f64> {
 }
 
 fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
-    let cost = costs_for(s, c);
+    let cost = c.costs_for(s);
     let sim = simulate(s, &cost).unwrap();
     let makespan = sim.timeline.makespan();
     let slack = |x: f64| x <= makespan * (1.0 + 1e-9) + 1e-9;
@@ -124,12 +64,7 @@ fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
 fn bound_never_exceeds_any_family_and_never_weakens() {
     let tally = prop_coverage::run(file!(), 128, case(), |c, tally| {
         for fam in families::FAMILIES {
-            let params = Params {
-                ranks: c.p,
-                microbatches: c.m,
-                chunks: Some(c.v),
-                group_size: None,
-            };
+            let params = c.params();
             let Ok(s) = (fam.generate)(&params) else {
                 continue;
             };
@@ -290,7 +225,7 @@ fn bound_holds_for_random_schedules() {
         };
         let s = random_schedule(c.p, v, c.m, vshape, &picks);
         check(&s, &c)?;
-        let cost = costs_for(&s, &c);
+        let cost = c.costs_for(&s);
         let shared = pipefill_host::sim::simulate_with(
             &s,
             &cost,

@@ -6,75 +6,16 @@
 mod prop_coverage;
 mod sim_support;
 
-use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::{families, Params, Schedule};
+use pipefill_host::schedule::{families, Schedule};
 use pipefill_host::sim::{simulate, summarize};
 use proptest::prelude::*;
+use sim_support::random::{case, Case};
 use sim_support::{assert_critical_path, assert_matches_reference};
-
-fn stage() -> impl Strategy<Value = StageCost> {
-    (
-        0.0f64..3.0,
-        0.0f64..3.0,
-        0.0f64..3.0,
-        prop::option::of(0.0f64..6.0),
-        0.0f64..1e6,
-    )
-        .prop_map(|(f, i, w, b, bytes)| {
-            let mut s = StageCost::uniform(f, i, w);
-            if let Some(b) = b {
-                s.backward = b;
-            }
-            s.output_bytes = bytes;
-            s
-        })
-}
-
-/// One random case: P, M, V, per-stage costs (cycled over the stages), latency, bandwidth and
-/// overlap share.
-#[derive(Debug, Clone)]
-struct Case {
-    p: usize,
-    m: usize,
-    v: usize,
-    stages: Vec<StageCost>,
-    latency: f64,
-    bandwidth: Option<f64>,
-    share: f64,
-}
-
-fn case() -> impl Strategy<Value = Case> {
-    (
-        1usize..=5,
-        1usize..=10,
-        1usize..=3,
-        prop::collection::vec(stage(), 15),
-        0.0f64..0.5,
-        prop::option::of(1e5f64..1e7),
-        0.0f64..=1.0,
-    )
-        .prop_map(|(p, m, v, stages, latency, bandwidth, share)| Case {
-            p,
-            m,
-            v,
-            stages,
-            latency,
-            bandwidth,
-            share,
-        })
-}
 
 /// Simulates `s` under the case's costs and checks it against the reference, the bound, the
 /// summary and the critical path.
 fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
-    let cost = CostModel {
-        stages: c.stages.iter().cycle().take(s.stages()).copied().collect(),
-        link: LinkCost {
-            latency: c.latency,
-            bandwidth: c.bandwidth.unwrap_or(f64::INFINITY),
-        },
-        overlap_share: c.share,
-    };
+    let cost = c.costs_for(s);
     let sim = simulate(s, &cost).unwrap();
     assert_matches_reference(s, &cost, &sim);
     let t = &sim.timeline;
@@ -106,12 +47,7 @@ fn simulator_is_exact_and_bounded() {
     let tally = prop_coverage::run(file!(), 96, case(), |c, tally| {
         let mut simulated = 0;
         for fam in families::FAMILIES {
-            let params = Params {
-                ranks: c.p,
-                microbatches: c.m,
-                chunks: Some(c.v),
-                group_size: None,
-            };
+            let params = c.params();
             // A family that refuses these P, M, V is skipped here (refusals are tested in
             // schedule_props); the floors below keep the skips from taking over.
             let Ok(s) = (fam.generate)(&params) else {

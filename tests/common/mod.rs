@@ -88,17 +88,24 @@ pub fn losses((code, out, err): (i32, String, String)) -> Vec<f32> {
     serde_json::from_value(v["losses"].clone()).expect("losses")
 }
 
-/// `mpirun --oversubscribe -n N pipefill ARGS` in `dir`: exit code, stdout, stderr. Root is
-/// allowed (CI runs as root).
+/// The command `mpirun --oversubscribe -n N pipefill ARGS` in `dir`, not started. Root is allowed
+/// (CI runs as root).
 #[allow(dead_code)]
-pub fn mpirun(dir: &Path, n: usize, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new("mpirun")
-        .current_dir(dir)
+pub fn mpirun_command(dir: &Path, n: usize, args: &[&str]) -> Command {
+    let mut c = Command::new("mpirun");
+    c.current_dir(dir)
         .args(["--oversubscribe", "-n", &n.to_string()])
         .arg(env!("CARGO_BIN_EXE_pipefill"))
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+/// [`mpirun_command`] run to its end: exit code, stdout, stderr.
+#[allow(dead_code)]
+pub fn mpirun(dir: &Path, n: usize, args: &[&str]) -> (i32, String, String) {
+    let out = mpirun_command(dir, n, args)
         .output()
         .expect("run mpirun (install OpenMPI: see .ci/run)");
     (

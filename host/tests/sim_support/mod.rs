@@ -9,6 +9,8 @@ use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{Action, Item, Op, Schedule};
 use pipefill_host::sim::{Simulation, Via};
 
+pub mod random;
+
 /// Uniform per-stage costs with `F`, `I`, `W` and latency `t` on every cross-rank hop.
 pub fn costs(stages: usize, f: f64, i: f64, w: f64, latency: f64) -> CostModel {
     CostModel::uniform(

@@ -1,7 +1,10 @@
-//! What the stream-runtime tests share: a small nonlinear stage, its initial weights, and the loss.
+//! What the stream-runtime tests share: a small nonlinear stage, its initial weights, the loss,
+//! and the sweep over every family's small shapes.
 #![allow(dead_code)]
 
 use pipefill_host::runtime::{Stage, StageError, Tensor};
+use pipefill_host::schedule::families::{self, FAMILIES};
+use pipefill_host::schedule::{Params, Schedule};
 
 /// `y = tanh(w * x + b)` per element, with learnable `w` and `b` (a nonlinearity, so the order of
 /// work matters to the numbers).
@@ -75,4 +78,28 @@ pub fn mse(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
     let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
     let v = 0.5 * d.iter().map(|x| x * x).sum::<f32>();
     Ok((v, Tensor::new(y.shape().to_vec(), d)?))
+}
+
+/// Calls `check` on every family's schedule for P in 1..=4, V in 1..=3 and M in {P, 2P + 1}
+/// (the shapes a family cannot generate are skipped); every family must generate at least two.
+pub fn for_every_family_shape(mut check: impl FnMut(Schedule)) {
+    let mut ran = Vec::new();
+    for family in FAMILIES {
+        let mut count = 0;
+        for p in 1..=4 {
+            for v in 1..=3 {
+                for m in [p, 2 * p + 1] {
+                    let params = Params::new(p, m).with_chunks(v);
+                    let Ok(schedule) = families::generate(family.name, &params) else {
+                        continue;
+                    };
+                    check(schedule);
+                    count += 1;
+                }
+            }
+        }
+        assert!(count >= 2, "{}: only {count} shapes generated", family.name);
+        ran.push((family.name, count));
+    }
+    assert_eq!(ran.len(), FAMILIES.len());
 }
