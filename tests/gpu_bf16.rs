@@ -118,6 +118,7 @@ fn one_step(gpu: &Arc<Gpu>, precision: Precision, tol: f64) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn one_bf16_storage_step_matches_the_cpu_layers_storing_bf16() {
     let Some(gpu) = gpu_or_skip("one_bf16_storage_step_matches_the_cpu_layers_storing_bf16") else {
         return;
@@ -128,6 +129,7 @@ fn one_bf16_storage_step_matches_the_cpu_layers_storing_bf16() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn the_device_stash_holds_two_bytes_a_value() {
     let Some(gpu) = gpu_or_skip("the_device_stash_holds_two_bytes_a_value") else {
         return;
@@ -209,6 +211,7 @@ fn train_losses(extra: &[&str]) -> Vec<f32> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn train_on_the_gpu_with_bf16_activations_matches_the_cpu() {
     if gpu_or_skip("train_on_the_gpu_with_bf16_activations_matches_the_cpu").is_none() {
         return;
@@ -262,6 +265,7 @@ fn stream_step(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes() {
     let what = "the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes";
     let Some(gpus) = two_devices(what) else {
@@ -324,6 +328,7 @@ const NCCL_TEST: &str = "two_processes_train_bf16_stages_over_nccl_like_one_proc
 const NCCL_STEPS: u64 = 2;
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn two_processes_train_bf16_stages_over_nccl_like_one_process() {
     if let Some((rank, id_file)) = child_rank() {
         return nccl_child(rank, id_file);

@@ -68,6 +68,7 @@ fn cuda_backends_without_a_device_exit_2_with_the_reason() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn train_and_profile_run_on_the_gpu() {
     let Some(_gpu) = gpu_or_skip("train_and_profile_run_on_the_gpu") else {
         return;

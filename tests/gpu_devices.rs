@@ -130,6 +130,7 @@ fn check_step(gpus: &[Arc<Gpu>; 2], sched: Schedule, map: &[usize]) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn one_device_per_rank_matches_sequential_cpu_training() {
     let Some(gpus) = two_devices("one_device_per_rank_matches_sequential_cpu_training") else {
         return;
@@ -146,6 +147,7 @@ fn one_device_per_rank_matches_sequential_cpu_training() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn a_stage_on_another_device_and_capture_across_devices_are_refused() {
     let Some(gpus) =
         two_devices("a_stage_on_another_device_and_capture_across_devices_are_refused")
@@ -188,6 +190,7 @@ fn the_devices_flag_needs_the_cuda_backend() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn train_reports_the_device_choice() {
     let Some(_gpu) = gpu_or_skip("train_reports_the_device_choice") else {
         return;

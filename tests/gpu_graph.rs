@@ -75,6 +75,7 @@ fn check(gpu: &Arc<Gpu>, family: &str, loss: LossKind, opt: Optimizer) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn graph_steps_match_plain_steps_for_1f1b_zb_h1_and_zbv() {
     let Some(gpu) = gpu_or_skip("graph_steps_match_plain_steps_for_1f1b_zb_h1_and_zbv") else {
         return;

@@ -84,6 +84,7 @@ fn dims(act: Activation) -> LinearDims {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn linear_forward_matches_the_cpu_layer() {
     let Some(gpu) = gpu_or_skip("linear_forward_matches_the_cpu_layer") else {
         return;
@@ -106,6 +107,7 @@ fn linear_forward_matches_the_cpu_layer() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn linear_backward_input_matches_the_cpu_layer() {
     let Some(gpu) = gpu_or_skip("linear_backward_input_matches_the_cpu_layer") else {
         return;
@@ -148,6 +150,7 @@ fn linear_backward_input_matches_the_cpu_layer() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn linear_backward_weight_accumulates_like_the_cpu_layer() {
     let Some(gpu) = gpu_or_skip("linear_backward_weight_accumulates_like_the_cpu_layer") else {
         return;
@@ -175,6 +178,7 @@ fn linear_backward_weight_accumulates_like_the_cpu_layer() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn activation_kernels_match_the_host_build() {
     let Some(gpu) = gpu_or_skip("activation_kernels_match_the_host_build") else {
         return;
@@ -203,6 +207,7 @@ fn activation_kernels_match_the_host_build() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn mse_kernels_match_the_host_build() {
     let Some(gpu) = gpu_or_skip("mse_kernels_match_the_host_build") else {
         return;
@@ -227,6 +232,7 @@ fn mse_kernels_match_the_host_build() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn softmax_cross_entropy_kernels_match_the_host_build() {
     let Some(gpu) = gpu_or_skip("softmax_cross_entropy_kernels_match_the_host_build") else {
         return;
@@ -263,6 +269,7 @@ fn softmax_cross_entropy_kernels_match_the_host_build() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn optimizer_kernels_match_the_host_build() {
     let Some(gpu) = gpu_or_skip("optimizer_kernels_match_the_host_build") else {
         return;

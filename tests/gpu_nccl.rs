@@ -64,6 +64,7 @@ fn child(rank: usize, id_file: PathBuf) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
     if let Some((rank, id_file)) = child_rank() {
         return child(rank, id_file);
@@ -77,6 +78,7 @@ fn two_processes_exchange_and_reduce_over_nccl_on_one_gpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn two_processes_train_1f1b_and_zbv_over_nccl_like_one_process() {
     if let Some((rank, id_file)) = child_rank() {
         return train_child(rank, id_file);

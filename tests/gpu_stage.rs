@@ -75,6 +75,7 @@ fn seq_fresh(spec: &ModelSpec, s: &Schedule, opt: Optimizer) -> Vec<LinearStage>
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn every_family_on_the_gpu_matches_sequential_cpu_training_after_one_step() {
     let Some(gpu) = gpu_or_skip("every_family_on_the_gpu_matches_sequential_cpu_training") else {
         return;
@@ -106,6 +107,7 @@ fn every_family_on_the_gpu_matches_sequential_cpu_training_after_one_step() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn twenty_step_loss_curves_on_the_gpu_follow_the_cpu() {
     let Some(gpu) = gpu_or_skip("twenty_step_loss_curves_on_the_gpu_follow_the_cpu") else {
         return;
@@ -134,6 +136,7 @@ fn twenty_step_loss_curves_on_the_gpu_follow_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn device_losses_match_the_host_losses() {
     let Some(gpu) = gpu_or_skip("device_losses_match_the_host_losses") else {
         return;

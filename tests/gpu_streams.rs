@@ -45,6 +45,7 @@ fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn every_family_through_cuda_streams_matches_sequential_cpu_training() {
     let Some(gpu) =
         gpu_or_skip("every_family_through_cuda_streams_matches_sequential_cpu_training")
@@ -81,6 +82,7 @@ fn every_family_through_cuda_streams_matches_sequential_cpu_training() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn twenty_steps_through_cuda_streams_follow_the_cpu() {
     let Some(gpu) = gpu_or_skip("twenty_steps_through_cuda_streams_follow_the_cpu") else {
         return;

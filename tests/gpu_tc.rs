@@ -309,6 +309,7 @@ fn all_products<E: Elem>(gpu: &Arc<Gpu>, seed: u64) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn tf32_kernels_match_f64_on_odd_sizes() {
     let Some(gpu) = gpu_or_skip("tf32_kernels_match_f64_on_odd_sizes") else {
         return;
@@ -317,6 +318,7 @@ fn tf32_kernels_match_f64_on_odd_sizes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn bf16_kernels_match_f64_on_odd_sizes() {
     let Some(gpu) = gpu_or_skip("bf16_kernels_match_f64_on_odd_sizes") else {
         return;
@@ -325,6 +327,7 @@ fn bf16_kernels_match_f64_on_odd_sizes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn bf16_conversions_match_the_host_rounding() {
     let Some(gpu) = gpu_or_skip("bf16_conversions_match_the_host_rounding") else {
         return;
@@ -396,6 +399,7 @@ fn one_step(gpu: &Arc<Gpu>, precision: Precision, tol: f64) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
 fn one_training_step_in_each_precision_matches_the_cpu_layers() {
     let Some(gpu) = gpu_or_skip("one_training_step_in_each_precision_matches_the_cpu_layers")
     else {

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 pub mod auto_flags;
 pub mod auto_plan;
 pub mod bench;
+pub mod device;
 pub mod model_flags;
 pub mod output;
 pub mod partition;
@@ -63,6 +64,9 @@ pub enum Command {
     /// scheduler against the handcrafted families and the zero-bubble paper; `bench overlap`: two
     /// streams of one GPU, alone and together).
     Bench(bench::Args),
+    /// What the CUDA backend finds here: driver, devices, NCCL, the CUDA libraries loaded, and a
+    /// load of the kernels with the JIT's log (exit 2 without a driver or GPU).
+    Device(device::Args),
 }
 
 /// Parses the arguments, runs the subcommand and returns the exit code.
@@ -76,6 +80,7 @@ pub fn main() -> i32 {
         Command::Partition(a) => partition::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Device(a) => device::run(a),
     };
     match result {
         Ok(()) => 0,

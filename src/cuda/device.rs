@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
-use cudarc::nvrtc::Ptx;
 
 use super::error::CudaError;
+use super::module::ModuleSource;
 
 /// What [`probe`] found: the device count and the first device's name and compute capability.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,8 +72,10 @@ pub fn probe() -> Result<DeviceInfo, CudaError> {
 #[derive(Debug)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
-    module: OnceLock<Arc<CudaModule>>,
+    module: OnceLock<(Arc<CudaModule>, ModuleSource)>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    /// The dynamic shared memory limits raised for this context's kernels.
+    shared_limits: super::tc_launch::SharedLimits,
     /// Read-only zeros for [`Gpu::zeros`]: every buffer ever made (a smaller one may still be in use
     /// by enqueued work when a larger one is needed), the largest last.
     zeros: Mutex<Vec<CudaSlice<f32>>>,
@@ -95,6 +97,37 @@ fn existing(ordinal: usize) -> Result<usize, CudaError> {
     Ok(count)
 }
 
+/// Sets the release threshold of the device's default memory pool (where cudarc's stream-ordered
+/// `cuMemAllocAsync` allocates) to "never": with the driver's default of 0, every synchronize hands
+/// the pool's free memory back to the system, so each plain step maps its activations again while
+/// a replayed CUDA graph keeps its own, which makes steps slower than they need be and biases the
+/// plain-against-graph comparison. Memory freed by a step stays in the pool for the next one; the
+/// pool still gives memory back when another allocation on the device needs it.
+fn keep_pool_memory(ctx: &CudaContext) -> Result<(), CudaError> {
+    use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid device handle and an out-pointer to a live pool handle.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .map_err(CudaError::driver("cuDeviceGetDefaultMemPool"))?;
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the attribute takes a `cuuint64_t` value, passed by pointer to a live `u64`.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .result()
+    .map_err(CudaError::driver(
+        "cuMemPoolSetAttribute (release threshold)",
+    ))
+}
+
 impl Gpu {
     /// The device `ordinal`, opened on first use (the same `Arc` afterwards).
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
@@ -108,7 +141,7 @@ impl Gpu {
             count,
             reason: Some(format!("creating its context failed: {e}")),
         })?;
-        let gpu = Gpu::over(ctx);
+        let gpu = Gpu::over(ctx)?;
         opened.push((ordinal, gpu.clone()));
         Ok(gpu)
     }
@@ -125,21 +158,24 @@ impl Gpu {
             count,
             reason: Some(format!("creating a separate context failed: {e}")),
         })?;
-        Ok(Gpu::over(ctx))
+        Gpu::over(ctx)
     }
 
-    /// The `Gpu` of a fresh context, with event tracking off.
-    fn over(ctx: Arc<CudaContext>) -> Arc<Gpu> {
+    /// The `Gpu` of a fresh context, with event tracking off and the device's memory pool told to
+    /// keep what it has ([`keep_pool_memory`]).
+    fn over(ctx: Arc<CudaContext>) -> Result<Arc<Gpu>, CudaError> {
+        keep_pool_memory(&ctx)?;
         // SAFETY: done before this context allocates anything; from here on every cross-stream
         // order is made explicit by the caller with events (the stream program), as graph capture
         // requires anyway.
         unsafe { ctx.disable_event_tracking() };
-        Arc::new(Gpu {
+        Ok(Arc::new(Gpu {
             ctx,
             module: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
+            shared_limits: Default::default(),
             zeros: Mutex::new(Vec::new()),
-        })
+        }))
     }
 
     /// Lets this context's kernels and copies reach `peer`'s memory directly where the hardware
@@ -207,6 +243,12 @@ impl Gpu {
             .map_err(CudaError::driver("cuMemPoolSetAccess"))
     }
 
+    /// What dynamic shared memory limits have been raised for this context's kernels
+    /// ([`allow_shared`](super::tc_launch::allow_shared)).
+    pub fn shared_limits(&self) -> &super::tc_launch::SharedLimits {
+        &self.shared_limits
+    }
+
     /// The device's context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -224,18 +266,24 @@ impl Gpu {
             .map_err(CudaError::driver("cuStreamCreate"))
     }
 
-    /// The embedded PTX module, loaded into this device's context on the first call.
+    /// The kernels' module, loaded into this device's context on the first call: the cubin named
+    /// by `PIPEFILL_CUBIN` when it fits, else the embedded PTX ([`super::module`]).
     pub fn module(&self) -> Result<Arc<CudaModule>, CudaError> {
+        self.loaded().map(|(m, _)| m.clone())
+    }
+
+    /// Which image [`module`](Self::module) loaded (loading it first if needed).
+    pub fn module_source(&self) -> Result<ModuleSource, CudaError> {
+        self.loaded().map(|(_, s)| s.clone())
+    }
+
+    fn loaded(&self) -> Result<&(Arc<CudaModule>, ModuleSource), CudaError> {
         if let Some(m) = self.module.get() {
-            return Ok(m.clone());
+            return Ok(m);
         }
-        let text = crate::ptx::ptx()?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_src(text))
-            .map_err(CudaError::driver("cuModuleLoadData (the embedded PTX)"))?;
+        let loaded = super::module::load(&self.ctx)?;
         // Two threads may both have loaded it; the first one stored wins, the other is dropped.
-        Ok(self.module.get_or_init(|| module).clone())
+        Ok(self.module.get_or_init(|| loaded))
     }
 
     /// The kernel `name` (one of [`crate::ptx::entry`]), looked up on first use.

@@ -34,6 +34,17 @@ pub enum CudaError {
         /// The driver's error code.
         source: DriverError,
     },
+    /// The driver could not load the kernels; `log` is what its JIT said
+    /// ([`jit_load`](super::module::jit_load)).
+    #[error("CUDA could not load {what}: {source}; the JIT's log:\n{log}")]
+    ModuleLoad {
+        /// The image (`"the embedded PTX"`).
+        what: String,
+        /// The driver's error code.
+        source: DriverError,
+        /// The JIT's error and info logs.
+        log: String,
+    },
     /// A buffer does not have the size a kernel or layer needs.
     #[error("shape mismatch in {what}: expected {expected} values, got {got}")]
     Shape {

@@ -8,6 +8,8 @@
 //! | module | what |
 //! | --- | --- |
 //! | [`device`] | discovery ([`probe`], [`device_count`]) and [`Gpu`]: a context per device, the PTX loaded once, kernels found lazily by name |
+//! | [`module`] | loading the kernels: a matching cubin (`PIPEFILL_CUBIN`) first, the embedded PTX otherwise, the JIT's logs on a failure |
+//! | [`inspect`] | what the backend finds here: driver, devices, NCCL, the libraries loaded, the kernels' JIT report (`pipefill device`) |
 //! | [`tensor`] | [`DeviceTensor`]: a device buffer with a shape, the payload device stages exchange |
 //! | [`launch`] | [`Launcher`]: one typed, size-checked launch per kernel of [`crate::ptx::entry`] |
 //! | [`tc_launch`] | the tensor-core GEMMs and BF16 conversions as more [`Launcher`] methods (shared-memory limit raised once per kernel) |
@@ -27,9 +29,11 @@
 
 pub mod device;
 pub mod error;
+pub mod inspect;
 pub mod launch;
 pub mod layer;
 pub mod loss;
+pub mod module;
 pub mod nccl;
 pub mod overlap;
 pub mod peer;
@@ -49,6 +53,7 @@ pub use error::CudaError;
 pub use launch::{Launcher, LinearDims};
 pub use layer::DeviceLinear;
 pub use loss::{loss_and_grad, DeviceTarget};
+pub use module::{JitLog, ModuleSource};
 pub use nccl::{NcclError, NcclLink, UniqueId};
 pub use peer::{NcclPeer, PeerOpenError};
 pub use precision::{Precision, UnknownPrecision};

@@ -51,6 +51,12 @@ pub enum NcclError {
         /// Seconds waited.
         seconds: u64,
     },
+    /// The communicator was aborted ([`NcclLink::abort`]); nothing more can be enqueued on it.
+    #[error("NCCL {op}: the communicator was aborted after a failure on this rank")]
+    Aborted {
+        /// The operation refused.
+        op: &'static str,
+    },
     /// Two buffers of an exchange or a reduction do not have the same length.
     #[error("NCCL {op}: buffers of {a} and {b} values")]
     Length {
@@ -145,8 +151,14 @@ impl UniqueId {
 }
 
 /// One rank's NCCL communicator, its operations enqueued on one CUDA stream.
+///
+/// [`abort`](Self::abort) ends the communicator at once (`ncclCommAbort`): operations still
+/// pending on it are abandoned, so a rank that failed does not stay blocked on sends and receives
+/// its peers will never match; every later operation is [`NcclError::Aborted`].
 pub struct NcclLink {
-    comm: Comm,
+    comm: Option<Comm>,
+    rank: usize,
+    ranks: usize,
 }
 
 impl NcclLink {
@@ -162,18 +174,44 @@ impl NcclLink {
             return Err(NcclError::NoLibrary);
         }
         Comm::from_rank(stream, rank, ranks, id.0)
-            .map(|comm| NcclLink { comm })
+            .map(|comm| NcclLink {
+                comm: Some(comm),
+                rank,
+                ranks,
+            })
             .map_err(call(format!("init rank {rank} of {ranks}")))
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.rank
     }
 
     /// Ranks in the communicator.
     pub fn ranks(&self) -> usize {
-        self.comm.world_size()
+        self.ranks
+    }
+
+    /// The communicator, unless it was aborted.
+    fn comm(&self, op: &'static str) -> Result<&Comm, NcclError> {
+        self.comm.as_ref().ok_or(NcclError::Aborted { op })
+    }
+
+    /// Whether [`abort`](Self::abort) has ended the communicator.
+    pub fn aborted(&self) -> bool {
+        self.comm.is_none()
+    }
+
+    /// Ends the communicator now (`ncclCommAbort`), abandoning whatever is pending on it; a no-op
+    /// the second time. A failure of the abort itself is reported on stderr: there is nothing
+    /// more to do about it (cudarc reports it by panicking in `Drop`, which is caught here).
+    pub fn abort(&mut self) {
+        if let Some(comm) = self.comm.take() {
+            let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(comm)));
+            if ended.is_err() {
+                eprintln!("warning: ncclCommAbort failed; the communicator may leak");
+            }
+        }
     }
 
     fn peer(peer: usize) -> i32 {
@@ -182,14 +220,14 @@ impl NcclLink {
 
     /// Enqueues sending `data` to `peer` (matched, in order, by the peer's [`recv`](Self::recv)).
     pub fn send(&self, data: &CudaSlice<f32>, peer: usize) -> Result<(), NcclError> {
-        self.comm
+        self.comm("send")?
             .send(data, Self::peer(peer))
             .map_err(call(format!("send to {peer}")))
     }
 
     /// Enqueues receiving into `buf` from `peer`.
     pub fn recv(&self, buf: &mut CudaSlice<f32>, peer: usize) -> Result<(), NcclError> {
-        self.comm
+        self.comm("receive")?
             .recv(buf, Self::peer(peer))
             .map(|_| ())
             .map_err(call(format!("receive from {peer}")))
@@ -205,7 +243,7 @@ impl NcclLink {
                 a: data.len(),
                 b: 0,
             })?;
-        self.comm
+        self.comm("send")?
             .send(&view, Self::peer(peer))
             .map_err(call(format!("send (bf16) to {peer}")))
     }
@@ -219,7 +257,7 @@ impl NcclLink {
             a: n,
             b: 0,
         })?;
-        self.comm
+        self.comm("receive")?
             .recv(&mut view, Self::peer(peer))
             .map(|_| ())
             .map_err(call(format!("receive (bf16) from {peer}")))
@@ -250,7 +288,7 @@ impl NcclLink {
 
     /// Enqueues the sum over ranks of every rank's `buf`, left in `buf` on every rank.
     pub fn all_reduce_sum(&self, buf: &mut CudaSlice<f32>) -> Result<(), NcclError> {
-        self.comm
+        self.comm("all-reduce")?
             .all_reduce_in_place(buf, &ReduceOp::Sum)
             .map(|_| ())
             .map_err(call("all-reduce"))

@@ -163,17 +163,29 @@ impl PeerLink<CudaStreams> for NcclPeer {
     }
 
     fn complete(&mut self) -> Result<(), PeerError> {
+        if self.link.aborted() {
+            return Err(PeerError::Aborted);
+        }
         self.comm
             .synchronize()
             .map_err(|e| link_error(CudaError::driver("cuStreamSynchronize")(e)))
     }
 
-    /// Nothing: NCCL has no message to tell the peers, and the launcher ends the whole job on a
-    /// failure (`MPI_Abort`; the GPU test's deadline kills its processes).
-    fn abort(&mut self) {}
+    /// Aborts the communicator (`ncclCommAbort`): this rank's pending sends and receives are
+    /// abandoned, so it does not wait on operations its peers will never match; its later
+    /// operations, [`complete`](PeerLink::complete) included, are [`PeerError::Aborted`], and
+    /// [`finish`](PeerLink::finish) reports the failure without another collective. A peer
+    /// still waiting on this rank's messages is ended by the launcher (`MPI_Abort`; the GPU
+    /// test's harness kills the other rank once one has failed).
+    fn abort(&mut self) {
+        self.link.abort();
+    }
 
     /// The number of failed ranks, summed by an NCCL all-reduce on the communication stream.
     fn finish(&mut self, ok: bool) -> bool {
+        if self.link.aborted() {
+            return false;
+        }
         let flag = [if ok { 0.0f32 } else { 1.0 }];
         let summed = self
             .comm

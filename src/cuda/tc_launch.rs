@@ -7,6 +7,7 @@
 //! by default, so the first launch of each function on a device raises its limit
 //! (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, [`allow_shared`]).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
@@ -22,23 +23,20 @@ use crate::ptx::entry;
 /// Dynamic shared memory a kernel may use without raising its limit (48 KiB on every GPU).
 pub const DEFAULT_SHARED_BYTES: u32 = 48 << 10;
 
-/// `(device ordinal, entry, bytes)`: the shared-memory limits raised so far.
-static RAISED: Mutex<Vec<(usize, &'static str, u32)>> = Mutex::new(Vec::new());
-
-/// Raises kernel `name`'s dynamic shared memory limit on `gpu` to `bytes`, once per device and kernel
-/// (later calls asking for no more are a lookup).
+/// Raises kernel `name`'s dynamic shared memory limit to `bytes` on `f`, a function loaded into
+/// `gpu`'s context, once per context and kernel (later calls asking for no more are a lookup).
+///
+/// The record of what was raised lives in the [`Gpu`] whose module `f` came from
+/// ([`Gpu::shared_limits`]): a second context on the same device (`Gpu::open_separate`) loads
+/// its own module, whose functions start at the default limit and are raised again.
 pub fn allow_shared(
     gpu: &Arc<Gpu>,
     name: &'static str,
     f: &CudaFunction,
     bytes: u32,
 ) -> Result<(), CudaError> {
-    let mut raised = RAISED.lock().unwrap_or_else(|p| p.into_inner());
-    let ordinal = gpu.ordinal();
-    if raised
-        .iter()
-        .any(|&(o, n, b)| o == ordinal && n == name && b >= bytes)
-    {
+    let limits = gpu.shared_limits();
+    if limits.allows(name, bytes) {
         return Ok(());
     }
     let op = format!("cuFuncSetAttribute {name} (max dynamic shared memory {bytes} bytes)");
@@ -54,9 +52,35 @@ pub fn allow_shared(
         value,
     )
     .map_err(CudaError::driver(op))?;
-    raised.retain(|&(o, n, _)| !(o == ordinal && n == name));
-    raised.push((ordinal, name, bytes));
+    limits.raised(name, bytes);
     Ok(())
+}
+
+/// The dynamic shared memory limits raised so far for the functions of one loaded module (one per
+/// [`Gpu`], that is per context): kernel name -> bytes.
+#[derive(Debug, Default)]
+pub struct SharedLimits(Mutex<HashMap<&'static str, u32>>);
+
+impl SharedLimits {
+    /// Whether `name` may already launch with `bytes` of dynamic shared memory: at most the
+    /// default, or at most what was raised for it.
+    pub fn allows(&self, name: &'static str, bytes: u32) -> bool {
+        bytes <= DEFAULT_SHARED_BYTES
+            || self
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(name)
+                .is_some_and(|&b| b >= bytes)
+    }
+
+    /// Records that `name`'s limit is now `bytes`.
+    pub fn raised(&self, name: &'static str, bytes: u32) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, bytes);
+    }
 }
 
 /// The element type of a tensor-core GEMM's matrices: `f32` (TF32 kernels) or `u16` (BF16 bits).
@@ -188,5 +212,29 @@ impl Launcher {
         // SAFETY: as in `to_bf16`.
         unsafe { self.launch_shared(entry::BF16_TO_F32, elementwise_grid(n), 0, &args)? };
         Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SharedLimits, DEFAULT_SHARED_BYTES};
+
+    #[test]
+    fn limits_are_per_module_and_only_grow() {
+        let (a, b) = (SharedLimits::default(), SharedLimits::default());
+        let big = DEFAULT_SHARED_BYTES + 4096;
+        assert!(
+            a.allows("k", DEFAULT_SHARED_BYTES),
+            "the default needs no raise"
+        );
+        assert!(!a.allows("k", big));
+        a.raised("k", big);
+        assert!(a.allows("k", big) && a.allows("k", big - 1));
+        assert!(!a.allows("k", big + 1), "more than was raised");
+        assert!(!a.allows("other", big), "another kernel");
+        assert!(
+            !b.allows("k", big),
+            "another context's module starts at the default limit"
+        );
     }
 }
