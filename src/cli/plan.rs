@@ -273,6 +273,9 @@ fn summary(p: &Plan) -> Result<Value, CliError> {
 
 /// Runs `pipefill plan`.
 pub fn run(args: Args) -> Result<(), CliError> {
+    if let Some(path) = &args.svg {
+        super::output::check_output("--svg", path)?;
+    }
     let req = request_from_flags(&args)?;
     let report = match args.workers {
         Some(_) if req.families.iter().any(|f| f == AUTO) => {

@@ -342,6 +342,7 @@ fn profile_rows_cuda(
 
 /// Runs `pipefill profile`.
 pub fn run(args: Args) -> Result<(), CliError> {
+    super::output::check_output("--out", &args.out)?;
     let spec = model_from_flags(&args)?;
     if args.backend == Backend::Cuda {
         cuda_or_usage("--backend cuda")?;

@@ -78,6 +78,9 @@ pub struct Args {
 
 /// Runs `pipefill schedule`.
 pub fn run(args: Args) -> Result<(), CliError> {
+    if let Some(path) = &args.out {
+        super::output::check_output("--out", path)?;
+    }
     if args.list {
         print!("{}", list());
         return Ok(());

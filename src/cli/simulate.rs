@@ -126,6 +126,11 @@ pub struct Args {
 
 /// Runs `pipefill simulate`.
 pub fn run(args: Args) -> Result<(), CliError> {
+    for (flag, path) in [("--trace", &args.trace), ("--svg", &args.svg)] {
+        if let Some(path) = path {
+            super::output::check_output(flag, path)?;
+        }
+    }
     let spec = cost_spec(&args)?;
     let schedules = schedules(&args, &spec)?;
     let money = bubble_money(&args)?;

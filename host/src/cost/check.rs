@@ -7,6 +7,18 @@ use serde_json::{Map, Value};
 
 use super::CostError;
 
+/// The largest time accepted, in seconds (about 31,700 years): far above any real action, low
+/// enough that every sum and product the simulator, the bound and the planner form over up to
+/// 2^26 stage-microbatch pairs stays finite, so no loop ever sees an infinity.
+pub const MAX_SECONDS: f64 = 1e12;
+
+/// The largest size accepted, in bytes (1 EB), for the same reason.
+pub const MAX_BYTES: f64 = 1e18;
+
+/// The smallest bandwidth accepted, in bytes per second: a transfer of [`MAX_BYTES`] then takes at
+/// most `1e18` seconds, still finite when summed.
+pub const MIN_BANDWIDTH: f64 = 1.0;
+
 /// The kind of number a field holds; decides the accepted range and the wording of errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Quantity {
@@ -26,9 +38,9 @@ impl Quantity {
     /// What a valid value looks like, for the "Fix:" part of errors.
     pub(crate) fn expected(self) -> &'static str {
         match self {
-            Quantity::Seconds => "a finite number of seconds >= 0, e.g. 0.0015",
-            Quantity::Bytes => "a finite number of bytes >= 0, e.g. 1048576",
-            Quantity::BytesPerSecond => "a finite number of bytes per second > 0, e.g. 2.5e10",
+            Quantity::Seconds => "a number of seconds from 0 to 1e12, e.g. 0.0015",
+            Quantity::Bytes => "a number of bytes from 0 to 1e18, e.g. 1048576",
+            Quantity::BytesPerSecond => "a number of bytes per second from 1 to 1e18, e.g. 2.5e10",
             Quantity::Share => "a number between 0 and 1, e.g. 0.1",
             Quantity::Scale => {
                 "a positive multiple of the microbatch size the layer's times were measured at, \
@@ -53,6 +65,16 @@ impl Quantity {
             Quantity::Share if !(0.0..=1.0).contains(&v) => {
                 Some(format!("must lie between 0 and 1, found {v}"))
             }
+            Quantity::Seconds if v > MAX_SECONDS => {
+                Some(format!("is too large ({v} s, more than {MAX_SECONDS:e})"))
+            }
+            Quantity::Bytes | Quantity::BytesPerSecond if v > MAX_BYTES => {
+                Some(format!("is too large ({v}, more than {MAX_BYTES:e})"))
+            }
+            Quantity::BytesPerSecond if v < MIN_BANDWIDTH => {
+                Some(format!("is below {MIN_BANDWIDTH} byte per second ({v})"))
+            }
+            Quantity::Scale if v > MAX_BYTES => Some(format!("is too large ({v})")),
             _ => None,
         }
     }

@@ -116,6 +116,11 @@ fn check_target(dir: &Path, resume: Option<&Resume>) -> Result<(), CliError> {
     let flag = "--checkpoint";
     std::fs::create_dir_all(dir)
         .map_err(|e| refuse(flag, dir, CheckpointError::io("create", dir)(e)))?;
+    // Writable now, not only at the first save (a read-only folder would cost the steps before it).
+    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .map_err(|e| refuse(flag, dir, CheckpointError::io("write in", dir)(e)))?;
+    let _ = std::fs::remove_file(&probe);
     let same = |r: &Resume| same_folder(dir, &r.dir);
     if resume.is_some_and(same) {
         return Ok(());

@@ -212,6 +212,11 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         None => None,
     };
     check_counts(&args)?;
+    // Every output path is checked before any work (a bad one would lose the run's report).
+    crate::cli::output::check_output("--svg", &args.svg)?;
+    if let Some(path) = &args.trace {
+        crate::cli::output::check_output("--trace", path)?;
+    }
     let (optimizer, gemm) = training(&args)?;
     let spec = args.model.spec()?;
     super::super::model_flags::check_train(&spec, &args, optimizer)?;

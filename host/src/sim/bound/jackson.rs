@@ -50,7 +50,17 @@ impl Ord for Ready {
 
 /// The optimum `max_j (C_j + q_j)` of Jackson's preemptive schedule of `jobs` (0 when empty).
 /// `O(n log n)`.
+///
+/// It ends on any input: every turn of its loop either finishes a job or moves the clock to the
+/// next release exactly (no `now += gap` that rounding could leave short), so it turns at most
+/// twice per job; a NaN anywhere gives NaN at once.
 pub(super) fn preemptive(jobs: &[Job]) -> f64 {
+    if jobs
+        .iter()
+        .any(|j| j.head.is_nan() || j.work.is_nan() || j.tail.is_nan())
+    {
+        return f64::NAN;
+    }
     let mut order: Vec<usize> = (0..jobs.len()).filter(|&j| jobs[j].work > 0.0).collect();
     order.sort_by(|&a, &b| jobs[a].head.total_cmp(&jobs[b].head));
     // Jobs without work still count: they end no earlier than their head.
@@ -76,14 +86,18 @@ pub(super) fn preemptive(jobs: &[Job]) -> f64 {
             next += 1;
         }
         let Some(top) = heap.pop() else { continue };
-        let until = order.get(next).map_or(f64::INFINITY, |&j| jobs[j].head);
-        let run = left[top.index].min(until - now);
-        now += run;
-        left[top.index] -= run;
-        if left[top.index] <= 0.0 {
-            best = best.max(now + top.tail);
-        } else {
-            heap.push(top);
+        match order.get(next).map(|&j| jobs[j].head) {
+            // The next release comes first: run until it, exactly.
+            Some(release) if left[top.index] > release - now => {
+                left[top.index] -= release - now;
+                now = release;
+                heap.push(top);
+            }
+            _ => {
+                now += left[top.index];
+                left[top.index] = 0.0;
+                best = best.max(now + top.tail);
+            }
         }
     }
     best
@@ -114,6 +128,23 @@ mod tests {
         // A (work 4, tail 0) from 0; B (work 1, tail 5) released at 1 preempts it: B ends at 2
         // (2 + 5 = 7), A at 5. Running A to the end first would give 5 + 1 + 5 = 11.
         assert_eq!(preemptive(&[job(0.0, 4.0, 0.0), job(1.0, 1.0, 5.0)]), 7.0);
+    }
+
+    #[test]
+    fn huge_and_tiny_values_end() {
+        // Values whose sums lose the small ones, and infinities: the loop still ends.
+        let jobs = [
+            job(0.0, 1e308, 1.0),
+            job(1e-300, 1e-300, 1e308),
+            job(1.0, 1.0, 0.0),
+            job(f64::INFINITY, 1.0, 0.0),
+        ];
+        assert!(preemptive(&jobs) >= 1e308);
+        let many: Vec<Job> = (0..1000)
+            .map(|i| job(i as f64 * 1e-320, 1e300, 1e-300))
+            .collect();
+        assert!(preemptive(&many).is_finite());
+        assert!(preemptive(&[job(f64::NAN, 1.0, 0.0)]).is_nan());
     }
 
     #[test]
