@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks in two halves (README, "GPU path"):
+# The GPU checks in two halves (docs/gpu.md, "scripts/gpu-check.sh"):
 #
 #   scripts/gpu-check.sh build [DIR]   here (Rust toolchain, no GPU needed): the release binary, the GPU
 #                                      test executables and the GPU bench executables into DIR
