@@ -1,6 +1,6 @@
 //! Compiles the `kernels/` crate to PTX and hands it to `src/ptx.rs`.
 //!
-//! The nested build uses rustc's own NVPTX backend on the stable toolchain (README, "Kernels and PTX"):
+//! The nested build uses rustc's own NVPTX backend on the stable toolchain (docs/gpu.md, "Kernels and PTX"):
 //! `RUSTC_BOOTSTRAP=1 cargo rustc --release --target nvptx64-nvidia-cuda -Zbuild-std=core -- --emit=asm
 //! -C target-cpu=sm_80`. It runs on a small manifest generated under `OUT_DIR` whose library is
 //! `kernels/src/lib.rs`, detached from this workspace (`[workspace]` of its own) and with its own target
@@ -94,7 +94,7 @@ fn sysroot() -> Result<PathBuf, String> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
-/// Makes cargo rerun this script when `rust-src` is installed or removed, so the README's fix
+/// Makes cargo rerun this script when `rust-src` is installed or removed, so the documented fix
 /// (`rustup component add rust-src`, then rebuild) works without touching anything here.
 ///
 /// rustup rewrites `lib/rustlib/components` (the list of installed components) on every

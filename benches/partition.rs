@@ -10,7 +10,7 @@
 //!
 //! As every bench, it takes criterion's flags (`--save-baseline NAME`, `--baseline NAME`, `--quick`,
 //! a filter) and prints one `pipefill-bench` line per figure, `partition/<row>/predicted` and
-//! `.../measured` (README, "Benchmarks as a regression run").
+//! `.../measured` (docs/benchmarks.md, "Benchmarks as a regression run").
 //!
 //! For each of `uniform`, `parameters`, `time-greedy`, `optimal` (with the same schedule, `1f1b`, and
 //! `M = 8`) and the best plan of `pipefill plan` (its own family, V and refined partition; once with
@@ -139,7 +139,7 @@ const ROWS: &[&str] = &[
 ];
 
 /// Relative change that counts as a regression: the step times here are measured under load on a
-/// shared machine and the predictions come from a fresh profile (spread in NOTES.md, "bench").
+/// shared machine and the predictions come from a fresh profile (spread in docs/measurements.md).
 const THRESHOLD: f64 = 0.25;
 
 /// `PIPEFILL_BENCH_STEPS` (a positive integer), else 5, or 2 with `--quick`.

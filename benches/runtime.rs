@@ -14,7 +14,7 @@
 //! ```
 //!
 //! As every bench, it takes criterion's baseline flags and prints one `pipefill-bench` line per
-//! figure (README, "Benchmarks as a regression run").
+//! figure (docs/benchmarks.md, "Benchmarks as a regression run").
 
 use std::process::ExitCode;
 

@@ -20,7 +20,7 @@
 //!
 //! As every bench, it takes criterion's flags (`--save-baseline NAME`, `--baseline NAME`, `--quick`,
 //! a filter, which is any non-numeric positional argument) and prints one `pipefill-bench` line per
-//! figure (README, "Benchmarks as a regression run").
+//! figure (docs/benchmarks.md, "Benchmarks as a regression run").
 //!
 //! Like the `pipefill` command, it first calls [`pipefill::alloc::keep_freed_memory`];
 //! `PIPEFILL_DEFAULT_MALLOC=1` leaves glibc's defaults, for an A/B run.
@@ -38,7 +38,7 @@ use pipefill_host::schedule::{families, Params};
 use pipefill_kernels::Activation;
 
 /// Relative change that counts as a regression (the spread of two runs on an unchanged tree is in
-/// NOTES.md, "bench").
+/// docs/measurements.md, "The benches as a regression run").
 const THRESHOLD: f64 = 0.10;
 
 #[allow(dead_code)]

@@ -7,8 +7,8 @@
 #
 # Prints one `REGRESSION`, `ok`, `new` or `gone` line per figure and exits 1 if any figure is worse
 # than before by more than its threshold: THRESHOLD_PERCENT when given, else the `threshold=` on the
-# figure's line (each bench sets its own from the noise it measured; README, "Benchmarks as a
-# regression run"). `better=higher` figures (speedups) regress when they fall. Exit 2 on bad usage.
+# figure's line (each bench sets its own from the noise it measured; docs/benchmarks.md,
+# "Benchmarks as a regression run"). `better=higher` figures (speedups) regress when they fall. Exit 2 on bad usage.
 set -euo pipefail
 
 usage() {

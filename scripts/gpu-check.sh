@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks in two halves (docs: "The GPU check").
+# The GPU checks in two halves (docs/gpu.md, "The GPU check: scripts/gpu-check.sh").
 #
 #   scripts/gpu-check.sh build [DIR]   here (Rust toolchain, no GPU needed): checks and installs its
 #                                      prerequisites (rust-src, ptxas, jq), then puts into DIR (default

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-node Slurm cluster on this machine, to check `srun` launches (README, "Beyond one machine").
+# A one-node Slurm cluster on this machine, to check `srun` launches (docs/cli.md, "Under Slurm").
 #
 #   scripts/slurm-local.sh start   # writes $PIPEFILL_SLURM_DIR/slurm.conf, starts munged, slurmctld, slurmd
 #   export SLURM_CONF=$PIPEFILL_SLURM_DIR/slurm.conf   # (the script prints this line)

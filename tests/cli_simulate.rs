@@ -362,14 +362,14 @@ fn refusals_exit_2_naming_the_problem() {
 }
 
 #[test]
-fn the_readme_cost_file_example_is_accepted() {
-    let readme = include_str!("../README.md");
-    let at = readme
+fn the_formats_doc_cost_file_example_is_accepted() {
+    let doc = include_str!("../docs/formats.md");
+    let at = doc
         .find("**Cost file**")
-        .expect("README has the cost file section");
-    let start = at + readme[at..].find("```json\n").expect("a json block") + "```json\n".len();
-    let end = start + readme[start..].find("```").unwrap();
-    let f = write("readme-costs.json", &readme[start..end]);
+        .expect("docs/formats.md has the cost file example");
+    let start = at + doc[at..].find("```json\n").expect("a json block") + "```json\n".len();
+    let end = start + doc[start..].find("```").unwrap();
+    let f = write("formats-doc-costs.json", &doc[start..end]);
     let v = json(&[
         "simulate",
         "--schedule",

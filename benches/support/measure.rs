@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 pub const LINE_PREFIX: &str = "pipefill-bench";
 
 /// Relative change beyond which a figure counts as a regression unless the bench or
-/// `PIPEFILL_BENCH_THRESHOLD` says otherwise (see the README's "Benchmarks as a regression run").
+/// `PIPEFILL_BENCH_THRESHOLD` says otherwise (see docs/benchmarks.md).
 pub const DEFAULT_THRESHOLD: f64 = 0.10;
 
 /// Which way is better.

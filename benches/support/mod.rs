@@ -1,5 +1,5 @@
-//! What every bench shares so that `cargo bench` works as a regression run (README, "Benchmarks as a
-//! regression run"). Included by path from each bench (`host/benches` too), so it uses only what both
+//! What every bench shares so that `cargo bench` works as a regression run (docs/benchmarks.md,
+//! "Benchmarks as a regression run"). Included by path from each bench (`host/benches` too), so it uses only what both
 //! crates depend on (`serde`, `serde_json`).
 //!
 //! A bench's `main` makes a [`Run`], measures, [`Run::record`]s each figure (one stable

@@ -6,7 +6,7 @@
 //! cost scales with the number of actions.
 //!
 //! Run: `cargo bench -p pipefill-host --bench schedule`. As every bench, it takes criterion's baseline
-//! flags and prints one `pipefill-bench` line per figure (README, "Benchmarks as a regression run").
+//! flags and prints one `pipefill-bench` line per figure (docs/benchmarks.md, "Benchmarks as a regression run").
 
 use std::hint::black_box;
 use std::process::ExitCode;

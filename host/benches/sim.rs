@@ -13,7 +13,7 @@
 //! wall time there measures the neighbours. Where the file cannot be read, wall time is used.
 //!
 //! `cargo bench -p pipefill-host --bench sim`; as every bench, it takes criterion's baseline flags and
-//! prints one `pipefill-bench` line per figure (README, "Benchmarks as a regression run").
+//! prints one `pipefill-bench` line per figure (docs/benchmarks.md, "Benchmarks as a regression run").
 
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -119,7 +119,7 @@ fn bench_simulate(c: &mut Criterion) {
 criterion_group!(benches, bench_simulate);
 
 fn main() -> ExitCode {
-    // Thread CPU time: two quick runs under load 10 on 2 cores differed by at most 14% (NOTES.md, "bench").
+    // Thread CPU time: two quick runs under load 10 on 2 cores differed by at most 14% (docs/measurements.md).
     let run = support::Run::start("sim").criterion_threshold(0.20);
     benches();
     Criterion::default().configure_from_args().final_summary();

@@ -85,7 +85,7 @@ pub struct CostArgs {
     /// (keys F I W B times, A R P O bytes). Default `F=1,I=1,W=1`.
     #[arg(long, conflicts_with = "costs")]
     pub cost: Option<String>,
-    /// auto: cost file (per-layer `"layers"` or per-stage `"stages"`, schema in the README).
+    /// auto: cost file (per-layer `"layers"` or per-stage `"stages"`, schema in docs/formats.md).
     #[arg(long, value_name = "FILE")]
     pub costs: Option<PathBuf>,
     /// auto: with a per-layer cost file, layers per stage, comma-separated.

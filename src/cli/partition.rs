@@ -81,7 +81,7 @@ impl From<PlacementArg> for Placement {
 /// Flags of `pipefill partition`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Cost file (per-layer JSON, see the README's cost file schema).
+    /// Cost file (per-layer JSON, schema in docs/formats.md).
     #[arg(long, value_name = "FILE")]
     pub costs: PathBuf,
     /// Number of stages S.

@@ -50,7 +50,7 @@ use super::CliError;
 /// Flags of `pipefill plan`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Cost file (per-layer JSON, see the README's cost file schema).
+    /// Cost file (per-layer JSON, schema in docs/formats.md).
     #[arg(long, value_name = "FILE")]
     pub costs: PathBuf,
     /// Number of ranks P of one pipeline.

@@ -2,7 +2,7 @@
 //! one thread): [`matrixmultiply`] or, with the crate feature `gemm`,
 //! [`gemm`](https://docs.rs/gemm), chosen by [`GemmBackend`].
 //!
-//! Both were measured on this project's layer shapes (see NOTES.md, "Train"); the default is the
+//! Both were measured on this project's layer shapes (docs/measurements.md, "GEMM crate"); the default is the
 //! faster one there, and the other is left out of the default build (it costs compile time).
 //! Transposes are expressed through strides, never copied.
 

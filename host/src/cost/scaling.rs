@@ -20,7 +20,7 @@
 //!
 //! Two points fix a line, but a CPU layer's time is not a line in the rows: small microbatches run at
 //! lower GEMM efficiency, large ones fall out of the caches. Extrapolated far beyond the two sizes it
-//! was fitted at, the affine model was measured 1.7-1.9x optimistic (NOTES.md, "Partition and plan").
+//! was fitted at, the affine model was measured 1.7-1.9x optimistic (docs/measurements.md, "Partition and plan").
 //! A layer may therefore also carry [`SizeSample`]s: its times measured at other microbatch sizes
 //! (`pipefill profile --sizes`; the cost file's per-layer `"samples"`, each at `scale = b / b0`).
 //! With samples, times are **interpolated** piecewise linearly in `b` between the measured sizes

@@ -4,7 +4,7 @@
 //!
 //! The hot functions are `#[inline]`: in a module of their own they may land in another codegen
 //! unit than the worker's loop, and not inlining them cost about 20 ns per action (measured with
-//! `cargo bench --bench runtime -- executor`, see NOTES.md).
+//! `cargo bench --bench runtime -- executor`, see docs/measurements.md).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;

@@ -122,7 +122,7 @@ impl<S: Stage> Executor<S> {
     ///
     /// Polling saves a sleep and a wake-up per hand-off (measured on a 2-core virtual machine:
     /// about 50 µs for the receiver and as much again for the sender, which makes the wake-up
-    /// call; see NOTES.md). It costs a core while polling, which is free when every rank has
+    /// call; see docs/measurements.md). It costs a core while polling, which is free when every rank has
     /// its own core. The default is [`default_poll`]: 5 ms when the ranks fit on the machine's
     /// cores, 30 µs when they do not (the waiting rank then soon gives its core to a rank with
     /// work).

@@ -20,7 +20,7 @@
 //! The simulation is one pass over the items with a stack of ranks that can progress: a rank runs until
 //! it meets an item whose input is missing, records which input, and is woken by the item that produces
 //! it. Each item is looked at a constant number of times, so the cost is linear in the number of
-//! actions (see `host/benches/sim.rs` and NOTES.md for the measured rate).
+//! actions (see `host/benches/sim.rs` and docs/measurements.md for the measured rate).
 //!
 //! ## Lower bound
 //!
@@ -55,7 +55,7 @@
 //! [`Transfer`](crate::timeline::Transfer) 56, plus 24 bytes per (stage, microbatch) while running.
 //! Time is dominated, on large schedules, by memory traffic: reading the schedule's lists (the
 //! validator's checks and the run each read them once) and the kernel's first touch of the
-//! timeline's pages. NOTES.md ("simspeed") has the measured rates.
+//! timeline's pages. docs/measurements.md has the measured rates.
 //!
 //! ```
 //! use pipefill_host::cost::{CostModel, LinkCost, StageCost};

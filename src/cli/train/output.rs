@@ -296,7 +296,7 @@ fn host_enqueue_json(h: &HostEnqueue) -> serde_json::Value {
     })
 }
 
-/// The JSON object on stdout (keys documented in the README).
+/// The JSON object on stdout (keys documented in docs/formats.md).
 pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: &Outcome) {
     let a = &setup.args;
     let m = &outcome.measured;

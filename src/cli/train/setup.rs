@@ -71,7 +71,7 @@ pub enum TrainBackend {
 pub enum Format {
     /// A human-readable summary.
     Text,
-    /// One JSON object on stdout (keys in the README).
+    /// One JSON object on stdout (keys in docs/formats.md).
     Json,
 }
 
