@@ -134,11 +134,12 @@ impl ModelSpec {
         let name = path.display();
         let text = std::fs::read_to_string(path)
             .map_err(|e| ModelError(format!("cannot read model file {name}: {e}")))?;
+        let text = pipefill_host::input::without_bom(&text);
         let raw: ModelFile = match path.extension().and_then(|e| e.to_str()) {
             Some("toml") => {
-                toml::from_str(&text).map_err(|e| ModelError(format!("model file {name}: {e}")))?
+                toml::from_str(text).map_err(|e| ModelError(format!("model file {name}: {e}")))?
             }
-            Some("json") => serde_json::from_str(&text)
+            Some("json") => serde_json::from_str(text)
                 .map_err(|e| ModelError(format!("model file {name}: {e}")))?,
             _ => {
                 return Err(ModelError(format!(

@@ -88,6 +88,7 @@
 //! ```
 
 pub mod cost;
+pub mod input;
 pub mod partition;
 pub mod plan;
 pub mod profile;

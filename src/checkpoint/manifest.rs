@@ -73,6 +73,12 @@ impl ModelShape {
     }
 }
 
+/// Whether `name` is one file name with no folder in it (no separator, not `.` or `..`, not
+/// empty): what a manifest's rank file entries must be.
+fn plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
 /// One rank file of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,6 +164,14 @@ impl Manifest {
                 self.version
             ));
         }
+        // A rank file is a plain name inside the checkpoint's folder: never a path that leads
+        // elsewhere (`../x`, `/dev/zero`).
+        if let Some(f) = self.files.iter().find(|f| !plain_file_name(&f.file)) {
+            return bad(format!(
+                "rank {}'s file `{}` is not a plain file name in the checkpoint's folder",
+                f.rank, f.file
+            ));
+        }
         let p = self.plan.schedule.ranks;
         let ranks: Vec<usize> = self.files.iter().map(|f| f.rank).collect();
         if ranks != (0..p).collect::<Vec<_>>() {
@@ -165,8 +179,12 @@ impl Manifest {
                 "files for ranks {ranks:?}, the schedule has {p} ranks"
             ));
         }
-        let layers: usize = self.plan.layers_per_stage.iter().sum();
-        if layers != self.model.layers.len()
+        let layers = self
+            .plan
+            .layers_per_stage
+            .iter()
+            .try_fold(0usize, |t, &c| t.checked_add(c));
+        if layers != Some(self.model.layers.len())
             || self.plan.layers_per_stage.len() != self.plan.schedule.stages()
         {
             return bad(format!(
@@ -238,5 +256,18 @@ impl Manifest {
             return differ(Field::LearningRate, self.lr.to_string(), lr.to_string());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_file_name;
+
+    #[test]
+    fn rank_files_are_plain_names_in_the_folder() {
+        assert!(plain_file_name("rank-0.bin"));
+        for bad in ["", ".", "..", "../x", "/dev/zero", "a/b", "a\\b", "nul\0"] {
+            assert!(!plain_file_name(bad), "{bad:?} accepted");
+        }
     }
 }

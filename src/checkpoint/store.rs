@@ -141,6 +141,18 @@ pub fn load_ranks(folder: &Path, manifest: &Manifest) -> Result<Vec<RankState>, 
         .iter()
         .map(|f| {
             let path = folder.join(&f.file);
+            // Its kind and length first: a FIFO or a device would never end, a huge file would be
+            // read whole before the length check.
+            let meta = fs::symlink_metadata(&path).map_err(CheckpointError::io("read", &path))?;
+            if !meta.is_file() {
+                return Err(CheckpointError::corrupt(&path, "not a regular file"));
+            }
+            if meta.len() != f.bytes {
+                return Err(CheckpointError::corrupt(
+                    &path,
+                    format!("{} bytes, its manifest says {}", meta.len(), f.bytes),
+                ));
+            }
             let bytes = fs::read(&path).map_err(CheckpointError::io("read", &path))?;
             if bytes.len() as u64 != f.bytes {
                 return Err(CheckpointError::corrupt(

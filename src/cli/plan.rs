@@ -125,7 +125,13 @@ pub struct Args {
 
 /// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is
 /// at fault.
-fn plan_error(e: PlanError) -> CliError {
+fn plan_error(mut e: PlanError) -> CliError {
+    // `plan` also takes the automatic scheduler, which the library's family list does not hold.
+    if let PlanError::UnknownFamily { known, .. } = &mut e {
+        if !known.contains(&AUTO) {
+            known.push(AUTO);
+        }
+    }
     let flag = match &e {
         PlanError::NoRanks => Some("--ranks".to_string()),
         PlanError::Replicas { .. } => Some("--data-parallel".to_string()),

@@ -340,6 +340,9 @@ fn profile_rows_cuda(
     profile_device_layers(&mut layers, &input, options).map_err(failed)
 }
 
+/// The most repeats (and warm-up runs) `profile` takes per layer.
+pub const MAX_REPEATS: usize = 10_000;
+
 /// Runs `pipefill profile`.
 pub fn run(args: Args) -> Result<(), CliError> {
     super::output::check_output("--out", &args.out)?;
@@ -355,6 +358,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .gemm
         .parse()
         .map_err(|e| CliError::Usage(format!("--gemm: {e}")))?;
+    for (flag, v) in [("--repeats", args.repeats), ("--warmup", args.warmup)] {
+        if v > MAX_REPEATS {
+            return Err(CliError::Usage(format!(
+                "{flag} {v} is more than {MAX_REPEATS}: each repeat runs every layer's F, I and W \
+                 once; a few are enough for a median"
+            )));
+        }
+    }
     if args.repeats == 0 {
         return Err(CliError::Usage(
             "--repeats must be at least 1 (the median of the timed runs is kept)".into(),

@@ -347,7 +347,7 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let teacher = Teacher::new(&setup.spec, a.seed);
     let loss = setup.spec.loss;
     let mut progress = progress(setup, first_step);
-    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps - first_step);
+    let mut reports: Vec<StepReport> = Vec::new();
     for step in first_step..a.steps {
         // The data of a step depends on (seed, step) only, so a resumed run sees what an
         // uninterrupted one would.

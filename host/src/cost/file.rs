@@ -136,6 +136,7 @@ impl CostFile {
 impl CostInput {
     /// Parses and checks a cost file with either `"layers"` or `"stages"`.
     pub fn parse(text: &str) -> Result<CostInput, CostError> {
+        let text = crate::input::without_bom(text);
         let root: Value = serde_json::from_str(text).map_err(|e| CostError::Syntax {
             line: e.line(),
             column: e.column(),

@@ -80,8 +80,10 @@ fn check_partition(layers: usize, counts: &[usize]) -> Result<(), CostError> {
             "give every stage at least one layer",
         ));
     }
-    let total: usize = counts.iter().sum();
-    if total != layers {
+    // Summed with a check: counts near usize::MAX must not wrap around to a plausible total.
+    let total = counts.iter().try_fold(0usize, |t, &c| t.checked_add(c));
+    if total != Some(layers) {
+        let total = total.map_or_else(|| "more than 2^64".to_string(), |t| t.to_string());
         return Err(CostError::mismatch(
             format!("the partition covers {total} layers but the cost file has {layers}"),
             format!("make the layer counts per stage sum to {layers}"),

@@ -81,6 +81,7 @@ pub fn write(s: &Schedule, format: Format) -> String {
 /// Reads a schedule file of any of the three formats: JSON if the first non-blank character is `{`,
 /// a text grid if it is `#`, CSV otherwise. `name` names a CSV schedule (CSV has no name field).
 pub fn read(text: &str, name: &str) -> Result<Schedule, ScheduleError> {
+    let text = crate::input::without_bom(text);
     match text.trim_start().chars().next() {
         Some('{') => from_json(text),
         Some('#') => from_text(text),
@@ -130,6 +131,7 @@ struct JsonFile {
 
 /// Reads the canonical JSON form.
 pub fn from_json(text: &str) -> Result<Schedule, ScheduleError> {
+    let text = crate::input::without_bom(text);
     let f: JsonFile = serde_json::from_str(text).map_err(|e| {
         ScheduleError::Format(format!(
             "schedule JSON: {e}; expected {{\"name\", \"ranks\", \"chunks\", \"microbatches\", \
@@ -201,6 +203,7 @@ pub fn to_csv(s: &Schedule) -> String {
 /// module docs). Trailing blank lines are ignored; a blank line before the last row is a rank with no
 /// actions. Cells may be quoted.
 pub fn from_csv(text: &str, name: &str) -> Result<Schedule, ScheduleError> {
+    let text = crate::input::without_bom(text);
     let lines: Vec<&str> = text.trim_end().lines().collect();
     if lines.is_empty() || lines.iter().all(|l| l.trim().is_empty()) {
         return Err(ScheduleError::Format(
@@ -335,6 +338,7 @@ pub fn to_text(s: &Schedule) -> String {
 /// slot; the `#` header's `key=value` pairs (`name`, `ranks`, `chunks`, `microbatches`, `placement`)
 /// are used when present, otherwise inferred as for CSV. Other lines are ignored.
 pub fn from_text(text: &str) -> Result<Schedule, ScheduleError> {
+    let text = crate::input::without_bom(text);
     let mut header: Vec<(String, String)> = Vec::new();
     let mut actions: Vec<Vec<Item>> = Vec::new();
     for (n, line) in text.lines().enumerate() {

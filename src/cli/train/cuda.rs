@@ -133,7 +133,7 @@ pub fn run_steps(
         actions: ex.actions(),
         ..HostEnqueue::default()
     };
-    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps);
+    let mut reports: Vec<StepReport> = Vec::new();
     for step in 0..a.steps {
         let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
         let (inputs, targets) = upload_batch(&upload, setup.spec.loss, &x, &t).map_err(failed)?;

@@ -183,7 +183,7 @@ fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliE
         reduce: reducer.as_ref().map(|r| r as &Reducer),
     };
     let mut progress = (place.world == 0).then(|| progress(setup, first_step));
-    let mut reports = Vec::with_capacity(a.steps - first_step);
+    let mut reports = Vec::new();
     for step in first_step..a.steps {
         let (x, t) = teacher.batch(
             step as u64,

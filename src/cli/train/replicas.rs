@@ -32,7 +32,7 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let loss = setup.spec.loss;
     let text = a.format == Format::Text;
     let mut progress = progress(setup, first_step);
-    let mut reports: Vec<StepReport> = Vec::with_capacity(a.steps.saturating_sub(first_step));
+    let mut reports: Vec<StepReport> = Vec::new();
     for step in first_step..a.steps {
         let (x, t) = teacher.batch(step as u64, setup.spec.batch, m * d);
         let (xs, ts) = (split(x, m), split(t, m));

@@ -372,6 +372,9 @@ fn usage(m: String) -> CliError {
 }
 
 /// `--ranks`, `--microbatches`, `--steps`, `--chunks` at least 1.
+/// The most steps one `train` run takes (each step's report is kept until the end of the run).
+pub const MAX_STEPS: usize = 10_000_000;
+
 fn check_counts(args: &Args) -> Result<(), CliError> {
     for (name, v) in [
         ("--ranks", args.ranks),
@@ -384,6 +387,13 @@ fn check_counts(args: &Args) -> Result<(), CliError> {
     }
     if args.chunks == Some(0) {
         return Err(usage("--chunks must be at least 1".into()));
+    }
+    if args.steps > MAX_STEPS {
+        return Err(usage(format!(
+            "--steps {} is more than {MAX_STEPS}: the run keeps one report a step; train in runs of \
+             at most {MAX_STEPS} steps with --checkpoint and --resume",
+            args.steps
+        )));
     }
     if args.launcher == Launcher::Mpi {
         if !cfg!(feature = "mpi") {

@@ -97,7 +97,7 @@ pub(super) fn train_rank(
     };
     let teacher = Teacher::new(&setup.spec, a.seed);
     let mut shown = (place.world == 0).then(|| progress(setup, first_step));
-    let mut reports = Vec::with_capacity(a.steps - first_step);
+    let mut reports = Vec::new();
     for step in first_step..a.steps {
         let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
         let (out, seconds) = gpu_step(&job, &mut me, &upload, step, (&x, &t))?;

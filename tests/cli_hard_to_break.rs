@@ -1,0 +1,256 @@
+//! Inputs a hostile or careless user types, each refused cleanly (exit 2, one line naming the field,
+//! nothing written) or handled: numbers whose arithmetic would overflow, counts that would wrap
+//! or allocate without bound, output paths that are not regular files, byte-order marks.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{assert_refused, pipefill, scratch, small_train};
+
+const LAYERS: &str = r#"{"layers": [
+  {"name": "L0", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 10, "parameter_bytes": 10},
+  {"name": "L1", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 10, "parameter_bytes": 10},
+  {"name": "L2", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 10, "parameter_bytes": 10},
+  {"name": "L3", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 10, "parameter_bytes": 10}]}"#;
+
+fn file(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn numbers_that_would_overflow_are_refused_quickly_naming_the_field() {
+    let dir = scratch("huge");
+    let huge = file(
+        &dir,
+        "huge.json",
+        &LAYERS.replacen("\"forward\": 1", "\"forward\": 1e308", 1),
+    );
+    let started = Instant::now();
+    let sim = [
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+    ];
+    assert_refused([
+        (
+            [&sim[..], &["--cost", "F=1e308,I=1,W=1"]].concat(),
+            "too large",
+        ),
+        (
+            [
+                &sim[..],
+                &["--cost", "F=1,I=1,W=1", "--comm-latency", "1e308"],
+            ]
+            .concat(),
+            "too large",
+        ),
+        (
+            [&sim[..], &["--costs", &huge]].concat(),
+            "layers[0].forward",
+        ),
+        (
+            vec![
+                "schedule",
+                "--schedule",
+                "auto",
+                "--ranks",
+                "2",
+                "--microbatches",
+                "2",
+                "--costs",
+                &huge,
+            ],
+            "too large",
+        ),
+        (
+            vec![
+                "plan",
+                "--costs",
+                &huge,
+                "--ranks",
+                "2",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+            ],
+            "too large",
+        ),
+    ]);
+    // Before, the bound's loop never ended on these.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn counts_that_would_wrap_or_allocate_without_bound_are_refused() {
+    let dir = scratch("counts");
+    let costs = file(&dir, "costs.json", LAYERS);
+    let max = u64::MAX.to_string();
+    assert_refused([
+        (small_train(&["--steps", &max]), "--steps"),
+        (small_train(&["--steps", "200000000"]), "--steps"),
+        (
+            vec![
+                "simulate",
+                "--schedule",
+                "1f1b",
+                "--ranks",
+                "2",
+                "--microbatches",
+                "2",
+                "--costs",
+                &costs,
+                "--layers-per-stage",
+                &format!("{max},5"),
+            ],
+            "partition covers more than",
+        ),
+        (
+            vec!["profile", "--repeats", &max, "--out", "x.json"],
+            "--repeats",
+        ),
+        (
+            vec!["profile", "--warmup", &max, "--out", "x.json"],
+            "--warmup",
+        ),
+    ]);
+    assert!(!Path::new("x.json").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn output_paths_are_checked_before_any_work() {
+    let dir = scratch("outputs");
+    let (code, out, err) = pipefill(&small_train(&[
+        "--svg",
+        "/no/such/dir/x.svg",
+        "--steps",
+        "3",
+    ]));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--svg") && err.contains("/no/such/dir/x.svg"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "trained before refusing: {out}");
+    let folder = dir.to_str().unwrap();
+    assert_refused([
+        (
+            vec![
+                "schedule",
+                "--schedule",
+                "1f1b",
+                "--ranks",
+                "2",
+                "--microbatches",
+                "2",
+                "--out",
+                folder,
+            ],
+            "is a folder",
+        ),
+        (small_train(&["--trace", folder]), "is a folder"),
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[cfg(unix)]
+#[test]
+fn a_symlinked_output_stays_a_link_and_its_file_is_written() {
+    let dir = scratch("link");
+    let real = dir.join("real.txt");
+    let link = dir.join("link.txt");
+    std::fs::write(&real, "old").unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let (code, _, err) = pipefill(&[
+        "schedule",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+        "--out",
+        link.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(
+        std::fs::read_to_string(&real).unwrap().contains("1F"),
+        "the file the link names"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn files_with_a_byte_order_mark_read_like_files_without() {
+    let dir = scratch("bom");
+    let (code, csv, err) = pipefill(&[
+        "schedule",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let sched = file(&dir, "s.csv", &format!("\u{feff}{csv}"));
+    let (code, _, err) = pipefill(&["schedule", "--validate", &sched]);
+    assert_eq!(code, 0, "a schedule CSV with a BOM: {err}");
+    let costs = file(&dir, "c.json", &format!("\u{feff}{LAYERS}"));
+    let (code, _, err) = pipefill(&[
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+        "--costs",
+        &costs,
+    ]);
+    assert_eq!(code, 0, "a cost file with a BOM: {err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_families_error_names_auto() {
+    let dir = scratch("families");
+    let costs = file(&dir, "c.json", LAYERS);
+    assert_refused([(
+        vec![
+            "plan",
+            "--costs",
+            &costs,
+            "--ranks",
+            "2",
+            "--global-batch",
+            "8",
+            "--cost-batch",
+            "1",
+            "--families",
+            "nope",
+        ],
+        "auto",
+    )]);
+    std::fs::remove_dir_all(&dir).ok();
+}
