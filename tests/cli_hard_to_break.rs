@@ -254,3 +254,32 @@ fn the_families_error_names_auto() {
     )]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn duplicate_keys_and_huge_tokens_get_short_clear_errors() {
+    let dir = scratch("dupkeys");
+    let dup = LAYERS.replacen("\"forward\": 1,", "\"forward\": 1, \"forward\": 2,", 1);
+    let costs = file(&dir, "dup.json", &dup);
+    let sim = [
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+    ];
+    assert_refused([(
+        [&sim[..], &["--costs", &costs]].concat(),
+        "the key `forward` appears twice",
+    )]);
+    // A damaged 1 MB cell: the error quotes its start, not all of it.
+    let cell = "7".repeat(1 << 20);
+    let sched = file(&dir, "big.csv", &format!("0F0,{cell}F\n"));
+    let (code, out, err) = pipefill(&["schedule", "--validate", &sched]);
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(err.len() < 1000, "an error of {} bytes", err.len());
+    assert!(err.contains("bytes)"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -12,3 +12,108 @@
 pub fn without_bom(text: &str) -> &str {
     text.strip_prefix('\u{feff}').unwrap_or(text)
 }
+
+/// The most characters of a user's token an error message quotes.
+pub const EXCERPT_CHARS: usize = 40;
+
+/// `token` as an error quotes it: whole when short, else its first [`EXCERPT_CHARS`] characters and
+/// its length, so that a damaged 10 MB cell gives a one-line error, not a 10 MB one.
+///
+/// ```
+/// use pipefill_host::input::excerpt;
+/// assert_eq!(excerpt("2X0"), "2X0");
+/// let long = "9".repeat(1000);
+/// assert_eq!(excerpt(&long), format!("{}... (1000 bytes)", "9".repeat(40)));
+/// ```
+pub fn excerpt(token: &str) -> String {
+    match token.char_indices().nth(EXCERPT_CHARS) {
+        None => token.to_string(),
+        Some((end, _)) => format!("{}... ({} bytes)", &token[..end], token.len()),
+    }
+}
+
+/// Checks that no JSON object in `text` names a key twice (serde_json keeps the last silently);
+/// `Err((line, column, key))` at the second occurrence, `Ok` also for text that is not JSON
+/// (the caller's parser reports that).
+///
+/// ```
+/// use pipefill_host::input::duplicate_key;
+/// assert!(duplicate_key(r#"{"a": 1, "b": {"a": 2}}"#).is_ok());
+/// assert_eq!(duplicate_key("{\"a\": 1,\n \"a\": 2}").unwrap_err().2, "a");
+/// ```
+pub fn duplicate_key(text: &str) -> Result<(), (usize, usize, String)> {
+    use serde::de::Deserializer as _;
+    let mut de = serde_json::Deserializer::from_str(text);
+    match de.deserialize_any(NoDuplicates) {
+        Err(e) if e.is_data() => {
+            let key = e.to_string();
+            let key = key
+                .strip_prefix(DUPLICATE)
+                .and_then(|k| k.split(" at line").next())
+                .unwrap_or_default()
+                .to_string();
+            Err((e.line(), e.column(), key))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The start of the error [`NoDuplicates`] raises.
+const DUPLICATE: &str = "duplicate key ";
+
+/// A visitor that walks any JSON value and fails on a key seen twice in one object.
+struct NoDuplicates;
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicates {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Walk)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!("{DUPLICATE}{key}")));
+            }
+            map.next_value_seed(Walk)?;
+        }
+        Ok(())
+    }
+}
+
+/// [`NoDuplicates`] as a seed, for nested values.
+struct Walk;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Walk {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(NoDuplicates)
+    }
+}

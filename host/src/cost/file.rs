@@ -137,6 +137,16 @@ impl CostInput {
     /// Parses and checks a cost file with either `"layers"` or `"stages"`.
     pub fn parse(text: &str) -> Result<CostInput, CostError> {
         let text = crate::input::without_bom(text);
+        if let Err((line, column, key)) = crate::input::duplicate_key(text) {
+            return Err(CostError::Syntax {
+                line,
+                column,
+                reason: format!(
+                    "the key `{}` appears twice in one object (JSON keeps only the last); keep one",
+                    crate::input::excerpt(&key)
+                ),
+            });
+        }
         let root: Value = serde_json::from_str(text).map_err(|e| CostError::Syntax {
             line: e.line(),
             column: e.column(),

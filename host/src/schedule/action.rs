@@ -87,7 +87,7 @@ impl FromStr for Action {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = |why: &str| ScheduleError::ParseAction {
-            text: s.to_string(),
+            text: crate::input::excerpt(s),
             reason: why.to_string(),
         };
         let t = s.trim();

@@ -347,7 +347,8 @@ pub fn from_text(text: &str) -> Result<Schedule, ScheduleError> {
             for kv in h.split_whitespace() {
                 let (k, v) = kv.split_once('=').ok_or_else(|| {
                     ScheduleError::Format(format!(
-                        "schedule text line {line_no}: header entry `{kv}` is not key=value"
+                        "schedule text line {line_no}: header entry `{}` is not key=value",
+                        crate::input::excerpt(kv)
                     ))
                 })?;
                 header.push((k.to_string(), v.to_string()));
@@ -393,10 +394,12 @@ pub fn from_text(text: &str) -> Result<Schedule, ScheduleError> {
 /// Applies the `#` header of a text grid over the inferred values.
 fn apply_header(s: &mut Schedule, header: &[(String, String)]) -> Result<(), ScheduleError> {
     for (k, v) in header {
+        // Errors quote what the user wrote, shortened.
+        let (qk, qv) = (crate::input::excerpt(k), crate::input::excerpt(v));
         let number = || {
             v.parse::<usize>().map_err(|_| {
                 ScheduleError::Format(format!(
-                    "schedule text header: `{k}={v}` needs a whole number"
+                    "schedule text header: `{qk}={qv}` needs a whole number"
                 ))
             })
         };
@@ -404,7 +407,7 @@ fn apply_header(s: &mut Schedule, header: &[(String, String)]) -> Result<(), Sch
             "name" => s.name = v.clone(),
             "ranks" if number()? != s.ranks => {
                 return Err(ScheduleError::Format(format!(
-                    "schedule text header says ranks={v} but there are {} `rank` rows",
+                    "schedule text header says ranks={qv} but there are {} `rank` rows",
                     s.ranks
                 )))
             }
@@ -414,13 +417,13 @@ fn apply_header(s: &mut Schedule, header: &[(String, String)]) -> Result<(), Sch
             "placement" => {
                 s.placement = v.parse().map_err(|_| {
                     ScheduleError::Format(format!(
-                        "schedule text header: `placement={v}`: use looped or vshape"
+                        "schedule text header: `placement={qv}`: use looped or vshape"
                     ))
                 })?
             }
-            other => {
+            _ => {
                 return Err(ScheduleError::Format(format!(
-                    "schedule text header: unknown key `{other}`; use name, ranks, chunks, \
+                    "schedule text header: unknown key `{qk}`; use name, ranks, chunks, \
                      microbatches, placement"
                 )))
             }
