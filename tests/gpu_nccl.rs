@@ -27,6 +27,23 @@ use pipefill_host::runtime::streams::StreamExecutor;
 use pipefill_host::schedule::{families, Params, Schedule};
 
 const TEST: &str = "two_processes_exchange_and_reduce_over_nccl_on_one_gpu";
+
+/// The two-rank harness itself (no GPU needed): when one rank fails, the other, still waiting, is
+/// killed after the grace period instead of holding the test until its deadline.
+#[cfg(unix)]
+#[test]
+fn a_failed_rank_ends_its_waiting_peer_after_the_grace() {
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+    let mut children = vec![
+        Command::new("sh").args(["-c", "exit 7"]).spawn().unwrap(),
+        Command::new("sleep").arg("60").spawn().unwrap(),
+    ];
+    let started = Instant::now();
+    let codes = gpu_support::nccl::wait_all("harness", &mut children, Duration::from_secs(1));
+    assert_eq!(codes, [Some(7), None], "the failed rank's code; the waiting one killed");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
 const TRAIN: &str = "two_processes_train_1f1b_and_zbv_over_nccl_like_one_process";
 const N: usize = 1000;
 

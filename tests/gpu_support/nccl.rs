@@ -84,7 +84,7 @@ pub fn two_ranks(test: &str) -> Option<Vec<String>> {
                 .expect("start a rank")
         })
         .collect();
-    let codes = wait_all(test, &mut children);
+    let codes = wait_all(test, &mut children, GRACE);
     let outputs: Vec<String> = logs
         .iter()
         .map(|log| std::fs::read_to_string(log).unwrap_or_else(|e| format!("(no log: {e})")))
@@ -112,9 +112,9 @@ pub fn two_ranks(test: &str) -> Option<Vec<String>> {
 /// How long the other rank may take to end once one rank has failed.
 const GRACE: Duration = Duration::from_secs(10);
 
-/// Waits up to 120 s for both children (and [`GRACE`] once one has failed); their exit codes,
+/// Waits up to 120 s for both children (and `grace` once one has failed); their exit codes,
 /// `None` for a child that had to be killed.
-fn wait_all(test: &str, children: &mut [Child]) -> [Option<i32>; 2] {
+pub fn wait_all(test: &str, children: &mut [Child], grace: Duration) -> [Option<i32>; 2] {
     let mut deadline = Instant::now() + Duration::from_secs(120);
     let mut codes = [None; 2];
     while codes.iter().any(Option::is_none) {
@@ -122,7 +122,7 @@ fn wait_all(test: &str, children: &mut [Child]) -> [Option<i32>; 2] {
             if code.is_none() {
                 *code = c.try_wait().expect("wait").map(|s| s.code().unwrap_or(-1));
                 if matches!(*code, Some(c) if c != 0) {
-                    deadline = deadline.min(Instant::now() + GRACE);
+                    deadline = deadline.min(Instant::now() + grace);
                 }
             }
         }
