@@ -234,6 +234,43 @@ fn plan_takes_auto() {
             .fold(f64::INFINITY, f64::min)
     };
     assert!(best("auto").is_finite() && best("auto") <= best("1f1b"));
+
+    // With data parallelism every row, auto's too, is planned for D replicas: each runs its share
+    // of the batch, and the all-reduces are in its step time.
+    let v = json(&[
+        "plan",
+        "--costs",
+        file.to_str().unwrap(),
+        "--ranks",
+        "4",
+        "--global-batch",
+        "16",
+        "--data-parallel",
+        "2",
+        "--families",
+        "auto,1f1b",
+        "--time-budget",
+        "0.02",
+        "--format",
+        "json",
+        "--top",
+        "50",
+    ]);
+    let plans = v["plans"].as_array().unwrap();
+    assert!(plans.iter().any(|p| p["family"] == "auto"), "{v}");
+    for p in plans {
+        let (m, size) = (
+            p["microbatches"].as_u64().unwrap(),
+            p["microbatch_size"].as_u64().unwrap(),
+        );
+        assert_eq!(p["data_parallel"], 2, "{}: {p}", p["family"]);
+        assert_eq!(
+            m * size * 2,
+            16,
+            "{}: M {m} x {size} samples x D 2",
+            p["family"]
+        );
+    }
 }
 
 #[test]

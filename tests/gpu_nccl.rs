@@ -41,8 +41,16 @@ fn a_failed_rank_ends_its_waiting_peer_after_the_grace() {
     ];
     let started = Instant::now();
     let codes = gpu_support::nccl::wait_all("harness", &mut children, Duration::from_secs(1));
-    assert_eq!(codes, [Some(7), None], "the failed rank's code; the waiting one killed");
-    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert_eq!(
+        codes,
+        [Some(7), None],
+        "the failed rank's code; the waiting one killed"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 }
 const TRAIN: &str = "two_processes_train_1f1b_and_zbv_over_nccl_like_one_process";
 const N: usize = 1000;

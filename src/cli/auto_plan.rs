@@ -7,7 +7,7 @@
 //! built for; the plan reports the step time of the pair it picked.
 
 use pipefill_host::cost::{split_even, CostFile};
-use pipefill_host::plan::{best_partition, Plan, PlanRequest, Skipped};
+use pipefill_host::plan::{best_partition_replicated, Plan, PlanRequest, Skipped};
 use pipefill_host::schedule::auto::{MemoryLimit, AUTO};
 use pipefill_host::schedule::{Placement, Schedule};
 
@@ -57,11 +57,13 @@ pub fn auto_plans(
         .or(max_in_flight.map(MemoryLimit::InFlight));
     let mut plans = Vec::new();
     let mut skipped = Vec::new();
-    let ms: Vec<usize> = (1..=request.global_batch.min(request.max_microbatches.max(1)))
-        .filter(|m| request.global_batch % m == 0)
+    // Each of the D replicas runs its share of the batch, as the families are planned.
+    let batch = request.replica_batch();
+    let ms: Vec<usize> = (1..=batch.min(request.max_microbatches.max(1)))
+        .filter(|m| batch % m == 0)
         .collect();
     for m in ms {
-        let size = request.global_batch / m;
+        let size = batch / m;
         let costs = scaled(&request.costs, size as f64 / request.cost_batch);
         let shape = Shape {
             ranks: request.ranks,
@@ -69,7 +71,7 @@ pub fn auto_plans(
             chunks,
         };
         let attempt = auto_schedule(&costs, shape, limit, args).and_then(|s| {
-            best_partition(&costs, &s, request.memory_limit)
+            best_partition_replicated(&costs, &s, request.memory_limit, request.data_parallel)
                 .map_err(|e| CliError::Usage(e.to_string()))
         });
         match attempt {

@@ -12,6 +12,7 @@ use crate::partition::Method;
 use crate::schedule::families;
 use crate::schedule::validate::validate;
 use crate::schedule::{Params, Schedule};
+use crate::sim::data_parallel::DataParallel;
 
 use super::search::{sort, Shape};
 use super::{check, Plan, PlanError, PlanReport, PlanRequest, Skipped};
@@ -32,9 +33,18 @@ fn request_for(
     costs: &CostFile,
     schedule: &Schedule,
     memory_limit: Option<f64>,
+    data_parallel: DataParallel,
 ) -> Result<PlanRequest, PlanError> {
-    let mut request = PlanRequest::new(costs.clone(), 1.0, schedule.ranks, schedule.microbatches);
+    // One sample a microbatch on each of the D replicas: the costs stay as measured.
+    let replicas = data_parallel.replicas.max(1);
+    let mut request = PlanRequest::new(
+        costs.clone(),
+        1.0,
+        schedule.ranks,
+        schedule.microbatches.saturating_mul(replicas),
+    );
     request.memory_limit = memory_limit;
+    request.data_parallel = data_parallel;
     check(&request)?;
     Ok(request)
 }
@@ -62,7 +72,19 @@ pub fn best_partition(
     schedule: &Schedule,
     memory_limit: Option<f64>,
 ) -> Result<Plan, PlanError> {
-    let request = request_for(costs, schedule, memory_limit)?;
+    best_partition_replicated(costs, schedule, memory_limit, DataParallel::NONE)
+}
+
+/// [`best_partition`] for a pipeline run as `data_parallel.replicas` replicas: each candidate split
+/// is scored with its stages' all-reduces over `data_parallel.link`, as the planner scores the
+/// families (so a schedule from another source, `auto` among them, ranks against them alike).
+pub fn best_partition_replicated(
+    costs: &CostFile,
+    schedule: &Schedule,
+    memory_limit: Option<f64>,
+    data_parallel: DataParallel,
+) -> Result<Plan, PlanError> {
+    let request = request_for(costs, schedule, memory_limit, data_parallel)?;
     Shape::new(&request, schedule.clone())?.best()
 }
 
@@ -81,7 +103,7 @@ pub fn plan_schedule(
     match split {
         Split::Best => best_partition(costs, schedule, memory_limit),
         Split::Uniform => {
-            let request = request_for(costs, schedule, memory_limit)?;
+            let request = request_for(costs, schedule, memory_limit, DataParallel::NONE)?;
             Shape::new(&request, schedule.clone())?
                 .evaluate_method(Method::Uniform)
                 .map_err(|reason| PlanError::NoPlan {

@@ -52,7 +52,7 @@ mod search;
 mod serde_plan;
 
 pub use error::PlanError;
-pub use given::{best_partition, plan_families, plan_schedule, Split};
+pub use given::{best_partition, best_partition_replicated, plan_families, plan_schedule, Split};
 
 use search::{sort, Shape};
 
