@@ -283,3 +283,68 @@ fn duplicate_keys_and_huge_tokens_get_short_clear_errors() {
     assert!(err.contains("bytes)"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn every_memory_limit_takes_every_byte_size_form() {
+    let dir = scratch("sizes");
+    let costs = file(&dir, "c.json", LAYERS);
+    for size in ["40GB", "40GiB", "4e10", "2000000000", "1TB"] {
+        for args in [
+            vec![
+                "plan",
+                "--costs",
+                &costs,
+                "--ranks",
+                "2",
+                "--global-batch",
+                "8",
+                "--cost-batch",
+                "1",
+                "--memory-limit",
+                size,
+            ],
+            vec![
+                "partition",
+                "--costs",
+                &costs,
+                "--stages",
+                "2",
+                "--schedule",
+                "1f1b",
+                "--microbatches",
+                "4",
+                "--memory-limit",
+                size,
+            ],
+            vec![
+                "simulate",
+                "--schedule",
+                "auto",
+                "--ranks",
+                "2",
+                "--microbatches",
+                "2",
+                "--costs",
+                &costs,
+                "--memory-limit",
+                size,
+            ],
+        ] {
+            let (code, _, err) = pipefill(&args);
+            assert_eq!(code, 0, "{args:?}: {err}");
+        }
+    }
+    assert_refused([(
+        vec![
+            "partition",
+            "--costs",
+            &costs,
+            "--stages",
+            "2",
+            "--memory-limit",
+            "40apples",
+        ],
+        "40GB",
+    )]);
+    std::fs::remove_dir_all(&dir).ok();
+}

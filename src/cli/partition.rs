@@ -14,6 +14,7 @@
 use std::path::PathBuf;
 
 use clap::ValueEnum;
+use pipefill_host::cost::flag::parse_bytes_u64;
 use pipefill_host::cost::CostFile;
 use pipefill_host::partition::{
     stage_in_flight, Layout, MemoryLimit, Method, Partition, PartitionError, Problem,
@@ -101,7 +102,7 @@ pub struct Args {
     pub format: Format,
     /// Per-rank memory limit in bytes (parameters + activations in flight); needs --schedule and
     /// --microbatches to know how many microbatches each stage holds.
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes_u64)]
     pub memory_limit: Option<u64>,
     /// Schedule family whose in-flight activations count against --memory-limit.
     #[arg(long)]

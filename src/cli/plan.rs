@@ -34,6 +34,7 @@
 
 use std::path::PathBuf;
 
+use pipefill_host::cost::flag::{parse_bytes, parse_time};
 use pipefill_host::cost::{ActivationDtype, CostFile};
 use pipefill_host::plan::{plan, plan_workers, Plan, PlanError, PlanReport, PlanRequest};
 use pipefill_host::schedule::auto::AUTO;
@@ -75,13 +76,13 @@ pub struct Args {
     #[arg(long, value_name = "BYTES_PER_S")]
     pub dp_bandwidth: Option<f64>,
     /// Latency of one all-reduce, seconds. Default: the cost file's transfer latency.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_time)]
     pub dp_latency: Option<f64>,
     /// Samples per training step N (split into M microbatches of N / M samples).
     #[arg(long)]
     pub global_batch: usize,
     /// Bytes each rank may hold (parameters + activations in flight). Default: no limit.
-    #[arg(long, value_name = "BYTES", conflicts_with = "max_in_flight")]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "max_in_flight")]
     pub memory_limit: Option<f64>,
     /// Microbatch size (samples) the costs were measured at. Default: the cost file's
     /// `meta.microbatch_size` (written by `pipefill profile`).

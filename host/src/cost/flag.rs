@@ -127,9 +127,24 @@ pub fn parse_time(text: &str) -> Result<f64, String> {
     parse_checked(text, Quantity::Seconds)
 }
 
-/// Parses a size in bytes for a command-line flag (`1048576`, `64MiB`, `2G`): finite and `>= 0`.
+/// Parses a size in bytes for a command-line flag (`1048576`, `4e10`, `64MiB`, `40GB`, `2G`,
+/// `1TiB`): from 0 to 1e18. Every command's byte-size flag goes through it.
+///
+/// ```
+/// use pipefill_host::cost::flag::parse_bytes;
+/// assert_eq!(parse_bytes("40GB"), Ok(4e10));
+/// assert_eq!(parse_bytes("4e10"), Ok(4e10));
+/// assert_eq!(parse_bytes("1GiB"), Ok(1073741824.0));
+/// assert!(parse_bytes("40 apples").is_err());
+/// ```
 pub fn parse_bytes(text: &str) -> Result<f64, String> {
     parse_checked(text, Quantity::Bytes)
+}
+
+/// [`parse_bytes`] as a whole number of bytes (rounded down).
+pub fn parse_bytes_u64(text: &str) -> Result<u64, String> {
+    // At most 1e18 (checked), which a u64 holds.
+    parse_bytes(text).map(|v| v.floor() as u64)
 }
 
 /// Parses a bandwidth in bytes per second (`2.5e10`, `25GB`, `100GiB`; "per second" implied): `> 0`.
@@ -181,7 +196,7 @@ fn unit_help(q: Quantity) -> &'static str {
     if q == Quantity::Seconds {
         "write a number of seconds, optionally with a suffix s, ms, us or ns, e.g. 1.5ms"
     } else {
-        "write a number of bytes, optionally with a suffix K, M, G, KiB, MiB or GiB, e.g. 64MiB"
+        "write a number of bytes (4e10), optionally with a suffix K, M, G, T (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), with or without B, e.g. 64MiB or 40GB"
     }
 }
 
@@ -215,9 +230,11 @@ fn parse_value(text: &str, q: Quantity) -> Option<f64> {
             "K" | "k" => 1e3,
             "M" => 1e6,
             "G" => 1e9,
+            "T" => 1e12,
             "Ki" => 1024.0,
             "Mi" => 1024.0 * 1024.0,
             "Gi" => 1024.0 * 1024.0 * 1024.0,
+            "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
             _ => return None,
         }
     };
