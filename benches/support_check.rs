@@ -231,3 +231,24 @@ fn callgrind_totals_and_estimated_cycles() {
     assert!(Counts::parse("events: Ir\n").is_err());
     assert!(Counts::parse("events: Ir\ntotals: x\n").is_err());
 }
+
+#[test]
+fn spread_of_repeats_has_the_median_its_interval_and_the_minimum() {
+    use support::stats::Spread;
+    assert_eq!(Spread::of(&[]), None);
+    assert_eq!(Spread::of(&[1.0, f64::NAN]), None);
+    // Five repeats: no narrower interval reaches 95%, so the whole range (coverage 1 - 2/32).
+    let s = Spread::of(&[5.0, 1.0, 4.0, 2.0, 3.0]).unwrap();
+    assert_eq!((s.n, s.min, s.median, s.lo, s.hi), (5, 1.0, 3.0, 1.0, 5.0));
+    assert!((s.coverage - 0.9375).abs() < 1e-12);
+    // Fifteen: [x_(4), x_(12)], coverage 1 - 2 P(Bin(15, 1/2) <= 3) = 0.9648.
+    let v: Vec<f64> = (1..=15).rev().map(f64::from).collect();
+    let s = Spread::of(&v).unwrap();
+    assert_eq!((s.median, s.lo, s.hi, s.min), (8.0, 4.0, 12.0, 1.0));
+    assert!((s.coverage - 0.96484375).abs() < 1e-9, "{}", s.coverage);
+    let even = Spread::of(&[1.0, 2.0, 3.0, 10.0]).unwrap();
+    assert_eq!(even.median, 2.5);
+    assert!(even
+        .describe(1e3, "ms")
+        .starts_with("median 2500.000 ms (87.5% CI [1000.000, 10000.000], min 1000.000, n = 4)"));
+}

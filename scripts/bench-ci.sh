@@ -69,12 +69,12 @@ function field(key,    i, kv) {
     }
     return ""
 }
-BEGIN { printf "%-72s %16s %16s %9s %9s  %s\n", "figure", "base", "branch", "change", "limit", "verdict" }
+BEGIN { printf "%-84s %16s %16s %9s %9s  %s\n", "figure", "base", "branch", "change", "limit", "verdict" }
 $1 == "ok" || $1 == "REGRESSION" {
-    printf "%-72s %16s %16s %9s %9s  %s\n", field("name"), field("baseline"), field("value"),
+    printf "%-84s %16s %16s %9s %9s  %s\n", field("name"), field("baseline"), field("value"),
         field("change"), field("threshold"), $1
 }
-$1 == "new" { printf "%-72s %16s %16s %9s %9s  %s\n", field("name"), "-", "-", "-", "-", "new" }
+$1 == "new" { printf "%-84s %16s %16s %9s %9s  %s\n", field("name"), "-", "-", "-", "-", "new" }
 ' "$work/branch.txt"
 grep -E '^instructions: ' "$work/branch.txt" || true
 echo "== $((SECONDS - start)) s in all"

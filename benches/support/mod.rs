@@ -14,6 +14,7 @@ pub mod args;
 pub mod callgrind;
 pub mod criterion_out;
 pub mod measure;
+pub mod stats;
 pub mod store;
 
 use std::collections::BTreeMap;
