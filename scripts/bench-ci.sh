@@ -6,7 +6,10 @@
 #   scripts/bench-ci.sh [BASE]          # BASE: a commit, branch or tag (default: main)
 #
 # Both builds share one target directory ($CARGO_TARGET_DIR, else ./target), so the dependencies are
-# built once. Extra arguments after BASE go to the bench (e.g. a filter: `scripts/bench-ci.sh main sim/`).
+# built once; the workspace's own crates are cleaned before each build, because cargo names and
+# fingerprints them by their path inside the workspace, the same in both trees, and would otherwise
+# take one tree's build for the other's. Extra arguments after BASE go to the bench (e.g. a filter:
+# `scripts/bench-ci.sh main sim/`).
 # Exit status: 0 no regression, 1 a regression, 2 an error (bad BASE, a build or a bench that failed).
 # When the base has no `instructions` bench yet, the branch's figures are printed and the exit is 0.
 set -euo pipefail
@@ -25,6 +28,7 @@ if ! base=$(git rev-parse --verify --quiet "${base_ref}^{commit}"); then
     exit 2
 fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+export PIPEFILL_REQUIRE_VALGRIND=1
 name="ci-base-${base:0:12}"
 work=$(mktemp -d "${TMPDIR:-/tmp}/pipefill-bench-ci.XXXXXX")
 cleanup() {
@@ -34,12 +38,23 @@ cleanup() {
 trap cleanup EXIT
 start=$SECONDS
 
+# Removes the bench-profile builds of the workspace's own crates (of the tree in the current folder).
+clean_workspace_crates() {
+    local p args=()
+    for p in $(cargo tree --workspace --depth 0 --prefix none 2>/dev/null | awk 'NF {print $1}' | sort -u); do
+        args+=(-p "$p")
+    done
+    [[ ${#args[@]} -gt 0 ]] && cargo clean --quiet --profile bench "${args[@]}"
+}
+
 echo "== base ${base:0:12} ($base_ref): saving baseline \`$name\`"
 git worktree add --detach --quiet "$work/base" "$base"
-if ! (cd "$work/base" && cargo bench --bench instructions -- --save-baseline "$name" "$@") \
+if ! (cd "$work/base" && clean_workspace_crates &&
+    cargo bench --bench instructions -- --save-baseline "$name" "$@") \
     >"$work/base.txt" 2>"$work/base.err"; then
     if grep -q "no bench target named" "$work/base.err"; then
         echo "the base has no \`instructions\` bench: nothing to compare with; the branch's figures:"
+        clean_workspace_crates
         cargo bench --bench instructions -- --discard-baseline "$@" | grep '^pipefill-bench'
         exit 0
     fi
@@ -50,6 +65,7 @@ fi
 echo "   $(grep -c '^pipefill-bench' "$work/base.txt") figures, $((SECONDS - start)) s so far"
 
 echo "== branch (this working tree) against \`$name\`"
+clean_workspace_crates
 set +e
 cargo bench --bench instructions -- --baseline "$name" "$@" >"$work/branch.txt" 2>"$work/branch.err"
 rc=$?

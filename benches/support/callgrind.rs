@@ -28,6 +28,11 @@ pub const CASE_VAR: &str = "PIPEFILL_CALLGRIND_CASE";
 /// The environment variable naming the valgrind to run (default: `valgrind` on `PATH`).
 pub const VALGRIND_VAR: &str = "PIPEFILL_VALGRIND";
 
+/// With this environment variable set to `1`, a missing valgrind is an error (status 2); without it
+/// the bench prints that it skipped and exits 0, so that `cargo bench --workspace` passes on a
+/// machine without valgrind. `scripts/bench-ci.sh` and `.ci/run` set it.
+pub const REQUIRE_VAR: &str = "PIPEFILL_REQUIRE_VALGRIND";
+
 /// The environment variable for how many cases run at once (default: the available cores, at
 /// most 4). The counts do not depend on it.
 pub const JOBS_VAR: &str = "PIPEFILL_BENCH_JOBS";
