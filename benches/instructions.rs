@@ -41,8 +41,9 @@ mod empty_stage;
 
 use support::callgrind::{self, pipefill_measured, CYCLES_THRESHOLD, IR_THRESHOLD};
 
-/// The work a case counts, built by its setup (which is not counted).
-type Work = Box<dyn FnMut()>;
+/// The work a case counts, built by its setup (which is not counted). An error fails the case, so
+/// that work cut short is never reported as a smaller count.
+type Work = Box<dyn FnMut() -> Result<(), String>>;
 
 /// One case: its name (the figures are `instructions/<name>/Ir` and `.../cycles`), what the counts
 /// are divided by (actions, for a per-action figure) and its setup.
@@ -181,8 +182,13 @@ fn scratch_dir() -> PathBuf {
     std::env::temp_dir().join(format!("pipefill-instructions-{:010}", std::process::id()))
 }
 
-fn work(mut f: impl FnMut() + 'static) -> Result<Work, String> {
-    Ok(Box::new(move || f()))
+/// Boxes the counted work; its result is passed through `black_box`, its error made a string.
+fn work<T, E: std::fmt::Display>(
+    mut f: impl FnMut() -> Result<T, E> + 'static,
+) -> Result<Work, String> {
+    Ok(Box::new(move || {
+        black_box(f()).map(|_| ()).map_err(|e| e.to_string())
+    }))
 }
 
 /// The executor's step: 1F1B on one rank, `M = 64`, empty stages.
@@ -199,36 +205,28 @@ fn cases() -> Vec<Case> {
         format!("schedule/generate/{}", id(sched)),
         move || {
             interleaved(sched)?;
-            work(move || {
-                black_box(interleaved(black_box(sched)).map(|s| s.action_count())).ok();
-            })
+            work(move || interleaved(black_box(sched)).map(|s| s.action_count()))
         },
     ));
     cases.push(Case::new(
         format!("schedule/validate/{}", id(sched)),
         move || {
             let s = interleaved(sched)?;
-            work(move || {
-                black_box(validate(black_box(&s)).map(|r| r.makespan_slots)).ok();
-            })
+            work(move || validate(black_box(&s)).map(|r| r.makespan_slots))
         },
     ));
     cases.push(Case::new(
         format!("schedule/lower/{}", id(sched)),
         move || {
             let s = interleaved(sched)?;
-            work(move || {
-                black_box(lower(black_box(&s)).map(|l| l.action_count())).ok();
-            })
+            work(move || lower(black_box(&s)).map(|l| l.action_count()))
         },
     ));
     for size in [SIM_SMALL, SIM_LARGE] {
         cases.push(Case::new(format!("sim/simulate/{}", id(size)), move || {
             let s = interleaved(size)?;
             let c = costs(&s);
-            work(move || {
-                black_box(simulate(black_box(&s), &c).map(|r| r.timeline.makespan())).ok();
-            })
+            work(move || simulate(black_box(&s), &c).map(|r| r.timeline.makespan()))
         }));
     }
     cases.push(Case::new(
@@ -236,18 +234,14 @@ fn cases() -> Vec<Case> {
         || {
             let s = interleaved(SIM_LARGE)?;
             let c = costs(&s);
-            work(move || {
-                black_box(lower_bound(black_box(&s), &c));
-            })
+            work(move || Ok::<_, String>(lower_bound(black_box(&s), &c)))
         },
     ));
     cases.push(Case::new(
         "auto/P4_M12_V1_inflight2_budget0.05_seed7".into(),
         || {
             let req = auto_request();
-            work(move || {
-                black_box(solve(black_box(&req)).map(|a| a.solver.value)).ok();
-            })
+            work(move || solve(black_box(&req)).map(|a| a.solver.value))
         },
     ));
     cases.push(Case::new("partition/optimal_L256_P8_V2".into(), || {
@@ -258,14 +252,7 @@ fn cases() -> Vec<Case> {
             placement: Placement::Looped,
         };
         work(move || {
-            black_box(optimal_with_budget(
-                black_box(&problem),
-                &layout,
-                None,
-                200_000,
-            ))
-            .ok()
-            .map(|p| p.bottleneck);
+            optimal_with_budget(black_box(&problem), &layout, None, 200_000).map(|p| p.bottleneck)
         })
     }));
     let mut executor = Case::new(
@@ -284,7 +271,7 @@ fn cases() -> Vec<Case> {
             .map_err(|e| e.to_string())?;
             work(move || {
                 let inputs = vec![Tensor::empty(); EXECUTOR_M];
-                black_box(ex.step(inputs, &targets, &empty_stage::zero_loss)).ok();
+                ex.step(inputs, &targets, &empty_stage::zero_loss)
             })
         },
     );
@@ -297,9 +284,8 @@ fn cases() -> Vec<Case> {
             let (mut stage, x) = layer_stage()?;
             let mut input = Some(x);
             work(move || {
-                if let Some(x) = input.take() {
-                    black_box(stage.forward(x)).ok();
-                }
+                let x = input.take().ok_or("the forward case runs once")?;
+                stage.forward(x).map_err(|e| e.to_string())
             })
         },
     ));
@@ -312,10 +298,9 @@ fn cases() -> Vec<Case> {
                 .map_err(|e| e.to_string())?;
             let mut inputs = Some((stash, dy));
             work(move || {
-                if let Some((mut stash, dy)) = inputs.take() {
-                    black_box(stage.backward_input(&mut stash, dy)).ok();
-                    black_box(stage.backward_weight(stash)).ok();
-                }
+                let (mut stash, dy) = inputs.take().ok_or("the backward case runs once")?;
+                black_box(stage.backward_input(&mut stash, dy)).map_err(|e| e.to_string())?;
+                stage.backward_weight(stash).map_err(|e| e.to_string())
             })
         },
     ));
@@ -324,9 +309,7 @@ fn cases() -> Vec<Case> {
         || {
             let state = checkpoint_rank()?;
             let dir = scratch_dir();
-            work(move || {
-                black_box(store::write_rank(&dir, &state)).ok();
-            })
+            work(move || store::write_rank(&dir, &state))
         },
     ));
     cases.push(Case::new(
@@ -337,8 +320,10 @@ fn cases() -> Vec<Case> {
             store::write_rank(&dir, &state).map_err(|e| e.to_string())?;
             let path = store::step_dir(&dir, state.step).join(store::rank_file_name(state.rank));
             work(move || {
-                let bytes = std::fs::read(&path).unwrap_or_default();
-                black_box(file::decode(&bytes, &path).map(|s| s.stages.len())).ok();
+                let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                file::decode(&bytes, &path)
+                    .map(|s| s.stages.len())
+                    .map_err(|e| e.to_string())
             })
         },
     ));
@@ -353,10 +338,13 @@ fn child(name: &str) -> ExitCode {
     };
     let result = (case.setup)();
     let status = match result {
-        Ok(mut w) => {
-            pipefill_measured(&mut *w);
-            ExitCode::SUCCESS
-        }
+        Ok(mut w) => match pipefill_measured(&mut *w) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: bench instructions: case {name}: {e}");
+                ExitCode::from(2)
+            }
+        },
         Err(e) => {
             eprintln!("error: bench instructions: case {name}: {e}");
             ExitCode::from(2)

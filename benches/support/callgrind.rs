@@ -58,13 +58,12 @@ pub const CACHE_ARGS: &[&str] = &[
     "--LL=8388608,16,64",
 ];
 
-/// Runs `work` once; callgrind counts the instructions of this call only. Not inlined, and not
-/// mangled, so callgrind finds it by its plain name ([`MEASURED_SYMBOL`]).
+/// Runs `work` once and hands on its result; callgrind counts the instructions of this call only.
+/// Not inlined, and not mangled, so callgrind finds it by its plain name ([`MEASURED_SYMBOL`]).
 #[no_mangle]
 #[inline(never)]
-pub fn pipefill_measured(work: &mut dyn FnMut()) {
-    work();
-    std::hint::black_box(());
+pub fn pipefill_measured(work: &mut dyn FnMut() -> Result<(), String>) -> Result<(), String> {
+    std::hint::black_box(work())
 }
 
 /// The events callgrind counted in the measured call.
