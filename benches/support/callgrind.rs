@@ -134,7 +134,15 @@ impl Counts {
 /// install it.
 pub fn find_valgrind() -> Result<PathBuf, String> {
     if let Some(v) = std::env::var_os(VALGRIND_VAR) {
-        return Ok(PathBuf::from(v));
+        let path = PathBuf::from(v);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "{VALGRIND_VAR}={} is not a file: point it at valgrind, or unset it",
+                path.display()
+            ))
+        };
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
