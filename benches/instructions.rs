@@ -165,14 +165,26 @@ fn checkpoint_rank() -> Result<RankState, String> {
             1,
         )
         .map_err(|e| e.to_string())?;
+    let mut stages: Vec<StageState> = stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| StageState::of(i, s))
+        .collect();
+    // AdamW's moments as after a step (a fresh stage has none yet).
+    let moments = |v: &[f32]| {
+        [
+            v.iter().map(|x| 0.1 * x).collect(),
+            v.iter().map(|x| x * x).collect(),
+        ]
+    };
+    for l in stages.iter_mut().flat_map(|s| s.layers.iter_mut()) {
+        l.weight_moments = moments(&l.weight);
+        l.bias_moments = moments(&l.bias);
+    }
     Ok(RankState {
         rank: 0,
         step: 3,
-        stages: stages
-            .iter()
-            .enumerate()
-            .map(|(i, s)| StageState::of(i, s))
-            .collect(),
+        stages,
     })
 }
 
