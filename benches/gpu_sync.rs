@@ -17,6 +17,8 @@ use std::time::Instant;
 #[path = "support/mod.rs"]
 mod support;
 
+use support::stats::Spread;
+
 #[path = "support/gpu.rs"]
 mod gpu;
 
@@ -28,8 +30,9 @@ type CuPrimaryCtxRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int
 type CuCtxSetCurrent = unsafe extern "C" fn(*mut c_void) -> c_int;
 type CuCtxSynchronize = unsafe extern "C" fn() -> c_int;
 
-/// Median microseconds of one `cuCtxSynchronize` over `calls` calls after a warm-up.
-fn sync_us(driver: &gpu::Driver, calls: usize) -> Result<f64, String> {
+/// Median microseconds of one `cuCtxSynchronize` over `calls` calls after a warm-up, and the
+/// spread of the calls measured.
+fn sync_us(driver: &gpu::Driver, calls: usize) -> Result<(f64, Option<Spread>), String> {
     // SAFETY: the signatures are the CUDA driver API's (cuda.h).
     let (get, retain, set, sync) = unsafe {
         (
@@ -63,8 +66,9 @@ fn sync_us(driver: &gpu::Driver, calls: usize) -> Result<f64, String> {
             times.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
+    let spread = Spread::of(&times);
     times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok((times[times.len() / 2], spread))
 }
 
 fn main() -> ExitCode {
@@ -76,11 +80,14 @@ fn main() -> ExitCode {
     let driver = gpu::gpu_or_skip("gpu_sync");
     let calls = if run.quick() { 1_000 } else { 20_000 };
     match sync_us(&driver, calls) {
-        Ok(us) => {
+        Ok((us, spread)) => {
             println!(
                 "cuCtxSynchronize on an idle context, device 0 of {}: {us:.2} us (median of {calls})",
                 driver.devices
             );
+            if let Some(sp) = spread {
+                println!("calls: {}", sp.describe(1.0, "us"));
+            }
             run.lower(name, us, "us", THRESHOLD);
             run.finish()
         }

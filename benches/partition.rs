@@ -50,6 +50,8 @@ const BATCH: usize = 128;
 #[path = "support/mod.rs"]
 mod support;
 
+use support::stats::Spread;
+
 /// Input 512 -> "embedding" 1536 -> 1536 x 512 -> eight 512 x 512 blocks -> "head" 512 x 1536:
 /// the first, second and last layers each cost about three blocks.
 fn model() -> ModelSpec {
@@ -77,7 +79,8 @@ fn ranges(counts: &[usize]) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Median measured step seconds of `steps` steps after one warm-up step.
+/// Median measured step seconds of `steps` steps after one warm-up step (the upper middle one for
+/// an even count), and their spread.
 fn measure(
     spec: &ModelSpec,
     schedule: &Schedule,
@@ -85,7 +88,7 @@ fn measure(
     predicted_cost: &CostModel,
     steps: usize,
     replay: bool,
-) -> f64 {
+) -> (f64, Option<Spread>) {
     let stages = spec
         .build_stages(
             &ranges(counts),
@@ -115,8 +118,9 @@ fn measure(
         };
         times.push(secs);
     }
+    let spread = Spread::of(&times);
     times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    (times[times.len() / 2], spread)
 }
 
 struct Row {
@@ -124,6 +128,7 @@ struct Row {
     detail: String,
     predicted: f64,
     measured: f64,
+    spread: Option<Spread>,
 }
 
 /// The rows' names, as the figures are named (`partition/<row>/predicted`, `.../measured`).
@@ -193,12 +198,13 @@ fn method_rows(spec: &ModelSpec, costs: &CostFile, steps: usize, replay: bool) -
         let counts = part.layers_per_stage();
         let cost = costs.model(&counts).expect("cost model");
         let predicted = simulate(&schedule, &cost).expect("sim").timeline.makespan();
-        let measured = measure(spec, &schedule, &counts, &cost, steps, replay);
+        let (measured, spread) = measure(spec, &schedule, &counts, &cost, steps, replay);
         out.push(Row {
             name: method.name().to_string(),
             detail: format!("1f1b M={MICROBATCHES} {counts:?}"),
             predicted,
             measured,
+            spread,
         });
     }
     out
@@ -228,7 +234,7 @@ fn plan_rows(spec: &ModelSpec, costs: &CostFile, steps: usize, replay: bool) -> 
         req.microbatch_counts = counts;
         let report = plan(&req).expect("plan");
         let best = report.best().expect("a plan");
-        let measured = measure(
+        let (measured, spread) = measure(
             spec,
             &best.schedule,
             &best.layers_per_stage,
@@ -244,6 +250,7 @@ fn plan_rows(spec: &ModelSpec, costs: &CostFile, steps: usize, replay: bool) -> 
             ),
             predicted: best.step_time,
             measured,
+            spread,
         });
     }
     out
@@ -290,6 +297,12 @@ fn print_table(spec: &ModelSpec, costs: &CostFile, rows_out: &[Row], steps: usiz
             r.measured / best_meas,
             r.detail
         );
+    }
+    println!("measured steps:");
+    for r in rows_out {
+        if let Some(sp) = &r.spread {
+            println!("  {:<12} {}", r.name, sp.describe(1e3, "ms"));
+        }
     }
 }
 

@@ -20,45 +20,17 @@ use std::process::ExitCode;
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use pipefill::layers::gemm::{matmul, GemmBackend, MatRef};
-use pipefill_host::runtime::{BoxedStage, Executor, Stage, StageError, StepEvent, Tensor};
+use pipefill_host::runtime::{BoxedStage, Executor, StepEvent, Tensor};
 use pipefill_host::schedule::{families, Params};
 
 #[allow(dead_code)]
 #[path = "support/mod.rs"]
 mod support;
 
-/// A stage that does nothing: what is left of a step is the executor itself.
-struct Empty;
+#[path = "support/empty_stage.rs"]
+mod empty_stage;
 
-impl Stage for Empty {
-    type Stash = ();
-
-    fn forward(&mut self, input: Tensor) -> Result<(Tensor, ()), StageError> {
-        Ok((input, ()))
-    }
-
-    fn backward_input(&mut self, _: &mut (), grad: Tensor) -> Result<Tensor, StageError> {
-        Ok(grad)
-    }
-
-    fn backward_weight(&mut self, _: ()) -> Result<(), StageError> {
-        Ok(())
-    }
-
-    fn held_bytes(&self, _: &()) -> usize {
-        0
-    }
-
-    fn zero_grad(&mut self) {}
-
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
-        Ok(())
-    }
-}
-
-fn zero_loss(_: &Tensor, _: &Tensor) -> Result<(f32, Tensor), StageError> {
-    Ok((0.0, Tensor::empty()))
-}
+use empty_stage::{zero_loss, Empty};
 
 fn executor_overhead(c: &mut Criterion) {
     pipefill::alloc::keep_freed_memory();

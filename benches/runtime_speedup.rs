@@ -45,6 +45,8 @@ const THRESHOLD: f64 = 0.10;
 #[path = "support/mod.rs"]
 mod support;
 
+use support::stats::Spread;
+
 /// The bench's own numbers: `ranks microbatches hidden steps [poll_us]`, from the numeric positional
 /// arguments (a non-numeric one is criterion's filter).
 struct Setup {
@@ -84,6 +86,9 @@ impl Setup {
 struct Figures {
     t_seq: f64,
     t_par: f64,
+    /// The timed steps' spread: median, its confidence interval, minimum.
+    seq_spread: Option<Spread>,
+    par_spread: Option<Spread>,
     work: f64,
     sim: f64,
     makespan: f64,
@@ -117,6 +122,8 @@ fn measure(s: &Setup) -> Result<Figures, Box<dyn std::error::Error>> {
             reports.push(r);
         }
     }
+    let par_times: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
+    let (seq_spread, par_spread) = (Spread::of(&seq_times), Spread::of(&par_times));
     reports.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     let mid = &reports[reports.len() / 2];
     let base = CostModel::uniform(
@@ -128,6 +135,8 @@ fn measure(s: &Setup) -> Result<Figures, Box<dyn std::error::Error>> {
     Ok(Figures {
         t_seq: median(&mut seq_times),
         t_par: mid.seconds,
+        seq_spread,
+        par_spread,
         work: mid.action_seconds.iter().map(|(_, t)| t).sum(),
         sim: pipefill_host::sim::simulate(&schedule, &cost)?
             .timeline
@@ -176,6 +185,11 @@ fn print(s: &Setup, f: &Figures, kept: bool) {
         "  outside the schedule:            {:>9.3} ms (zero_grad, optimizer step, thread start and join)",
         (f.t_par - f.makespan) * 1e3
     );
+    for (what, spread) in [("sequential", &f.seq_spread), ("pipelined", &f.par_spread)] {
+        if let Some(sp) = spread {
+            println!("{what} steps: {}", sp.describe(1e3, "ms"));
+        }
+    }
     println!("measured speedup:  {measured:.3}x");
     println!("predicted speedup: {predicted:.3}x");
     println!("measured / predicted: {:.1}%", measured / predicted * 100.0);

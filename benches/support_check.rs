@@ -175,3 +175,80 @@ fn criterion_results_written_in_this_run_are_found() {
     assert_eq!(found[0].dir, home.join("g/fresh_bench"));
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// The instruction suite's thresholds flag a 2% slowdown and ignore a 0.5% one, through the same
+/// comparison a bench runs (`Run::finish` under `--baseline`) against a saved baseline file.
+#[test]
+fn instruction_thresholds_flag_two_percent_and_ignore_half_a_percent() {
+    use support::callgrind::{CYCLES_THRESHOLD, IR_THRESHOLD};
+    let dir = std::env::temp_dir().join(format!("pipefill-ir-check-{}", std::process::id()));
+    let path = support::store::baseline_path(&dir, "instructions", "main");
+    let figure = |name: &str, value: f64, threshold: f64| {
+        Measurement::new(name, value, "Ir", Better::Lower).threshold(threshold)
+    };
+    let base = 12_345_678.0;
+    let names = ["x/Ir", "x/cycles"];
+    let thresholds = [IR_THRESHOLD, CYCLES_THRESHOLD];
+    let saved: Vec<_> = names
+        .iter()
+        .zip(thresholds)
+        .map(|(n, t)| figure(n, base, t))
+        .collect();
+    support::store::save(&path, &saved).unwrap();
+    let loaded = support::store::load(&path).unwrap().unwrap();
+    let lookup = |m: &Measurement| loaded.measurements.get(&m.name).map(|b| b.value);
+    for (n, t) in names.iter().zip(thresholds) {
+        let (lines, regressions) = support::verdicts(&[figure(n, base * 1.02, t)], "main", lookup);
+        assert_eq!(regressions, 1, "a 2% slowdown of {n} is flagged: {lines:?}");
+        assert!(lines[0].starts_with("REGRESSION "), "{lines:?}");
+        assert!(lines[0].contains("change=+2.0%"), "{lines:?}");
+        let (lines, regressions) = support::verdicts(&[figure(n, base * 1.005, t)], "main", lookup);
+        assert_eq!(regressions, 0, "a 0.5% change of {n} is noise: {lines:?}");
+        assert!(lines[0].starts_with("ok "), "{lines:?}");
+        let (_, regressions) = support::verdicts(&[figure(n, base * 0.98, t)], "main", lookup);
+        assert_eq!(regressions, 0, "faster is not a regression");
+    }
+    let (lines, _) = support::verdicts(&[figure("y/Ir", 1.0, IR_THRESHOLD)], "main", lookup);
+    assert!(lines[0].starts_with("new name=y/Ir"), "{lines:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn callgrind_totals_and_estimated_cycles() {
+    use support::callgrind::Counts;
+    let out = "# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\n\
+               events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\n\
+               fl=(1) a.rs\nfn=(1) f\n3 10 2\n\
+               summary: 1000 300 100 10 20 5 2 3 1\ntotals: 1000 300 100 10 20 5 2 3 1\n";
+    let c = Counts::parse(out).unwrap();
+    assert_eq!(c.ir(), 1000);
+    // L1 hits 1400 - 35 = 1365, LL hits 35 - 6 = 29, RAM 6: 1365 + 5 * 29 + 35 * 6.
+    assert_eq!(c.estimated_cycles(), Some(1365 + 145 + 210));
+    // Trailing zero counts may be left out; no cache events, no estimate.
+    let c = Counts::parse("events: Ir Dr\ntotals: 42\n").unwrap();
+    assert_eq!((c.ir(), c.get("Dr"), c.estimated_cycles()), (42, 0, None));
+    assert!(Counts::parse("totals: 1\n").is_err());
+    assert!(Counts::parse("events: Ir\n").is_err());
+    assert!(Counts::parse("events: Ir\ntotals: x\n").is_err());
+}
+
+#[test]
+fn spread_of_repeats_has_the_median_its_interval_and_the_minimum() {
+    use support::stats::Spread;
+    assert_eq!(Spread::of(&[]), None);
+    assert_eq!(Spread::of(&[1.0, f64::NAN]), None);
+    // Five repeats: no narrower interval reaches 95%, so the whole range (coverage 1 - 2/32).
+    let s = Spread::of(&[5.0, 1.0, 4.0, 2.0, 3.0]).unwrap();
+    assert_eq!((s.n, s.min, s.median, s.lo, s.hi), (5, 1.0, 3.0, 1.0, 5.0));
+    assert!((s.coverage - 0.9375).abs() < 1e-12);
+    // Fifteen: [x_(4), x_(12)], coverage 1 - 2 P(Bin(15, 1/2) <= 3) = 0.9648.
+    let v: Vec<f64> = (1..=15).rev().map(f64::from).collect();
+    let s = Spread::of(&v).unwrap();
+    assert_eq!((s.median, s.lo, s.hi, s.min), (8.0, 4.0, 12.0, 1.0));
+    assert!((s.coverage - 0.96484375).abs() < 1e-9, "{}", s.coverage);
+    let even = Spread::of(&[1.0, 2.0, 3.0, 10.0]).unwrap();
+    assert_eq!(even.median, 2.5);
+    assert!(even
+        .describe(1e3, "ms")
+        .starts_with("median 2500.000 ms (87.5% CI [1000.000, 10000.000], min 1000.000, n = 4)"));
+}

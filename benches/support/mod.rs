@@ -11,8 +11,10 @@
 //! than its threshold.
 
 pub mod args;
+pub mod callgrind;
 pub mod criterion_out;
 pub mod measure;
+pub mod stats;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -200,22 +202,9 @@ impl Run {
     }
 
     /// Prints a verdict per figure (in order) against `baseline`; status 1 if any regressed.
-    fn compare(
-        &self,
-        name: &str,
-        mut baseline: impl FnMut(&Measurement) -> Option<f64>,
-    ) -> ExitCode {
-        let mut regressions = 0;
-        for m in &self.measurements {
-            match baseline(m) {
-                Some(b) => {
-                    let v = m.against(b);
-                    regressions += usize::from(v.regressed);
-                    println!("{}", v.line(m));
-                }
-                None => println!("new name={} (not in baseline `{name}`)", m.name),
-            }
-        }
+    fn compare(&self, name: &str, baseline: impl FnMut(&Measurement) -> Option<f64>) -> ExitCode {
+        let (lines, regressions) = verdicts(&self.measurements, name, baseline);
+        lines.iter().for_each(|l| println!("{l}"));
         println!(
             "{}: {} figures against baseline `{name}`, {regressions} regressions",
             self.bench,
@@ -227,6 +216,29 @@ impl Run {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// One line per figure of `measurements` (in order) against the baseline named `name`, whose value
+/// of a figure `baseline` returns: `REGRESSION ...`, `ok ...`, or `new ...` when it has none; and
+/// the number of regressions.
+pub fn verdicts(
+    measurements: &[Measurement],
+    name: &str,
+    mut baseline: impl FnMut(&Measurement) -> Option<f64>,
+) -> (Vec<String>, usize) {
+    let mut regressions = 0;
+    let lines = measurements
+        .iter()
+        .map(|m| match baseline(m) {
+            Some(b) => {
+                let v = m.against(b);
+                regressions += usize::from(v.regressed);
+                v.line(m)
+            }
+            None => format!("new name={} (not in baseline `{name}`)", m.name),
+        })
+        .collect();
+    (lines, regressions)
 }
 
 /// The error for a baseline that was never saved.
