@@ -151,3 +151,69 @@ fn train_runs_pytorch_files_as_written() {
     assert_eq!(comms, losses("pytorch_gpipe_p2_m2_compute_only.csv"));
     assert_eq!(comms.as_array().map(Vec::len), Some(2));
 }
+
+#[test]
+fn validate_with_transfers_prints_only_the_schedule_on_stdout() {
+    let dir = scratch("validate-stdout");
+    let (code, csv, err) = pipefill(&[
+        "schedule",
+        "--schedule",
+        "zbv",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "4",
+        "--format",
+        "csv",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let src = dir.join("zbv.csv");
+    std::fs::write(&src, csv).unwrap();
+    let src = src.to_string_lossy().into_owned();
+    for fmt in ["csv", "json", "text"] {
+        let (code, out, err) = pipefill(&[
+            "schedule",
+            "--validate",
+            &src,
+            "--with-transfers",
+            "--format",
+            fmt,
+        ]);
+        assert_eq!(code, 0, "{fmt}: {err}");
+        assert!(
+            err.starts_with("OK"),
+            "{fmt}: the report goes to stderr: {err}"
+        );
+        let back = dir.join(format!("lowered.{fmt}"));
+        std::fs::write(&back, &out).unwrap();
+        let (code, _, err) = pipefill(&["schedule", "--validate", back.to_str().unwrap()]);
+        assert_eq!(
+            code, 0,
+            "{fmt}: stdout does not read back as a schedule: {err}\n{out}"
+        );
+    }
+    // --out takes the lowered schedule; without --with-transfers it and --format are refused.
+    let out = dir.join("out.csv");
+    let (code, stdout, err) = pipefill(&[
+        "schedule",
+        "--validate",
+        &src,
+        "--with-transfers",
+        "--format",
+        "csv",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.is_empty() && std::fs::read_to_string(&out).unwrap().contains("SEND_F"));
+    for extra in [["--out", "x.csv"], ["--format", "json"]] {
+        let (code, stdout, err) =
+            pipefill(&[&["schedule", "--validate", &src][..], &extra[..]].concat());
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(
+            err.contains("--with-transfers") && stdout.is_empty(),
+            "{extra:?}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -62,8 +62,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Validate a schedule file (JSON, CSV or text grid): prints OK with the peak in-flight
-    /// activations per rank, or the error (exit code 2).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["ranks", "microbatches", "chunks", "group_size", "out"])]
+    /// activations per rank, or the error (exit code 2). With --with-transfers the report goes to
+    /// standard error and the lowered schedule (in --format) to standard output or --out, so the
+    /// output reads back as a schedule.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["ranks", "microbatches", "chunks", "group_size"])]
     pub validate: Option<PathBuf>,
     /// List the schedule families: placement, whether they split I/W, constraints.
     #[arg(long)]
@@ -90,12 +92,36 @@ pub fn run(args: Args) -> Result<(), CliError> {
         .parse()
         .map_err(|e: ScheduleError| CliError::Usage(e.to_string()))?;
     if let Some(path) = &args.validate {
-        println!("{}", validate_file(path)?);
-        if args.with_transfers {
-            let (s, _) = read_schedule_file("--validate", path)?;
-            print!("{}", format::write(&lowered(&s)?, fmt));
+        if !args.with_transfers {
+            // Nothing but the report is printed: a flag about the schedule's output cannot apply.
+            if args.out.is_some() {
+                return Err(CliError::Usage(
+                    "--out with --validate writes the lowered schedule: add --with-transfers, or \
+                     drop --out (the report goes to standard output)"
+                        .into(),
+                ));
+            }
+            if fmt != Format::Text {
+                return Err(CliError::Usage(format!(
+                    "--format {} with --validate sets the format of the lowered schedule: add \
+                     --with-transfers, or drop --format",
+                    args.format
+                )));
+            }
+            println!("{}", validate_file(path)?);
+            return Ok(());
         }
-        return Ok(());
+        // The report to stderr: stdout (or --out) holds only the schedule.
+        eprintln!("{}", validate_file(path)?);
+        let (s, _) = read_schedule_file("--validate", path)?;
+        let text = format::write(&lowered(&s)?, fmt);
+        return match &args.out {
+            Some(out) => write_atomic("--out", out, &text),
+            None => {
+                print!("{text}");
+                Ok(())
+            }
+        };
     }
     let text = if args.schedule.as_deref() == Some(AUTO) {
         let mut out = solve(&args)?;
