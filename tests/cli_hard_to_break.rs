@@ -348,3 +348,45 @@ fn every_memory_limit_takes_every_byte_size_form() {
     )]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn absurd_budgets_and_worker_counts_are_refused_or_end_quickly() {
+    let dir = scratch("budgets");
+    let costs = file(&dir, "c.json", LAYERS);
+    assert_refused([(
+        vec![
+            "schedule",
+            "--schedule",
+            "auto",
+            "--ranks",
+            "2",
+            "--microbatches",
+            "2",
+            "--cost",
+            "F=1,I=1,W=1",
+            "--time-budget",
+            "1e9",
+        ],
+        "--time-budget",
+    )]);
+    let started = Instant::now();
+    let max = u64::MAX.to_string();
+    let (code, _, err) = pipefill(&[
+        "plan",
+        "--costs",
+        &costs,
+        "--workers",
+        &max,
+        "--global-batch",
+        "8",
+        "--cost-batch",
+        "1",
+    ]);
+    assert!(code == 0 || code == 2, "exit {code}: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

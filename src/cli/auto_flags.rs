@@ -28,7 +28,7 @@ pub struct AutoSteer {
     pub objective: Objective,
     /// auto: seconds of improvement after the constructive phase (counted as work, so the result
     /// depends only on the inputs and --seed).
-    #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time, allow_hyphen_values = true)]
+    #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time_budget, allow_hyphen_values = true)]
     pub time_budget: f64,
     /// auto: stage placement, `looped` or `vshape` (V = 2).
     #[arg(long, value_name = "PLACEMENT", default_value = "looped", value_parser = parse_placement)]
@@ -238,4 +238,19 @@ pub fn summary(out: &AutoSchedule) -> String {
         s.peak_unit,
         s.evaluations
     )
+}
+
+/// The longest `--time-budget` accepted, in seconds.
+pub const MAX_TIME_BUDGET: f64 = 3600.0;
+
+/// `--time-budget`: a time (as every time flag takes it) of at most [`MAX_TIME_BUDGET`].
+fn parse_time_budget(text: &str) -> Result<f64, String> {
+    let v = parse_time(text)?;
+    if v > MAX_TIME_BUDGET {
+        return Err(format!(
+            "`{text}` is more than {MAX_TIME_BUDGET} s; the scheduler's improvement phase gains \
+             little after a few seconds (the default is {DEFAULT_TIME_BUDGET} s)"
+        ));
+    }
+    Ok(v)
 }

@@ -310,7 +310,18 @@ pub fn plan_workers(request: &PlanRequest, workers: usize) -> Result<PlanReport,
     }
     let mut plans = Vec::new();
     let mut skipped = Vec::new();
-    for p in (1..=workers).filter(|p| workers % p == 0) {
+    // A stage needs a layer, so no split has more ranks than the model has layers: the search
+    // stops there (it used to walk every number up to `workers`, for ever on a huge one).
+    let layers = request.costs.layers.len();
+    if workers > layers {
+        skipped.push(Skipped {
+            family: format!("P>{layers}"),
+            chunks: 0,
+            microbatches: 0,
+            reason: format!("more ranks than the model's {layers} layers: every stage needs one"),
+        });
+    }
+    for p in (1..=workers.min(layers)).filter(|p| workers % p == 0) {
         let d = workers / p;
         let mut r = request.clone();
         r.ranks = p;
