@@ -33,8 +33,8 @@ use pipefill_host::plan::{
 use pipefill_host::profile::ProfileOptions;
 use pipefill_host::runtime::{Executor, StepReport};
 use pipefill_host::schedule::auto::AUTO;
-use pipefill_host::schedule::Params;
 use pipefill_host::schedule::Placement;
+use pipefill_host::schedule::{families, Params};
 use pipefill_host::sim::{simulate, simulate_with, DeviceSharing, SimOptions};
 use pipefill_host::timeline::Timeline;
 
@@ -109,10 +109,20 @@ pub fn candidates(setup: &Setup) -> Result<Vec<Plan>, CliError> {
 /// The best of `plans` (sorted best first), with its predicted timeline (the shared-device one
 /// for a plan re-scored for one device).
 pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
-    let plan = plans
-        .first()
-        .ok_or_else(|| CliError::Failed("no candidate schedule".into()))?
-        .clone();
+    let at =
+        near_tie_choice(plans).ok_or_else(|| CliError::Failed("no candidate schedule".into()))?;
+    let plan = plans[at].clone();
+    let ties = tied(plans).len();
+    if ties > 1 {
+        eprintln!(
+            "near-tie: {ties} candidates within {:.0}% of the best predicted step time; chose {} \
+             (V = {}) as the simplest family among them, then the fewest chunks (predictions this \
+             close are within the profile's noise)",
+            NEAR_TIE * 100.0,
+            plan.family,
+            plan.chunks
+        );
+    }
     let predicted = match shared_timeline(&plan) {
         Some(t) if plan.step_time == t.makespan() => t,
         _ => plan
@@ -120,6 +130,45 @@ pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
             .map_err(|e| CliError::Failed(e.to_string()))?,
     };
     Ok(Chosen { plan, predicted })
+}
+
+/// Candidates whose predicted step time is within this share of the best one are a near-tie: the
+/// profile's own noise (up to about 5% between two runs on a busy machine) could order them either way, so the first
+/// of them by step time would change from run to run.
+pub const NEAR_TIE: f64 = 0.05;
+
+/// The indices of the candidates in a near-tie with the fastest.
+fn tied(plans: &[Plan]) -> Vec<usize> {
+    let best = plans
+        .iter()
+        .map(|p| p.step_time)
+        .fold(f64::INFINITY, f64::min);
+    (0..plans.len())
+        .filter(|&i| plans[i].step_time <= best * (1.0 + NEAR_TIE))
+        .collect()
+}
+
+/// The candidate to run: among those in a near-tie with the fastest, the simplest family (the
+/// order of `FAMILIES`, `auto` last), then the fewest chunks, then the least peak memory; `None`
+/// when there is none. A stated rule that depends on no measured time inside the tie (the split,
+/// and so the memory, follows the profile), so two runs of the same job choose the same plan
+/// even when the profile's noise reorders near-equal predictions.
+fn near_tie_choice(plans: &[Plan]) -> Option<usize> {
+    let order = |family: &str| {
+        families::FAMILIES
+            .iter()
+            .position(|f| f.name == family)
+            .unwrap_or(families::FAMILIES.len())
+    };
+    let peak = |p: &Plan| p.peak_memory.iter().copied().fold(0.0, f64::max);
+    tied(plans).into_iter().min_by(|&a, &b| {
+        let (x, y) = (&plans[a], &plans[b]);
+        order(&x.family)
+            .cmp(&order(&y.family))
+            .then(x.chunks.cmp(&y.chunks))
+            .then(peak(x).total_cmp(&peak(y)))
+            .then(x.step_time.total_cmp(&y.step_time))
+    })
 }
 
 /// `plan` simulated with every rank on one device (concurrent actions share it by the cost file's
@@ -431,7 +480,7 @@ mod tests {
     use pipefill_host::plan::{plan_families, Split};
     use pipefill_host::schedule::Params;
 
-    use super::{choose, on_one_device};
+    use super::{choose, near_tie_choice, on_one_device, NEAR_TIE};
 
     /// With overlap share 1 (no overlap on the device) the shared-device step is the serial sum of
     /// every action, whatever the schedule; the re-scored plans come best first and the chosen
@@ -463,5 +512,44 @@ mod tests {
         }
         let chosen = choose(&plans).unwrap();
         assert!((chosen.predicted.makespan() - serial).abs() < 1e-9);
+    }
+
+    /// Near-equal predictions (within the profile's noise) are decided by the stated rule, not by
+    /// their order: the simplest family; a clear winner still wins.
+    #[test]
+    fn near_ties_are_decided_by_the_simplest_family_whatever_the_order() {
+        let layers = (0..4)
+            .map(|i| {
+                let mut l = LayerCost::new(format!("l{i}"), 1.0, 1.0, 1.0);
+                l.activation_bytes = 1e6;
+                l
+            })
+            .collect();
+        let costs = CostFile {
+            layers,
+            transfer: LinkCost::default(),
+            overlap_share: 1.0,
+            meta: serde_json::Value::Null,
+        };
+        let names = ["zb-h2", "1f1b", "zb-h1"].map(String::from);
+        let report =
+            plan_families(&costs, &Params::new(2, 8), &names, Split::Uniform, None).unwrap();
+        let mut plans = report.plans;
+        let best = plans
+            .iter()
+            .map(|p| p.step_time)
+            .fold(f64::INFINITY, f64::min);
+        for p in &mut plans {
+            p.step_time = best * (1.0 + NEAR_TIE / 2.0); // all tied
+        }
+        let first = plans[near_tie_choice(&plans).unwrap()].clone();
+        plans.reverse();
+        let again = plans[near_tie_choice(&plans).unwrap()].clone();
+        assert_eq!(first.family, again.family, "the order decided");
+        assert_eq!(first.family, "1f1b", "the simplest family of the tie");
+        // A candidate clearly faster than the rest is chosen, however complex.
+        let at = plans.iter().position(|p| p.family == "zb-h2").unwrap();
+        plans[at].step_time = best * (1.0 - 2.0 * NEAR_TIE);
+        assert_eq!(choose(&plans).unwrap().plan.family, "zb-h2");
     }
 }
