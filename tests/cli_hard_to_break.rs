@@ -15,6 +15,17 @@ const LAYERS: &str = r#"{"layers": [
   {"name": "L2", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 10, "parameter_bytes": 10},
   {"name": "L3", "forward": 1, "backward_input": 1, "backward_weight": 1, "activation_bytes": 10, "parameter_bytes": 10}]}"#;
 
+/// `simulate` of a small 1F1B case; tests append its costs and flags.
+const SIM: [&str; 7] = [
+    "simulate",
+    "--schedule",
+    "1f1b",
+    "--ranks",
+    "2",
+    "--microbatches",
+    "2",
+];
+
 fn file(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -30,30 +41,21 @@ fn numbers_that_would_overflow_are_refused_quickly_naming_the_field() {
         &LAYERS.replacen("\"forward\": 1", "\"forward\": 1e308", 1),
     );
     let started = Instant::now();
-    let sim = [
-        "simulate",
-        "--schedule",
-        "1f1b",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "2",
-    ];
     assert_refused([
         (
-            [&sim[..], &["--cost", "F=1e308,I=1,W=1"]].concat(),
+            [&SIM[..], &["--cost", "F=1e308,I=1,W=1"]].concat(),
             "too large",
         ),
         (
             [
-                &sim[..],
+                &SIM[..],
                 &["--cost", "F=1,I=1,W=1", "--comm-latency", "1e308"],
             ]
             .concat(),
             "too large",
         ),
         (
-            [&sim[..], &["--costs", &huge]].concat(),
+            [&SIM[..], &["--costs", &huge]].concat(),
             "layers[0].forward",
         ),
         (
@@ -103,19 +105,11 @@ fn counts_that_would_wrap_or_allocate_without_bound_are_refused() {
         (small_train(&["--steps", &max]), "--steps"),
         (small_train(&["--steps", "200000000"]), "--steps"),
         (
-            vec![
-                "simulate",
-                "--schedule",
-                "1f1b",
-                "--ranks",
-                "2",
-                "--microbatches",
-                "2",
-                "--costs",
-                &costs,
-                "--layers-per-stage",
-                &format!("{max},5"),
-            ],
+            [
+                &SIM[..],
+                &["--costs", &costs, "--layers-per-stage", &format!("{max},5")],
+            ]
+            .concat(),
             "partition covers more than",
         ),
         (
@@ -217,17 +211,7 @@ fn files_with_a_byte_order_mark_read_like_files_without() {
     let (code, _, err) = pipefill(&["schedule", "--validate", &sched]);
     assert_eq!(code, 0, "a schedule CSV with a BOM: {err}");
     let costs = file(&dir, "c.json", &format!("\u{feff}{LAYERS}"));
-    let (code, _, err) = pipefill(&[
-        "simulate",
-        "--schedule",
-        "1f1b",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "2",
-        "--costs",
-        &costs,
-    ]);
+    let (code, _, err) = pipefill(&[&SIM[..], &["--costs", &costs]].concat());
     assert_eq!(code, 0, "a cost file with a BOM: {err}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -260,17 +244,8 @@ fn duplicate_keys_and_huge_tokens_get_short_clear_errors() {
     let dir = scratch("dupkeys");
     let dup = LAYERS.replacen("\"forward\": 1,", "\"forward\": 1, \"forward\": 2,", 1);
     let costs = file(&dir, "dup.json", &dup);
-    let sim = [
-        "simulate",
-        "--schedule",
-        "1f1b",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "2",
-    ];
     assert_refused([(
-        [&sim[..], &["--costs", &costs]].concat(),
+        [&SIM[..], &["--costs", &costs]].concat(),
         "the key `forward` appears twice",
     )]);
     // A damaged 1 MB cell: the error quotes its start, not all of it.

@@ -482,20 +482,26 @@ mod tests {
 
     use super::{choose, near_tie_choice, on_one_device, NEAR_TIE};
 
+    /// A cost file of `layers` with a free link and overlap share 1.
+    fn free_link(layers: Vec<LayerCost>) -> CostFile {
+        CostFile {
+            layers,
+            transfer: LinkCost::default(),
+            overlap_share: 1.0,
+            meta: serde_json::Value::Null,
+        }
+    }
+
     /// With overlap share 1 (no overlap on the device) the shared-device step is the serial sum of
     /// every action, whatever the schedule; the re-scored plans come best first and the chosen
     /// plan's predicted timeline is the shared one.
     #[test]
     fn one_device_scores_plans_by_the_shared_model() {
-        let layers = (0..4)
-            .map(|i| LayerCost::new(format!("l{i}"), 1.0, 1.0 + i as f64 * 0.1, 0.5))
-            .collect();
-        let costs = CostFile {
-            layers,
-            transfer: LinkCost::default(),
-            overlap_share: 1.0,
-            meta: serde_json::Value::Null,
-        };
+        let costs = free_link(
+            (0..4)
+                .map(|i| LayerCost::new(format!("l{i}"), 1.0, 1.0 + i as f64 * 0.1, 0.5))
+                .collect(),
+        );
         let fams = vec!["1f1b".to_string(), "zb-h1".to_string(), "gpipe".to_string()];
         let report =
             plan_families(&costs, &Params::new(2, 4), &fams, Split::Uniform, None).unwrap();
@@ -518,19 +524,11 @@ mod tests {
     /// their order: the simplest family; a clear winner still wins.
     #[test]
     fn near_ties_are_decided_by_the_simplest_family_whatever_the_order() {
-        let layers = (0..4)
-            .map(|i| {
-                let mut l = LayerCost::new(format!("l{i}"), 1.0, 1.0, 1.0);
-                l.activation_bytes = 1e6;
-                l
-            })
-            .collect();
-        let costs = CostFile {
-            layers,
-            transfer: LinkCost::default(),
-            overlap_share: 1.0,
-            meta: serde_json::Value::Null,
-        };
+        let costs = free_link(
+            (0..4)
+                .map(|i| LayerCost::new(format!("l{i}"), 1.0, 1.0, 1.0))
+                .collect(),
+        );
         let names = ["zb-h2", "1f1b", "zb-h1"].map(String::from);
         let report =
             plan_families(&costs, &Params::new(2, 8), &names, Split::Uniform, None).unwrap();
