@@ -110,3 +110,21 @@ fn a_size_that_fits_is_not_refused() {
     assert_eq!(code, 0, "{err}");
     assert!(out.is_file());
 }
+
+#[test]
+fn data_parallel_replicas_count_in_the_memory_estimate() {
+    // 8 layers 8192 wide with AdamW: about 8.6 GB for one copy of the model, 64 copies about
+    // 550 GB: refused up front, naming the replicas (before, the estimate held one copy).
+    let (code, out, err) = pipefill(&[
+        "train",
+        "--hidden",
+        "8192",
+        "--data-parallel",
+        "64",
+        "--steps",
+        "1",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--data-parallel 64"), "{err}");
+    assert!(out.is_empty(), "{out}");
+}

@@ -115,10 +115,23 @@ pub fn check_train(
     optimizer: Optimizer,
 ) -> Result<(), CliError> {
     let dtype = args.numerics.activations()?;
-    let run = RunShape::training(spec.batch, args.microbatches, args.ranks, optimizer)
-        .with_activation_dtype(dtype);
+    // Each replica trains on its share of the batch, with its own copy of the model; in one
+    // process unless every rank is a process of its own (MPI), which holds one replica's rank.
+    let replicas = match args.launcher {
+        super::train::Launcher::Mpi => 1,
+        _ => args.data_parallel.max(1),
+    };
+    let run = RunShape::training(
+        spec.batch / replicas,
+        args.microbatches,
+        args.ranks,
+        optimizer,
+    )
+    .with_activation_dtype(dtype)
+    .with_replicas(replicas);
     let context = format!(
-        "{} with --microbatches {} --ranks {} --optimizer {optimizer} --activations {dtype}",
+        "{} with --microbatches {} --ranks {} --data-parallel {replicas} --optimizer {optimizer} \
+         --activations {dtype}",
         args.model.describe(spec),
         args.microbatches,
         args.ranks

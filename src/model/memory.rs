@@ -55,6 +55,9 @@ pub struct RunShape {
     pub teacher: bool,
     /// How activations are stored (weights, gradients, optimizer state and data stay `f32`).
     pub activation_dtype: ActivationDtype,
+    /// Data-parallel replicas in this process (`--data-parallel D`): each holds its own weights,
+    /// gradients, optimizer state, activations and rank threads.
+    pub replicas: usize,
 }
 
 impl RunShape {
@@ -69,6 +72,7 @@ impl RunShape {
             optimizer: Some(optimizer),
             teacher: true,
             activation_dtype: ActivationDtype::F32,
+            replicas: 1,
         }
     }
 
@@ -82,6 +86,16 @@ impl RunShape {
             optimizer: None,
             teacher: false,
             activation_dtype: ActivationDtype::F32,
+            replicas: 1,
+        }
+    }
+
+    /// The same run as `replicas` data-parallel replicas in one process, each with its share of
+    /// the rows (the rows of this shape are one replica's).
+    pub fn with_replicas(self, replicas: usize) -> Self {
+        RunShape {
+            replicas: replicas.max(1),
+            ..self
         }
     }
 
@@ -225,6 +239,13 @@ impl ModelSpec {
         let data = mul(data, VALUE_BYTES, "data")?;
         let threads = mul(n(run.ranks), THREAD_STACK_BYTES, "thread stacks")?;
         let layers = mul(n(self.layers.len()), LAYER_BYTES, "layers")?;
+        // Every replica holds its own copy of all but the data.
+        let d = n(run.replicas.max(1));
+        let weights = mul(weights, d, "weights")?;
+        let optimizer = mul(optimizer, d, "optimizer state")?;
+        let activations = mul(activations, d, "activations")?;
+        let threads = mul(threads, d, "thread stacks")?;
+        let layers = mul(layers, d, "layers")?;
         // The gradients are as large as the weights.
         let total = [
             weights,
@@ -341,6 +362,23 @@ mod tests {
             batch,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn each_replica_holds_its_own_model_and_its_share_of_the_rows() {
+        let s = spec(3, 4096, 16, 256);
+        let one = s
+            .footprint(&RunShape::training(256, 8, 2, Optimizer::adamw(1e-3)))
+            .unwrap();
+        // Two replicas of 128 rows each: twice the model, the same activations in all.
+        let two = s
+            .footprint(&RunShape::training(128, 8, 2, Optimizer::adamw(1e-3)).with_replicas(2))
+            .unwrap();
+        assert_eq!(two.weights, 2 * one.weights);
+        assert_eq!(two.gradients, 2 * one.gradients);
+        assert_eq!(two.optimizer, 2 * one.optimizer);
+        assert_eq!(two.activations, one.activations);
+        assert_eq!(two.threads, 2 * one.threads);
     }
 
     #[test]
