@@ -204,6 +204,15 @@ fn checkpoints_of_another_run_are_refused() {
         &[&r[..], &["--lr", "0.01"]].concat(),
         &["learning rate"],
     );
+    // Stored in another precision, the activations would round differently and the run diverge.
+    refused(
+        &dir,
+        &[&r[..], &["--activations", "bf16"]].concat(),
+        &[
+            "activation storage is f32, this run's is bf16",
+            "--activations",
+        ],
+    );
     refused(
         &dir,
         &["--steps", "2", "--resume", "ck"],

@@ -26,6 +26,8 @@ pub enum Field {
     Optimizer,
     /// The learning rate.
     LearningRate,
+    /// How activations are stored (`--activations`).
+    Activations,
 }
 
 impl Field {
@@ -42,6 +44,7 @@ impl Field {
             Field::Seed => "seed",
             Field::Optimizer => "optimizer",
             Field::LearningRate => "learning rate",
+            Field::Activations => "activation storage",
         }
     }
 }

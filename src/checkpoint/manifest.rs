@@ -2,6 +2,7 @@
 //! seed, optimizer, format version) and the rank files it covers. Written last, so a checkpoint
 //! folder without one is incomplete and never used.
 
+use pipefill_host::cost::ActivationDtype;
 use pipefill_host::plan::Plan;
 use pipefill_host::schedule::Schedule;
 use serde::{Deserialize, Serialize};
@@ -111,11 +112,21 @@ pub struct Manifest {
     pub optimizer: String,
     /// Its learning rate.
     pub lr: f32,
+    /// How activations are stored (`f32`, `bf16`): a resume with another storage would round
+    /// differently and diverge. Absent in checkpoints written before it was recorded: `f32`, the
+    /// only storage then.
+    #[serde(default = "f32_activations")]
+    pub activations: String,
     /// The plan trained with: schedule (family name, `P`, `V`, `M`, the actions), partition
     /// (`layers_per_stage`) and the costs it was chosen with.
     pub plan: Plan,
     /// The rank files, one per rank in rank order.
     pub files: Vec<RankFile>,
+}
+
+/// The activation storage of a manifest that does not say.
+fn f32_activations() -> String {
+    ActivationDtype::F32.to_string()
 }
 
 /// What the run that wants to resume is: each field is compared with the checkpoint's.
@@ -140,6 +151,8 @@ pub struct RunIdentity<'a> {
     pub seed: u64,
     /// The optimizer.
     pub optimizer: Optimizer,
+    /// How activations are stored.
+    pub activations: ActivationDtype,
 }
 
 /// The learning rate of `o`.
@@ -254,6 +267,10 @@ impl Manifest {
         let lr = learning_rate(&run.optimizer);
         if lr.to_bits() != self.lr.to_bits() {
             return differ(Field::LearningRate, self.lr.to_string(), lr.to_string());
+        }
+        let activations = run.activations.to_string();
+        if activations != self.activations {
+            return differ(Field::Activations, self.activations.clone(), activations);
         }
         Ok(())
     }

@@ -67,6 +67,7 @@ fn flag_of(field: Field) -> &'static str {
         Field::Seed => "--seed",
         Field::Optimizer => "--optimizer",
         Field::LearningRate => "--lr",
+        Field::Activations => "--activations",
     }
 }
 
@@ -170,6 +171,7 @@ fn load(setup: &Setup, dir: &Path) -> Result<Resume, CliError> {
         partition: uniform.as_deref(),
         seed: a.seed,
         optimizer: setup.optimizer,
+        activations: a.numerics.activations()?,
     };
     manifest.check_run(&run).map_err(|e| refuse(flag, dir, e))?;
     if manifest.step as usize >= a.steps {
@@ -264,6 +266,12 @@ impl Saver {
     }
 }
 
+/// The name of `f32` storage (a run's `--activations` was checked at setup; this is never used in
+/// practice).
+fn f32_name() -> String {
+    pipefill_host::cost::ActivationDtype::F32.to_string()
+}
+
 /// The manifest of this run, without step and files.
 fn base_manifest(spec: &ModelSpec, a: &Args, optimizer: Optimizer, plan: &Plan) -> Manifest {
     Manifest {
@@ -274,6 +282,11 @@ fn base_manifest(spec: &ModelSpec, a: &Args, optimizer: Optimizer, plan: &Plan) 
         model: ModelShape::of(spec),
         optimizer: optimizer.name().into(),
         lr: learning_rate(&optimizer),
+        activations: a
+            .numerics
+            .activations()
+            .map(|d| d.to_string())
+            .unwrap_or_else(|_| f32_name()),
         plan: plan.clone(),
         files: Vec::new(),
     }
