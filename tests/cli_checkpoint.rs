@@ -320,3 +320,22 @@ fn half_written_checkpoints_are_skipped_and_damaged_ones_refused() {
     train_ok(&dir, &resume);
     fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_folder_another_run_is_writing_is_refused_and_free_again_after() {
+    let dir = scratch("ckpt-lock");
+    let ck = dir.join("ck");
+    // Another process's lock, as a concurrent `train --checkpoint ck` holds it.
+    let held = pipefill::checkpoint::store::FolderLock::take(&ck).unwrap();
+    let extra = ["--steps", "2", "--checkpoint", "ck"];
+    refused(
+        &dir,
+        &extra,
+        &["in use", "--checkpoint", "another --checkpoint folder"],
+    );
+    assert!(complete_steps(&ck).is_empty(), "wrote into a folder in use");
+    drop(held);
+    train_ok(&dir, &extra);
+    assert_eq!(complete_steps(&ck), vec![2]);
+    fs::remove_dir_all(&dir).ok();
+}

@@ -93,6 +93,12 @@ pub enum CheckpointError {
         /// This run's value, in words.
         run: String,
     },
+    /// Another process holds the folder's lock: it is writing checkpoints there now.
+    #[error("`{}` is in use: another pipefill run is writing checkpoints there (it holds `{}`)", dir.display(), dir.join(super::store::LOCK).display())]
+    Busy {
+        /// The folder.
+        dir: PathBuf,
+    },
     /// A new run would write into a folder that already holds another run's checkpoints.
     #[error("`{}` already holds a checkpoint (step {step})", dir.display())]
     NotEmpty {

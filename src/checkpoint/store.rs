@@ -180,3 +180,45 @@ pub fn load_ranks(folder: &Path, manifest: &Manifest) -> Result<Vec<RankState>, 
         })
         .collect()
 }
+
+/// The lock file a run holds in its `--checkpoint` folder.
+pub const LOCK: &str = ".lock";
+
+/// A held lock on a checkpoint folder: one writer at a time. The lock is the operating system's
+/// (`flock` on `DIR/.lock`), so it is released when the holder ends in any way, a crash or a kill
+/// included, and a stale lock file never blocks a later run.
+#[derive(Debug)]
+pub struct FolderLock {
+    _file: fs::File,
+}
+
+impl FolderLock {
+    /// Takes the lock on `dir` (made if missing), or [`CheckpointError::Busy`] when another
+    /// process holds it. Where the platform has no `flock`, the lock is not taken (always `Ok`).
+    pub fn take(dir: &Path) -> Result<FolderLock, CheckpointError> {
+        fs::create_dir_all(dir).map_err(CheckpointError::io("create", dir))?;
+        let path = dir.join(LOCK);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(CheckpointError::io("open", &path))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: a valid open descriptor; LOCK_NB makes the call return at once.
+            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    return Err(CheckpointError::Busy {
+                        dir: dir.to_path_buf(),
+                    });
+                }
+                return Err(CheckpointError::io("lock", &path)(e));
+            }
+        }
+        Ok(FolderLock { _file: file })
+    }
+}

@@ -390,7 +390,9 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         o.host_enqueue = Some(host);
         return Ok(o);
     }
-    let saver = checkpoint::Saver::new(setup, plan);
+    let saver = checkpoint::Saver::new(setup, plan)
+        .map(checkpoint::Saver::locked)
+        .transpose()?;
     let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
     ex.set_exclusive(a.replay);
     let teacher = Teacher::new(&setup.spec, a.seed);

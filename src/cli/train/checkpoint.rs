@@ -89,6 +89,9 @@ fn refuse(flag: &str, dir: &Path, e: CheckpointError) -> CliError {
             dir.display()
         ),
         CheckpointError::Io { .. } => "check the path and its permissions".into(),
+        CheckpointError::Busy { .. } => {
+            "wait for that run to end, or give another --checkpoint folder".into()
+        }
     };
     CliError::Usage(format!("{flag} `{}`: {e}; {fix}", dir.display()))
 }
@@ -205,6 +208,8 @@ pub fn restore(
 
 /// Saves checkpoints during the step loop.
 pub struct Saver {
+    /// The folder's lock, held while this run may write there (single-process runs).
+    lock: Option<store::FolderLock>,
     dir: PathBuf,
     every: Option<usize>,
     steps: usize,
@@ -217,11 +222,21 @@ impl Saver {
         let a = &setup.args;
         let dir = a.checkpoint.checkpoint.clone()?;
         Some(Saver {
+            lock: None,
             dir,
             every: a.checkpoint.checkpoint_every,
             steps: a.steps,
             base: base_manifest(&setup.spec, a, setup.optimizer, plan),
         })
+    }
+
+    /// This saver holding its folder's lock: the only writer of it until the run ends (exit 2,
+    /// naming the folder, when another run holds it).
+    pub fn locked(mut self) -> Result<Self, CliError> {
+        let lock =
+            store::FolderLock::take(&self.dir).map_err(|e| refuse("--checkpoint", &self.dir, e))?;
+        self.lock = Some(lock);
+        Ok(self)
     }
 
     /// Whether a checkpoint is due after step `done` (counted from 1): a multiple of
