@@ -185,3 +185,58 @@ fn plan_searches_the_split_of_workers_and_refuses_bad_replica_counts() {
         ),
     ]);
 }
+
+#[test]
+fn the_report_gives_each_replicas_share_of_the_batch() {
+    let (code, out, err) = pipefill(&[
+        "train",
+        "--ranks",
+        "2",
+        "--layers",
+        "4",
+        "--hidden",
+        "32",
+        "--batch",
+        "32",
+        "--microbatches",
+        "4",
+        "--plan",
+        "uniform",
+        "--steps",
+        "1",
+        "--data-parallel",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("batch 32 over 2 replicas: 16 each in 4 microbatches of 4"),
+        "{out}"
+    );
+    let (code, out, err) = pipefill(&[
+        "train",
+        "--ranks",
+        "2",
+        "--layers",
+        "4",
+        "--hidden",
+        "32",
+        "--batch",
+        "32",
+        "--microbatches",
+        "4",
+        "--plan",
+        "uniform",
+        "--steps",
+        "1",
+        "--data-parallel",
+        "2",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["data_parallel"].as_u64(), v["microbatch_size"].as_u64()),
+        (Some(2), Some(4))
+    );
+}

@@ -128,16 +128,31 @@ pub fn print_text(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
 fn print_setup(setup: &Setup) {
     let a = &setup.args;
     let s = &setup.spec;
+    // With replicas, each runs its share of the batch in M microbatches.
+    let d = a.data_parallel.max(1);
+    let split = if d > 1 {
+        format!(
+            "batch {} over {d} replicas: {} each in {} microbatches of {}",
+            s.batch,
+            s.batch / d,
+            a.microbatches,
+            s.batch / d / a.microbatches
+        )
+    } else {
+        format!(
+            "batch {} in {} microbatches of {}",
+            s.batch,
+            a.microbatches,
+            s.batch / a.microbatches
+        )
+    };
     println!(
-        "model: {} layers, {} -> {} wide, {:.2} M parameters, loss {}, batch {} in {} microbatches of {}",
+        "model: {} layers, {} -> {} wide, {:.2} M parameters, loss {}, {split}",
         s.layers.len(),
         s.input,
         s.outputs(),
         s.parameters() as f64 / 1e6,
         s.loss,
-        s.batch,
-        a.microbatches,
-        s.batch / a.microbatches
     );
     if a.ranks > setup.cores {
         println!(
@@ -330,6 +345,8 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
         "busy_s": (0..m.ranks()).map(|r| m.busy(r)).collect::<Vec<_>>(),
         "idle_s": (0..m.ranks()).map(|r| m.idle(r)).collect::<Vec<_>>(),
         "replay": a.replay,
+        "data_parallel": a.data_parallel.max(1),
+        "microbatch_size": setup.spec.batch / a.data_parallel.max(1) / a.microbatches.max(1),
         "cores": setup.cores,
         "time_shared": a.ranks > setup.cores,
         "candidates": candidates.iter().map(|c| json!({
