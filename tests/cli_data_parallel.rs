@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_refused, pipefill, scratch};
+use common::{assert_refused, pipefill, scratch, small_train, SMALL_TRAIN};
 
 /// The per-step losses of a JSON `train` run.
 fn losses(schedule: &str, ranks: &str, d: &str) -> Vec<f64> {
@@ -188,51 +188,16 @@ fn plan_searches_the_split_of_workers_and_refuses_bad_replica_counts() {
 
 #[test]
 fn the_report_gives_each_replicas_share_of_the_batch() {
-    let (code, out, err) = pipefill(&[
-        "train",
-        "--ranks",
-        "2",
-        "--layers",
-        "4",
-        "--hidden",
-        "32",
-        "--batch",
-        "32",
-        "--microbatches",
-        "4",
-        "--plan",
-        "uniform",
-        "--steps",
-        "1",
-        "--data-parallel",
-        "2",
-    ]);
+    let extra = ["--steps", "1", "--data-parallel", "2"];
+    // SMALL_TRAIN without its closing `--format json`: the text report.
+    let text = [&SMALL_TRAIN[..SMALL_TRAIN.len() - 2], &extra[..]].concat();
+    let (code, out, err) = pipefill(&text);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("batch 32 over 2 replicas: 16 each in 4 microbatches of 4"),
         "{out}"
     );
-    let (code, out, err) = pipefill(&[
-        "train",
-        "--ranks",
-        "2",
-        "--layers",
-        "4",
-        "--hidden",
-        "32",
-        "--batch",
-        "32",
-        "--microbatches",
-        "4",
-        "--plan",
-        "uniform",
-        "--steps",
-        "1",
-        "--data-parallel",
-        "2",
-        "--format",
-        "json",
-    ]);
+    let (code, out, err) = pipefill(&small_train(&extra));
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(

@@ -26,6 +26,22 @@ const SIM: [&str; 7] = [
     "2",
 ];
 
+/// `plan` on the cost file `costs` at two ranks and a global batch of 8, then `extra`.
+fn plan<'a>(costs: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let base = [
+        "plan",
+        "--costs",
+        costs,
+        "--ranks",
+        "2",
+        "--global-batch",
+        "8",
+        "--cost-batch",
+        "1",
+    ];
+    [&base[..], extra].concat()
+}
+
 fn file(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -72,20 +88,7 @@ fn numbers_that_would_overflow_are_refused_quickly_naming_the_field() {
             ],
             "too large",
         ),
-        (
-            vec![
-                "plan",
-                "--costs",
-                &huge,
-                "--ranks",
-                "2",
-                "--global-batch",
-                "8",
-                "--cost-batch",
-                "1",
-            ],
-            "too large",
-        ),
+        (plan(&huge, &[]), "too large"),
     ]);
     // Before, the bound's loop never ended on these.
     assert!(
@@ -220,22 +223,7 @@ fn files_with_a_byte_order_mark_read_like_files_without() {
 fn the_families_error_names_auto() {
     let dir = scratch("families");
     let costs = file(&dir, "c.json", LAYERS);
-    assert_refused([(
-        vec![
-            "plan",
-            "--costs",
-            &costs,
-            "--ranks",
-            "2",
-            "--global-batch",
-            "8",
-            "--cost-batch",
-            "1",
-            "--families",
-            "nope",
-        ],
-        "auto",
-    )]);
+    assert_refused([(plan(&costs, &["--families", "nope"]), "auto")]);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -265,19 +253,7 @@ fn every_memory_limit_takes_every_byte_size_form() {
     let costs = file(&dir, "c.json", LAYERS);
     for size in ["40GB", "40GiB", "4e10", "2000000000", "1TB"] {
         for args in [
-            vec![
-                "plan",
-                "--costs",
-                &costs,
-                "--ranks",
-                "2",
-                "--global-batch",
-                "8",
-                "--cost-batch",
-                "1",
-                "--memory-limit",
-                size,
-            ],
+            plan(&costs, &["--memory-limit", size]),
             vec![
                 "partition",
                 "--costs",

@@ -109,10 +109,9 @@ pub fn candidates(setup: &Setup) -> Result<Vec<Plan>, CliError> {
 /// The best of `plans` (sorted best first), with its predicted timeline (the shared-device one
 /// for a plan re-scored for one device).
 pub fn choose(plans: &[Plan]) -> Result<Chosen, CliError> {
-    let at =
+    let (at, ties) =
         near_tie_choice(plans).ok_or_else(|| CliError::Failed("no candidate schedule".into()))?;
     let plan = plans[at].clone();
-    let ties = tied(plans).len();
     if ties > 1 {
         eprintln!(
             "near-tie: {ties} candidates within {:.0}% of the best predicted step time; chose {} \
@@ -150,10 +149,10 @@ fn tied(plans: &[Plan]) -> Vec<usize> {
 
 /// The candidate to run: among those in a near-tie with the fastest, the simplest family (the
 /// order of `FAMILIES`, `auto` last), then the fewest chunks, then the least peak memory; `None`
-/// when there is none. A stated rule that depends on no measured time inside the tie (the split,
+/// when there is none; with it, how many candidates were in the tie. A stated rule that depends on no measured time inside the tie (the split,
 /// and so the memory, follows the profile), so two runs of the same job choose the same plan
 /// even when the profile's noise reorders near-equal predictions.
-fn near_tie_choice(plans: &[Plan]) -> Option<usize> {
+fn near_tie_choice(plans: &[Plan]) -> Option<(usize, usize)> {
     let order = |family: &str| {
         families::FAMILIES
             .iter()
@@ -161,14 +160,18 @@ fn near_tie_choice(plans: &[Plan]) -> Option<usize> {
             .unwrap_or(families::FAMILIES.len())
     };
     let peak = |p: &Plan| p.peak_memory.iter().copied().fold(0.0, f64::max);
-    tied(plans).into_iter().min_by(|&a, &b| {
-        let (x, y) = (&plans[a], &plans[b]);
-        order(&x.family)
-            .cmp(&order(&y.family))
-            .then(x.chunks.cmp(&y.chunks))
-            .then(peak(x).total_cmp(&peak(y)))
-            .then(x.step_time.total_cmp(&y.step_time))
-    })
+    let ties = tied(plans);
+    let n = ties.len();
+    ties.into_iter()
+        .min_by(|&a, &b| {
+            let (x, y) = (&plans[a], &plans[b]);
+            order(&x.family)
+                .cmp(&order(&y.family))
+                .then(x.chunks.cmp(&y.chunks))
+                .then(peak(x).total_cmp(&peak(y)))
+                .then(x.step_time.total_cmp(&y.step_time))
+        })
+        .map(|at| (at, n))
 }
 
 /// `plan` simulated with every rank on one device (concurrent actions share it by the cost file's
@@ -542,9 +545,9 @@ mod tests {
         for p in &mut plans {
             p.step_time = best * (1.0 + NEAR_TIE / 2.0); // all tied
         }
-        let first = plans[near_tie_choice(&plans).unwrap()].clone();
+        let first = plans[near_tie_choice(&plans).unwrap().0].clone();
         plans.reverse();
-        let again = plans[near_tie_choice(&plans).unwrap()].clone();
+        let again = plans[near_tie_choice(&plans).unwrap().0].clone();
         assert_eq!(first.family, again.family, "the order decided");
         assert_eq!(first.family, "1f1b", "the simplest family of the tie");
         // A candidate clearly faster than the rest is chosen, however complex.

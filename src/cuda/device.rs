@@ -97,6 +97,21 @@ fn existing(ordinal: usize) -> Result<usize, CudaError> {
     Ok(count)
 }
 
+/// The default memory pool of `ctx`'s device, where cudarc's stream-ordered `cuMemAllocAsync`
+/// allocates; `None` where the device has no stream-ordered allocation.
+fn default_pool(ctx: &CudaContext) -> Result<Option<cudarc::driver::sys::CUmemoryPool>, CudaError> {
+    use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid device handle and an out-pointer to a live pool handle.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .map_err(CudaError::driver("cuDeviceGetDefaultMemPool"))?;
+    Ok(Some(pool))
+}
+
 /// Sets the release threshold of the device's default memory pool (where cudarc's stream-ordered
 /// `cuMemAllocAsync` allocates) to "never": with the driver's default of 0, every synchronize hands
 /// the pool's free memory back to the system, so each plain step maps its activations again while
@@ -105,14 +120,9 @@ fn existing(ordinal: usize) -> Result<usize, CudaError> {
 /// pool still gives memory back when another allocation on the device needs it.
 fn keep_pool_memory(ctx: &CudaContext) -> Result<(), CudaError> {
     use cudarc::driver::sys;
-    if !ctx.has_async_alloc() {
+    let Some(pool) = default_pool(ctx)? else {
         return Ok(());
-    }
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: a valid device handle and an out-pointer to a live pool handle.
-    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
-        .result()
-        .map_err(CudaError::driver("cuDeviceGetDefaultMemPool"))?;
+    };
     let mut threshold: u64 = u64::MAX;
     // SAFETY: the attribute takes a `cuuint64_t` value, passed by pointer to a live `u64`.
     unsafe {
@@ -218,14 +228,9 @@ impl Gpu {
     /// `cuCtxEnablePeerAccess`, only `cuMemPoolSetAccess`.
     fn share_pool_with(&self, other: &Gpu) -> Result<(), CudaError> {
         use cudarc::driver::sys;
-        if !self.ctx.has_async_alloc() {
+        let Some(pool) = default_pool(&self.ctx)? else {
             return Ok(());
-        }
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: a valid device handle and an out-pointer to a live pool handle.
-        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
-            .result()
-            .map_err(CudaError::driver("cuDeviceGetDefaultMemPool"))?;
+        };
         let id = i32::try_from(other.ordinal()).map_err(|_| CudaError::TooLarge {
             what: "device ordinal",
             value: other.ordinal(),

@@ -281,12 +281,6 @@ impl Saver {
     }
 }
 
-/// The name of `f32` storage (a run's `--activations` was checked at setup; this is never used in
-/// practice).
-fn f32_name() -> String {
-    pipefill_host::cost::ActivationDtype::F32.to_string()
-}
-
 /// The manifest of this run, without step and files.
 fn base_manifest(spec: &ModelSpec, a: &Args, optimizer: Optimizer, plan: &Plan) -> Manifest {
     Manifest {
@@ -297,11 +291,8 @@ fn base_manifest(spec: &ModelSpec, a: &Args, optimizer: Optimizer, plan: &Plan) 
         model: ModelShape::of(spec),
         optimizer: optimizer.name().into(),
         lr: learning_rate(&optimizer),
-        activations: a
-            .numerics
-            .activations()
-            .map(|d| d.to_string())
-            .unwrap_or_else(|_| f32_name()),
+        // Checked at setup (the default, f32, is never taken here).
+        activations: a.numerics.activations().unwrap_or_default().to_string(),
         plan: plan.clone(),
         files: Vec::new(),
     }
