@@ -208,23 +208,22 @@ fn plan_takes_auto() {
     let file = dir.join("costs.json");
     let text = serde_json::json!({"layers": layers, "meta": {"microbatch_size": 1}});
     std::fs::write(&file, text.to_string()).unwrap();
-    let v = json(&[
-        "plan",
-        "--costs",
-        file.to_str().unwrap(),
-        "--ranks",
-        "4",
-        "--global-batch",
-        "8",
-        "--families",
-        "auto,1f1b",
-        "--time-budget",
-        "0.02",
-        "--format",
-        "json",
-        "--top",
-        "50",
-    ]);
+    let path = file.to_str().unwrap();
+    // auto and 1f1b planned at four ranks; `extra` gives the batch and the replicas.
+    let plan = |extra: &[&str]| {
+        let base = [
+            "plan",
+            "--costs",
+            path,
+            "--ranks",
+            "4",
+            "--families",
+            "auto,1f1b",
+        ];
+        let rest = ["--time-budget", "0.02", "--format", "json", "--top", "50"];
+        json(&[&base[..], extra, &rest[..]].concat())
+    };
+    let v = plan(&["--global-batch", "8"]);
     let plans = v["plans"].as_array().unwrap();
     let best = |name: &str| {
         plans
@@ -237,25 +236,7 @@ fn plan_takes_auto() {
 
     // With data parallelism every row, auto's too, is planned for D replicas: each runs its share
     // of the batch, and the all-reduces are in its step time.
-    let v = json(&[
-        "plan",
-        "--costs",
-        file.to_str().unwrap(),
-        "--ranks",
-        "4",
-        "--global-batch",
-        "16",
-        "--data-parallel",
-        "2",
-        "--families",
-        "auto,1f1b",
-        "--time-budget",
-        "0.02",
-        "--format",
-        "json",
-        "--top",
-        "50",
-    ]);
+    let v = plan(&["--global-batch", "16", "--data-parallel", "2"]);
     let plans = v["plans"].as_array().unwrap();
     assert!(plans.iter().any(|p| p["family"] == "auto"), "{v}");
     for p in plans {

@@ -26,6 +26,20 @@ const SIM: [&str; 7] = [
     "2",
 ];
 
+/// `schedule --schedule auto` at two ranks and two microbatches, then `extra`.
+fn auto<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let base = [
+        "schedule",
+        "--schedule",
+        "auto",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+    ];
+    [&base[..], extra].concat()
+}
+
 /// `plan` on the cost file `costs` at two ranks and a global batch of 8, then `extra`.
 fn plan<'a>(costs: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let base = [
@@ -74,20 +88,7 @@ fn numbers_that_would_overflow_are_refused_quickly_naming_the_field() {
             [&SIM[..], &["--costs", &huge]].concat(),
             "layers[0].forward",
         ),
-        (
-            vec![
-                "schedule",
-                "--schedule",
-                "auto",
-                "--ranks",
-                "2",
-                "--microbatches",
-                "2",
-                "--costs",
-                &huge,
-            ],
-            "too large",
-        ),
+        (auto(&["--costs", &huge]), "too large"),
         (plan(&huge, &[]), "too large"),
     ]);
     // Before, the bound's loop never ended on these.
@@ -305,19 +306,7 @@ fn absurd_budgets_and_worker_counts_are_refused_or_end_quickly() {
     let dir = scratch("budgets");
     let costs = file(&dir, "c.json", LAYERS);
     assert_refused([(
-        vec![
-            "schedule",
-            "--schedule",
-            "auto",
-            "--ranks",
-            "2",
-            "--microbatches",
-            "2",
-            "--cost",
-            "F=1,I=1,W=1",
-            "--time-budget",
-            "1e9",
-        ],
+        auto(&["--cost", "F=1,I=1,W=1", "--time-budget", "1e9"]),
         "--time-budget",
     )]);
     let started = Instant::now();
