@@ -20,10 +20,11 @@
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
 //! starts, `I` and `W` release theirs when they end; in microbatches in flight each of `V` chunks
-//! counts `1/V`). The result records the objective, the lower bound ([`crate::sim::lower_bound`]
-//! for the makespan, the busiest rank's work for the span; the proven optimum when the exact method
-//! finished) and the gap ([`SolverInfo`]), which [`AutoSchedule::to_json`] writes next to the
-//! schedule.
+//! counts `1/V`). The result records the objective, the lower bound (for the makespan
+//! [`crate::sim::lower_bound`], or under a limit [`crate::sim::lower_bound_with_limit`], which knows
+//! that a rank holding at most `k` microbatches waits a round trip for every `k` forwards; the
+//! busiest rank's work for the span; the proven optimum when the exact method finished) and the gap
+//! ([`SolverInfo`]), which [`AutoSchedule::to_json`] writes next to the schedule.
 //!
 //! ```
 //! use pipefill_host::cost::{CostModel, LinkCost, StageCost};
@@ -45,8 +46,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::schedule::Op;
 use crate::schedule::Schedule;
-use crate::sim::lower_bound;
+use crate::sim::{lower_bound, lower_bound_with_limit};
 
 mod error;
 mod exact;
@@ -65,7 +67,7 @@ pub use improve::WORK_PER_SECOND;
 pub use request::{AutoRequest, MemoryLimit, Objective, UnknownObjective, DEFAULT_TIME_BUDGET};
 pub use seeds::FamilyResult;
 
-use instance::Instance;
+use instance::{Instance, MEMORY_EPS};
 use list::{build, Rule};
 use rng::Rng;
 use score::{schedule_of, score, Scored};
@@ -247,11 +249,18 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     })
 }
 
-/// The lower bound on the objective: the simulator's for the makespan, the busiest rank's work
-/// for the span.
+/// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the
+/// request has a limit ([`held_limits`]); for the span, the busiest rank's work.
 fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
     match req.objective {
-        Objective::Makespan => lower_bound(schedule, &req.costs),
+        Objective::Makespan => {
+            let free = lower_bound(schedule, &req.costs);
+            match held_limits(inst) {
+                Some(limits) => lower_bound_with_limit(schedule, &req.costs, &limits)
+                    .map_or(free, |limited| limited.max(free)),
+                None => free,
+            }
+        }
         Objective::Span => (0..inst.p)
             .map(|r| {
                 inst.stages_of[r]
@@ -265,4 +274,36 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
             })
             .fold(0.0, f64::max),
     }
+}
+
+/// Per rank, the most rank-microbatches (a stage's microbatch counts `1/V`) that can be held from
+/// a forward's start to the end of its `W` under the request's limit: the limit the memory term
+/// of the bound ([`crate::sim::bound_with_limit`]) needs. `None` without a limit.
+///
+/// In microbatches in flight the limit is that number. In bytes, every stage-microbatch between
+/// its `F` and the end of its `W` holds at least what its `I` does not release, so at most
+/// `budget / (least such remainder among the rank's stages)` of them fit; a rank whose stages
+/// release everything at `I` is not limited this way (infinite).
+fn held_limits(inst: &Instance) -> Option<Vec<f64>> {
+    if inst.budget.iter().all(|b| b.is_infinite()) {
+        return None;
+    }
+    let limits = (0..inst.p)
+        .map(|r| {
+            let budget = inst.budget[r];
+            if inst.unit || budget.is_infinite() {
+                return budget;
+            }
+            let kept = inst.stages_of[r]
+                .iter()
+                .map(|&x| inst.foot[x].released_by(Op::W))
+                .fold(f64::INFINITY, f64::min);
+            if kept > 0.0 {
+                (budget * (1.0 + MEMORY_EPS) / kept).floor() / inst.v as f64
+            } else {
+                f64::INFINITY
+            }
+        })
+        .collect();
+    Some(limits)
 }
