@@ -174,6 +174,7 @@ fn profile(spec: &ModelSpec, quick: bool) -> CostFile {
         options: ProfileOptions {
             warmup: 2,
             repeats: if quick { 3 } else { 9 },
+            ..ProfileOptions::default()
         },
         seed: 0,
         precision: Default::default(),

@@ -88,6 +88,7 @@
 //! ```
 
 pub mod cost;
+pub mod cpu_time;
 pub mod input;
 pub mod partition;
 pub mod plan;

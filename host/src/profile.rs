@@ -9,7 +9,7 @@
 //!
 //! 1. `warmup` untimed rounds (caches, allocator, lazy initialisation);
 //! 2. `repeats` timed rounds; each call is timed alone with a monotonic clock
-//!    ([`std::time::Instant`]) and each layer keeps the **median** over the rounds (robust to the
+//!    ([`std::time::Instant`], or the thread's CPU clock: [`TimeSource`]) and each layer keeps the **median** over the rounds (robust to the
 //!    odd preempted run). A layer is timed among the others, not in a loop of its own, so it does not
 //!    find its weights and inputs in cache every time (it would measure too fast), and `W` runs
 //!    after the other layers' `I`, as zero-bubble schedules defer it;
@@ -63,13 +63,15 @@ pub enum ProfileError {
     Fit(String),
 }
 
-/// How many runs to make.
+/// How many runs to make, and with which clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProfileOptions {
     /// Untimed rounds first.
     pub warmup: usize,
     /// Timed rounds; the median is kept.
     pub repeats: usize,
+    /// What a call's time is read from.
+    pub clock: TimeSource,
 }
 
 impl Default for ProfileOptions {
@@ -77,6 +79,49 @@ impl Default for ProfileOptions {
         ProfileOptions {
             warmup: 2,
             repeats: 7,
+            clock: TimeSource::Wall,
+        }
+    }
+}
+
+/// The clock a profiled call is timed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeSource {
+    /// Wall time ([`Instant`]): what the call took, including any time the thread was not running.
+    #[default]
+    Wall,
+    /// The calling thread's CPU time ([`crate::cpu_time::thread_cpu_seconds`]): what the call took
+    /// while it had a core. On a machine shared with other work this leaves out the time the thread
+    /// was descheduled, so two profiles of the same layers agree where wall times would not; on a
+    /// quiet machine the two agree. Only for backends whose calls run on the calling thread (the
+    /// built-in CPU layers; not an asynchronous GPU). Where the clock cannot be read, wall time.
+    ThreadCpu,
+}
+
+/// A started timing of one call.
+#[derive(Debug, Clone, Copy)]
+struct Stopwatch {
+    wall: Instant,
+    cpu: Option<f64>,
+}
+
+impl Stopwatch {
+    fn start(source: TimeSource) -> Self {
+        let cpu = match source {
+            TimeSource::Wall => None,
+            TimeSource::ThreadCpu => crate::cpu_time::thread_cpu_seconds(),
+        };
+        Stopwatch {
+            wall: Instant::now(),
+            cpu,
+        }
+    }
+
+    /// Seconds since [`Stopwatch::start`] on its clock.
+    fn seconds(&self) -> f64 {
+        match (self.cpu, crate::cpu_time::thread_cpu_seconds()) {
+            (Some(start), Some(now)) => (now - start).max(0.0),
+            _ => self.wall.elapsed().as_secs_f64(),
         }
     }
 }
@@ -199,8 +244,10 @@ pub fn profile_layers<S: Stage>(
                 source,
             }
         };
-        let fused = fused_pass(&mut layers, &input).map_err(|e| error(&layers, e))?;
-        let split = split_pass(&mut layers, &input).map_err(|e| error(&layers, e))?;
+        let fused =
+            fused_pass(&mut layers, &input, options.clock).map_err(|e| error(&layers, e))?;
+        let split =
+            split_pass(&mut layers, &input, options.clock).map_err(|e| error(&layers, e))?;
         for (l, (b, r)) in fused.into_iter().zip(split).enumerate() {
             if timed {
                 let [f, i, w] = r.times;
@@ -233,13 +280,14 @@ type Forward<T> = Vec<(f64, usize, T, Tensor)>;
 fn forward_pass<S: Stage>(
     layers: &mut [ProfiledLayer<'_, S>],
     input: &Tensor,
+    clock: TimeSource,
 ) -> Result<Forward<S::Stash>, (usize, StageError)> {
     let mut x = input.clone();
     let mut forward = Vec::with_capacity(layers.len());
     for (index, l) in layers.iter_mut().enumerate() {
-        let t0 = Instant::now();
+        let t0 = Stopwatch::start(clock);
         let (y, stash) = l.stage.forward(x).map_err(|e| (index, e))?;
-        let f = t0.elapsed().as_secs_f64();
+        let f = t0.seconds();
         let held = l.stage.held_bytes(&stash);
         forward.push((f, held, stash, y.clone()));
         x = y;
@@ -264,8 +312,9 @@ fn upstream(grad: Option<Tensor>, output: &Tensor) -> Result<Tensor, StageError>
 fn fused_pass<S: Stage>(
     layers: &mut [ProfiledLayer<'_, S>],
     input: &Tensor,
+    clock: TimeSource,
 ) -> Result<Vec<(f64, f64)>, (usize, StageError)> {
-    let mut forward = forward_pass(layers, input)?;
+    let mut forward = forward_pass(layers, input, clock)?;
     let mut times = vec![(0.0, 0.0); layers.len()];
     let mut grad = None;
     for (index, l) in layers.iter_mut().enumerate().rev() {
@@ -273,9 +322,9 @@ fn fused_pass<S: Stage>(
             .pop()
             .ok_or((index, StageError::new("profiling lost a stash")))?;
         let dy = upstream(grad.take(), &output).map_err(|e| (index, e))?;
-        let t = Instant::now();
+        let t = Stopwatch::start(clock);
         let dx = l.stage.backward(stash, dy).map_err(|e| (index, e))?;
-        times[index] = (f, t.elapsed().as_secs_f64());
+        times[index] = (f, t.seconds());
         grad = Some(dx);
     }
     Ok(times)
@@ -285,8 +334,9 @@ fn fused_pass<S: Stage>(
 fn split_pass<S: Stage>(
     layers: &mut [ProfiledLayer<'_, S>],
     input: &Tensor,
+    clock: TimeSource,
 ) -> Result<Vec<Round>, (usize, StageError)> {
-    let mut forward = forward_pass(layers, input)?;
+    let mut forward = forward_pass(layers, input, clock)?;
     let mut pending = Vec::with_capacity(layers.len());
     let mut grad = None;
     for (index, l) in layers.iter_mut().enumerate().rev() {
@@ -294,24 +344,24 @@ fn split_pass<S: Stage>(
             .pop()
             .ok_or((index, StageError::new("profiling lost a stash")))?;
         let dy = upstream(grad.take(), &output).map_err(|e| (index, e))?;
-        let t = Instant::now();
+        let t = Stopwatch::start(clock);
         let dx = l
             .stage
             .backward_input(&mut stash, dy)
             .map_err(|e| (index, e))?;
-        let i = t.elapsed().as_secs_f64();
+        let i = t.seconds();
         let held_after_i = l.stage.held_bytes(&stash);
         grad = Some(dx);
         pending.push((index, f, i, held_after_f, held_after_i, stash, output));
     }
     let mut rounds: Vec<Option<Round>> = (0..layers.len()).map(|_| None).collect();
     for (index, f, i, held_after_f, held_after_i, stash, output) in pending {
-        let t = Instant::now();
+        let t = Stopwatch::start(clock);
         layers[index]
             .stage
             .backward_weight(stash)
             .map_err(|e| (index, e))?;
-        let w = t.elapsed().as_secs_f64();
+        let w = t.seconds();
         rounds[index] = Some(Round {
             times: [f, i, w],
             held_after_f,

@@ -78,6 +78,7 @@ fn memory_fields_are_exact_and_times_are_measured() {
     let opts = ProfileOptions {
         warmup: 1,
         repeats: 5,
+        ..ProfileOptions::default()
     };
     let costs = profile_layers(layers, input, opts).unwrap();
     assert_eq!(costs.len(), 2);
@@ -110,6 +111,7 @@ fn zero_repeats_is_refused() {
         ProfileOptions {
             warmup: 0,
             repeats: 0,
+            ..ProfileOptions::default()
         },
     );
     assert!(matches!(e, Err(ProfileError::NoRepeats)));
@@ -167,6 +169,7 @@ fn each_round_is_a_fused_and_a_split_pass_over_the_model() {
     let opts = ProfileOptions {
         warmup: 1,
         repeats: 2,
+        ..ProfileOptions::default()
     };
     let costs = profile_layers(layers, Tensor::zeros(vec![1, 2]), opts).unwrap();
     assert_eq!(costs.len(), 3);

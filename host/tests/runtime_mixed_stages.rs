@@ -323,6 +323,7 @@ fn the_profiler_takes_mixed_stage_types() {
     let options = ProfileOptions {
         warmup: 0,
         repeats: 1,
+        ..ProfileOptions::default()
     };
     let costs = profile_layers(layers, x, options).unwrap();
     assert_eq!(costs.len(), 4);

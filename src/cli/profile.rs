@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use pipefill_host::cost::{ActivationDtype, CostFile, LayerCost, LinkCost, SizeSample};
 use pipefill_host::profile::{
-    fit_fixed, profile_layers, PairExecution, ProfileError, ProfileOptions, ProfiledLayer,
+    fit_fixed, median, profile_layers, PairExecution, ProfileError, ProfileOptions, ProfiledLayer,
 };
 use pipefill_host::runtime::Tensor;
 
@@ -202,6 +202,43 @@ pub struct Measure {
     pub activations: ActivationDtype,
 }
 
+/// Gives the layers of one shape (input width, width, activation) one cost: per time field, the
+/// median of their measurements. Such layers do the same work, so what differs between their
+/// times is noise (another process on a core, a page fault); a planner that sees that noise as
+/// real ranks near-equal schedules differently from run to run. The medians over a group of `k`
+/// layers vary far less than any one layer's time. Layers of a shape of their own keep theirs.
+pub fn pool_same_shape(spec: &ModelSpec, costs: &mut CostFile) {
+    if costs.layers.len() != spec.layers.len() {
+        return;
+    }
+    let shape = |i: usize| {
+        let input = if i == 0 {
+            spec.input
+        } else {
+            spec.layers[i - 1].width
+        };
+        (input, spec.layers[i].width, spec.layers[i].activation)
+    };
+    let measured = costs.layers.clone();
+    let field = |c: &LayerCost| [c.forward, c.backward_input, c.backward_weight, c.backward];
+    for (i, layer) in costs.layers.iter_mut().enumerate() {
+        let group: Vec<&LayerCost> = (0..measured.len())
+            .filter(|&j| shape(j) == shape(i))
+            .map(|j| &measured[j])
+            .collect();
+        if group.len() < 2 {
+            continue;
+        }
+        let pooled: Vec<f64> = (0..4)
+            .map(|f| median(&mut group.iter().map(|c| field(c)[f]).collect::<Vec<_>>()))
+            .collect();
+        layer.forward = pooled[0];
+        layer.backward_input = pooled[1];
+        layer.backward_weight = pooled[2];
+        layer.backward = pooled[3];
+    }
+}
+
 /// Profiles every layer of `spec` on `m.rows` rows on `m.backend` and returns the cost file (free
 /// transfers: ranks are threads of one process; the overlap share the backend states; `meta` says
 /// how it was measured). With `fit_rows`, profiles again on that many rows and records each layer's
@@ -375,6 +412,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let options = ProfileOptions {
         warmup: args.warmup,
         repeats: args.repeats,
+        ..ProfileOptions::default()
     };
     let measure = Measure {
         backend: args.backend,
@@ -397,4 +435,58 @@ pub fn run(args: Args) -> Result<(), CliError> {
         args.out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pool_same_shape;
+    use crate::layers::LossKind;
+    use crate::model::{LayerSpec, ModelSpec};
+    use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+    use pipefill_kernels::Activation;
+
+    #[test]
+    fn layers_of_one_shape_get_the_median_of_their_times() {
+        let layer = |width, activation| LayerSpec { width, activation };
+        // Three 8 -> 8 GELU layers (the first takes the input of width 8), then an 8 -> 2 head.
+        let spec = ModelSpec {
+            input: 8,
+            layers: vec![
+                layer(8, Activation::Gelu),
+                layer(8, Activation::Gelu),
+                layer(8, Activation::Gelu),
+                layer(2, Activation::Identity),
+            ],
+            loss: LossKind::Mse,
+            batch: 4,
+        };
+        let times = [
+            (1.0, 2.0, 3.0),
+            (5.0, 1.0, 3.5),
+            (2.0, 9.0, 1.0),
+            (7.0, 7.0, 7.0),
+        ];
+        let mut costs = CostFile {
+            layers: times
+                .iter()
+                .enumerate()
+                .map(|(i, &(f, b, w))| LayerCost::new(format!("linear{i}"), f, b, w))
+                .collect(),
+            transfer: LinkCost::default(),
+            overlap_share: 1.0,
+            meta: serde_json::Value::Null,
+        };
+        pool_same_shape(&spec, &mut costs);
+        for l in &costs.layers[..3] {
+            assert_eq!(
+                (l.forward, l.backward_input, l.backward_weight),
+                (2.0, 2.0, 3.0)
+            );
+        }
+        let head = &costs.layers[3];
+        assert_eq!(
+            (head.forward, head.backward_input, head.backward_weight),
+            (7.0, 7.0, 7.0)
+        );
+    }
 }

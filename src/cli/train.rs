@@ -30,7 +30,7 @@ use pipefill_host::cost::CostFile;
 use pipefill_host::plan::{
     plan_families, plan_schedule, Plan, PlanError, PlanReport, Skipped, Split,
 };
-use pipefill_host::profile::ProfileOptions;
+use pipefill_host::profile::{ProfileOptions, TimeSource};
 use pipefill_host::runtime::{Executor, StepReport};
 use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::Placement;
@@ -43,7 +43,7 @@ pub use setup::{setup, Args, Format, Launcher, Setup, TrainPlan};
 
 use super::auto_flags;
 use super::auto_plan::auto_schedule;
-use super::profile::{profile_model, Backend, Measure};
+use super::profile::{pool_same_shape, profile_model, Backend, Measure};
 use super::CliError;
 use crate::layers::LinearStage;
 use crate::model::{stage_ranges, Teacher};
@@ -202,13 +202,20 @@ fn on_one_device(plans: Vec<Plan>) -> Vec<Plan> {
 }
 
 /// Times every layer briefly on one microbatch, on the chosen backend (the cost file carries its
-/// overlap share).
+/// overlap share); layers of one shape get one cost ([`pool_same_shape`]).
 pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
     // A replica's microbatch: the global batch over replicas and microbatches.
     let rows = setup.spec.batch / (setup.args.microbatches * setup.args.data_parallel.max(1));
+    // The CPU layers run on the calling thread: its CPU clock leaves out the time other work on
+    // the machine takes its core, which would otherwise reorder near-equal candidates run to run.
+    let clock = match setup.backend {
+        Backend::Cpu => TimeSource::ThreadCpu,
+        Backend::Cuda => TimeSource::Wall,
+    };
     let options = ProfileOptions {
         warmup: 1,
         repeats: 5,
+        clock,
     };
     // Train runs at this microbatch size and never rescales: one size is enough.
     let measure = Measure {
@@ -222,7 +229,9 @@ pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
         precision: setup.precision,
         activations: setup.activations,
     };
-    profile_model(&setup.spec, &measure)
+    let mut costs = profile_model(&setup.spec, &measure)?;
+    pool_same_shape(&setup.spec, &mut costs);
+    Ok(costs)
 }
 
 /// The host planner's plans, best first: the `--schedule-file` schedule, or one schedule per family
