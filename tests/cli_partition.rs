@@ -200,6 +200,22 @@ fn bad_inputs_exit_2_with_a_clear_message() {
             ],
             "best",
         ),
+        (
+            vec![
+                "partition",
+                "--costs",
+                g,
+                "--stages",
+                "2",
+                "--schedule",
+                "auto",
+                "--microbatches",
+                "4",
+                "--memory-limit",
+                "1e9",
+            ],
+            "pipefill plan --families auto",
+        ),
     ];
     common::assert_refused(cases);
 }

@@ -114,3 +114,10 @@ fn refusals_say_what_works() {
     let e = families::generate("nope", &Params::new(2, 2)).unwrap_err();
     assert!(matches!(e, ScheduleError::UnknownFamily { .. }));
 }
+
+#[test]
+fn auto_asked_of_the_generators_names_its_entry_point() {
+    let e = families::generate("auto", &Params::new(2, 4)).unwrap_err();
+    assert_eq!(e, ScheduleError::AutoNeedsCosts);
+    assert!(e.to_string().contains("auto::solve"), "{e}");
+}

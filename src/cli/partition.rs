@@ -20,7 +20,7 @@ use pipefill_host::partition::{
     stage_in_flight, Layout, MemoryLimit, Method, Partition, PartitionError, Problem,
     NANOS_PER_SECOND,
 };
-use pipefill_host::schedule::{families, Params, Placement};
+use pipefill_host::schedule::{families, Params, Placement, ScheduleError};
 use serde::Serialize;
 
 use super::CliError;
@@ -216,7 +216,15 @@ fn memory_limit(args: &Args, layout: &Layout) -> Result<Option<MemoryLimit>, Cli
             "--memory-limit needs --schedule FAMILY and --microbatches M (to count the activations each stage holds)".into(),
         ));
     };
-    let fam = families::family(name).map_err(|e| CliError::Usage(e.to_string()))?;
+    let fam = families::family(name).map_err(|e| match e {
+        ScheduleError::AutoNeedsCosts => CliError::Usage(
+            "--schedule auto: partition counts the activations of a fixed family; give one \
+             (`pipefill schedule --list`), or let `pipefill plan --families auto` split the layers \
+             for auto"
+                .into(),
+        ),
+        e => CliError::Usage(format!("--schedule: {e}")),
+    })?;
     if fam.placement != layout.placement {
         return Err(CliError::Usage(format!(
             "--schedule {name} uses {} placement but --placement is {}; pass --placement {}",

@@ -25,6 +25,13 @@ pub enum ScheduleError {
         /// The known family names, comma-separated.
         known: String,
     },
+    /// `auto` asked of the family generators: it is solved from costs, not generated from a shape.
+    #[error(
+        "`auto` is not a fixed family: it is solved for measured costs and a memory limit; call \
+         `pipefill_host::schedule::auto::solve(&AutoRequest::new(ranks, microbatches, costs))`, or \
+         `plan::plan_families` with `auto` among the names"
+    )]
+    AutoNeedsCosts,
     /// An action's text form is malformed.
     #[error("cannot read action `{text}`: {reason}")]
     ParseAction {

@@ -39,8 +39,18 @@ pub const FAMILIES: &[Family] = &[
     super::v_min::FAMILY,
 ];
 
-/// Looks a family up by name.
+/// Looks a family up by name. `auto` is refused with [`ScheduleError::AutoNeedsCosts`], which
+/// names its entry point ([`super::auto::solve`]).
+///
+/// ```
+/// use pipefill_host::schedule::{families, ScheduleError};
+/// assert_eq!(families::family("zbv").unwrap().name, "zbv");
+/// assert!(matches!(families::family("auto"), Err(ScheduleError::AutoNeedsCosts)));
+/// ```
 pub fn family(name: &str) -> Result<&'static Family, ScheduleError> {
+    if name == super::auto::AUTO {
+        return Err(ScheduleError::AutoNeedsCosts);
+    }
     FAMILIES
         .iter()
         .find(|f| f.name == name)
