@@ -360,6 +360,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         if i == steps - 1 {
+            let spans = r.timeline.spans.iter().flatten();
+            let (items, busy) = spans.fold((0usize, 0.0), |(n, b), s| (n + 1, b + s.end - s.start));
+            println!(
+                "  (the bubble is high because the stages are tiny: an action computes for {:.1} us on \
+                 average, while the runtime's own cost per action is 0.5 to 2.5 us (docs/measurements.md, \
+                 executor overhead), so at this size it measures the runtime's hand-offs, not the schedule; give the stages \
+                 milliseconds of work and it approaches the schedule's own)",
+                busy / items.max(1) as f64 * 1e6
+            );
             for (stage, at) in ready {
                 println!(
                     "  stage {stage} ({}) gradients ready at {:.3} ms of {:.3} ms: its all-reduce could start",
