@@ -214,3 +214,29 @@ fn samples_override_the_fixed_part_and_steer_the_plan() {
         "same costs at every size, same prediction"
     );
 }
+
+#[test]
+fn one_rank_lists_one_plan_per_batch_shape() {
+    // At P = 1 every family runs the same actions: `plan_workers` keeps one row per (D, M,
+    // microbatch size) there, while P > 1 still lists every family.
+    let mut req = PlanRequest::new(model(), 1.0, 1, 16);
+    req.data_parallel.link = LinkCost {
+        latency: 0.0,
+        bandwidth: 1e9,
+    };
+    let report = pipefill_host::plan::plan_workers(&req, 2).unwrap();
+    let one: Vec<_> = report.plans.iter().filter(|p| p.ranks == 1).collect();
+    let shapes: std::collections::BTreeSet<_> = one
+        .iter()
+        .map(|p| (p.data_parallel, p.microbatches, p.microbatch_size))
+        .collect();
+    assert!(!one.is_empty());
+    assert_eq!(one.len(), shapes.len(), "P = 1 rows: {one:?}");
+    let two: std::collections::BTreeSet<_> = report
+        .plans
+        .iter()
+        .filter(|p| p.ranks == 2)
+        .map(|p| p.family.as_str())
+        .collect();
+    assert!(two.len() > 1, "P = 2 keeps its families: {two:?}");
+}

@@ -410,6 +410,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     let refined = refine_best(request.refine, &plans, &shapes);
     plans.extend(refined);
     sort(&mut plans);
+    search::one_per_shape_at_one_rank(&mut plans);
     if plans.is_empty() {
         return Err(PlanError::NoPlan { skipped });
     }

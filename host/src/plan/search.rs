@@ -258,3 +258,13 @@ pub(super) fn sort(plans: &mut [Plan]) {
             .then(a.partition.cmp(&b.partition))
     });
 }
+
+/// At one rank every family runs the same actions (all of a microbatch's stages on one rank, one
+/// after another), so listing them all says nothing: of the plans of each batch shape (replicas,
+/// microbatch count and size) only the first of `plans` (sorted best first) is kept.
+pub(super) fn one_per_shape_at_one_rank(plans: &mut Vec<Plan>) {
+    let mut seen = std::collections::HashSet::new();
+    plans.retain(|p| {
+        p.ranks != 1 || seen.insert((p.data_parallel, p.microbatches, p.microbatch_size))
+    });
+}
