@@ -76,7 +76,11 @@ fn instances(quick: bool) -> Vec<Instance> {
     let ranks: &[usize] = if quick { &[4] } else { &[4, 8, 16] };
     let mut out = Vec::new();
     for &p in ranks {
-        let ms = if quick { vec![2 * p] } else { vec![p, 2 * p, 4 * p] };
+        let ms = if quick {
+            vec![2 * p]
+        } else {
+            vec![p, 2 * p, 4 * p]
+        };
         let ratios = if quick { &RATIOS[..1] } else { &RATIOS[..] };
         let transfers: &[f64] = if quick { &[0.1] } else { &[0.0, 0.1] };
         let pf = p as f64;
@@ -179,7 +183,18 @@ pub fn table(g: &VReport) -> String {
     );
     out.push_str(&format!(
         "{:>3} {:>4} {:<9} {:>4} {:<5} {:>5} {:<8} {:>10} {:>7} {:>7} {:<12} {:>6}  origin\n",
-        "P", "M", "F:I:W", "comm", "limit", "=", "obj", "bound", "auto", "best", "best family", "time"
+        "P",
+        "M",
+        "F:I:W",
+        "comm",
+        "limit",
+        "=",
+        "obj",
+        "bound",
+        "auto",
+        "best",
+        "best family",
+        "time"
     ));
     for r in &g.rows {
         let (best, name) = match &r.best_family {

@@ -60,6 +60,7 @@ mod request;
 mod rng;
 mod score;
 mod seeds;
+mod vgreedy;
 
 pub use error::AutoError;
 pub use exact::EXACT_MAX_ACTIONS;
@@ -159,6 +160,11 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         };
         if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
             offer(s, "zb-greedy".into());
+        }
+    }
+    for orders in vgreedy::candidates(&inst) {
+        if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
+            offer(s, "zbv-greedy".into());
         }
     }
     for rule in Rule::standard(&inst) {
