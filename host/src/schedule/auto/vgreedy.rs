@@ -19,13 +19,18 @@
 //!
 //! [`Setting::grid`] lists what is tried: warm-up fill on or off, chunk-1 or earliest forward first,
 //! and approved-bubble vectors (all zero; increasing or decreasing over the ranks up to a few
-//! forward times; constant). Every setting's result is a candidate.
+//! forward times; constant). Every setting's result is a candidate, also built under each smaller
+//! limit of the ladder `P/2`, `P`, `2P` ([`candidates`]).
 
 use std::collections::VecDeque;
 
 use crate::schedule::{Action, Placement};
 
+use crate::sim::SimError;
+
 use super::instance::{Instance, MEMORY_EPS};
+use super::score::{schedule_of, score, Scored};
+use super::{Objective, AUTO};
 
 /// How far past now a gradient whose producer is not placed yet is assumed to arrive at the
 /// earliest (it is never taken as arrived).
@@ -43,9 +48,9 @@ pub(crate) struct Setting {
 }
 
 impl Setting {
-    /// The settings tried on `inst`: both switches, times approved-bubble vectors scaled by each
-    /// rank's forward time: zero, increasing `c * r / (P - 1)` for `c` in 0.5, 1, 2, 3, decreasing
-    /// for `c` in 1, 2, and constant 1.
+    /// The settings tried on `inst`: both switches, times approved-bubble vectors in units of each
+    /// rank's forward time: zero, increasing `c * r / (P - 1)` for `c` in 1, 2, decreasing for
+    /// `c = 1`, and constant 1 and 2.
     pub(crate) fn grid(inst: &Instance) -> Vec<Setting> {
         let p = inst.p;
         let fwd: Vec<f64> = (0..p)
@@ -59,13 +64,13 @@ impl Setting {
             .collect();
         let step = |r: usize| r as f64 / (p.max(2) - 1) as f64;
         let mut vectors: Vec<Vec<f64>> = vec![vec![0.0; p]];
-        for c in [0.5, 1.0, 2.0, 3.0] {
+        for c in [1.0, 2.0] {
             vectors.push((0..p).map(|r| c * step(r) * fwd[r]).collect());
         }
+        vectors.push((0..p).map(|r| step(p - 1 - r) * fwd[r]).collect());
         for c in [1.0, 2.0] {
-            vectors.push((0..p).map(|r| c * step(p - 1 - r) * fwd[r]).collect());
+            vectors.push(fwd.iter().map(|f| c * f).collect());
         }
-        vectors.push(fwd.clone());
         let mut out = Vec::new();
         for warm_fill in [false, true] {
             for chunk1_first in [true, false] {
@@ -360,6 +365,20 @@ pub(crate) fn candidates(inst: &Instance) -> Vec<Vec<Vec<Action>>> {
         }
     }
     out
+}
+
+/// The best of [`candidates`] by `objective` among those the simulator keeps within the limit;
+/// `None` off V-shape or when none does.
+pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Scored>, SimError> {
+    let mut best: Option<Scored> = None;
+    for orders in candidates(inst) {
+        if let Some(s) = score(inst, objective, schedule_of(inst, AUTO, &orders))? {
+            if best.as_ref().is_none_or(|b| s.value < b.value) {
+                best = Some(s);
+            }
+        }
+    }
+    Ok(best)
 }
 
 #[cfg(test)]
