@@ -22,7 +22,9 @@
 //! forward times; constant). Every setting's result is a candidate, also built under each smaller
 //! limit of the ladder `P/2`, `P`, `2P` ([`candidates`]).
 
-use std::collections::VecDeque;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
 
 use crate::schedule::{Action, Placement};
 
@@ -35,6 +37,10 @@ use super::{Objective, AUTO};
 /// How far past now a gradient whose producer is not placed yet is assumed to arrive at the
 /// earliest (it is never taken as arrived).
 const MIN_WAIT: f64 = 1e-12;
+
+/// How many unplaced producers up the backward chain [`VGreedy::i_eta`] follows (the cost of a
+/// choice stays bounded on deep pipelines).
+const ETA_DEPTH: usize = 4;
 
 /// One setting of the construction.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,8 +191,9 @@ impl VGreedy<'_> {
     }
 
     /// An estimate (exact once its producers are placed) of when `I` of `(x, k)` can start: a
-    /// producer not yet placed is assumed to run as soon as its rank is free and its input is there.
-    fn i_eta(&self, x: usize, k: usize) -> f64 {
+    /// producer not yet placed is assumed to run as soon as its rank is free and its input is there
+    /// (followed [`ETA_DEPTH`] producers up, then assumed there).
+    fn i_eta(&self, x: usize, k: usize, depth: usize) -> f64 {
         let inst = self.inst;
         let own = self.end[inst.id(0, x, k)];
         if !own.is_finite() || x + 1 == inst.s {
@@ -198,7 +205,12 @@ impl VGreedy<'_> {
             e
         } else {
             let r = inst.rank_of[y];
-            self.free[r].max(self.i_eta(y, k)) + inst.dur[y][1]
+            let input = if depth == 0 {
+                0.0
+            } else {
+                self.i_eta(y, k, depth - 1)
+            };
+            self.free[r].max(input) + inst.dur[y][1]
         };
         own.max(grad + inst.comm[x])
     }
@@ -227,7 +239,7 @@ impl VGreedy<'_> {
             let k = self.next[x][1];
             if k < inst.m && k < self.next[x][0] {
                 let known = x + 1 == inst.s || self.end[inst.id(1, x + 1, k)].is_finite();
-                let eta = self.i_eta(x, k);
+                let eta = self.i_eta(x, k, ETA_DEPTH);
                 let eta = if known { eta } else { eta.max(t + MIN_WAIT) };
                 if best_i.is_none_or(|(b, _)| eta < b) {
                     best_i = Some((eta, x));
@@ -294,7 +306,7 @@ impl VGreedy<'_> {
         for x in [hi, lo] {
             let k = self.next[x][1];
             if k < inst.m && k < self.next[x][0] {
-                consider(self.i_eta(x, k));
+                consider(self.i_eta(x, k, ETA_DEPTH));
             }
             if let Some(ready) = self.f_ready(x) {
                 consider(ready);
@@ -355,10 +367,17 @@ pub(crate) fn candidates(inst: &Instance) -> Vec<Vec<Vec<Action>>> {
     }
     let settings = Setting::grid(inst);
     let mut out: Vec<Vec<Vec<Action>>> = Vec::new();
+    // Duplicates found by hash first (settings often share most ranks' lists, which makes plain
+    // comparisons long).
+    let mut seen: HashMap<u64, Vec<usize>> = HashMap::new();
     for budget in &budgets {
         for set in &settings {
             if let Some(orders) = build(inst, set, budget) {
-                if !out.contains(&orders) {
+                let mut h = DefaultHasher::new();
+                orders.hash(&mut h);
+                let same = seen.entry(h.finish()).or_default();
+                if !same.iter().any(|&i| out[i] == orders) {
+                    same.push(out.len());
                     out.push(orders);
                 }
             }
