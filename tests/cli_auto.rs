@@ -280,7 +280,10 @@ fn bench_auto_quick_meets_the_aims() {
     assert!(out.contains("aims over"), "{out}");
     let (code, out, err) = pipefill(&["bench", "auto", "--quick", "--part", "vshape"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("vshape grid") && out.contains("aims over 6 rows"), "{out}");
+    assert!(
+        out.contains("vshape grid") && out.contains("aims over 6 rows"),
+        "{out}"
+    );
 }
 
 /// `train --schedule auto` takes the automatic scheduler's flags: a tighter in-flight limit cannot
