@@ -261,6 +261,13 @@ fn bench_auto_quick_meets_the_aims() {
     assert!(g["instances"].as_u64().unwrap() >= 8);
     assert_eq!(g["worse_than_a_family"], 0);
     assert_eq!(g["wide_limit"], g["wide_within_2_percent"]);
+    // The V-shape grid: three limits, both objectives, never worse than a V-shape family that fits.
+    let vs = &v["vshape"];
+    assert_eq!(vs["summary"]["rows"], 6);
+    assert_eq!(vs["summary"]["worse_than_a_family"], 0);
+    for r in vs["rows"].as_array().unwrap() {
+        assert!(r["auto_ratio"].as_f64().unwrap() >= 1.0 - 1e-9, "{r}");
+    }
     let p = &v["paper"];
     assert_eq!(p["rows"].as_array().unwrap().len(), 2);
     // The simulator reproduces the paper's own 1F1B rate from its profiled times.
@@ -271,6 +278,12 @@ fn bench_auto_quick_meets_the_aims() {
     let (code, out, err) = pipefill(&["bench", "auto", "--quick", "--part", "grid"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("aims over"), "{out}");
+    let (code, out, err) = pipefill(&["bench", "auto", "--quick", "--part", "vshape"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("vshape grid") && out.contains("aims over 6 rows"),
+        "{out}"
+    );
 }
 
 /// `train --schedule auto` takes the automatic scheduler's flags: a tighter in-flight limit cannot

@@ -5,6 +5,9 @@
 //!   1F1B's in-flight count (`P`), 1.5x and 2x on looped placement, 1F1B's and half of it on
 //!   V-shape. Per instance: makespan / lower bound of `auto` and of every handcrafted family that
 //!   fits, whether `auto` is proven optimal, and the solve time; then the aims checked over the grid.
+//! - **vshape** (module `vgrid`): `V = 2` V-shape only, even stages, at V-Half's (`P/2`), 1F1B's
+//!   (`P`) and twice 1F1B's (`2P`) in-flight count, both objectives: `auto` and every V-shape family
+//!   that fits against the bound, with solve times.
 //! - **paper** (module `paper`): the zero-bubble paper's profiled times (its Table 9) with its
 //!   memory limits (`p M_B`, `2p M_B`), `auto`'s bubble rate (span objective, the paper's definition)
 //!   next to the paper's published ZB-1p and ZB-2p rates (its Table 5).
@@ -18,17 +21,20 @@ use serde::Serialize;
 
 use super::grid::{self, GridReport};
 use super::paper::{self, PaperReport};
+use super::vgrid::{self, VReport};
 use crate::cli::CliError;
 
 /// Which parts to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Part {
-    /// The grid and the paper's table.
+    /// The grid, the V-shape grid and the paper's table.
     All,
     /// The grid only.
     Grid,
     /// The paper's table only.
     Paper,
+    /// The V-shape grid only (both objectives).
+    Vshape,
 }
 
 /// Flags of `pipefill bench auto`.
@@ -59,6 +65,8 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     grid: Option<GridReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    vshape: Option<VReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     paper: Option<PaperReport>,
 }
 
@@ -72,6 +80,9 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let grid = matches!(args.part, Part::All | Part::Grid)
         .then(|| grid::run(args.quick, budget, args.seed))
         .transpose()?;
+    let vshape = matches!(args.part, Part::All | Part::Vshape)
+        .then(|| vgrid::run(args.quick, budget, args.seed))
+        .transpose()?;
     let paper = matches!(args.part, Part::All | Part::Paper)
         .then(|| paper::run(args.quick, budget, args.seed))
         .transpose()?;
@@ -80,6 +91,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             time_budget: budget,
             seed: args.seed,
             grid,
+            vshape,
             paper,
         };
         let text = serde_json::to_string_pretty(&report)
@@ -94,6 +106,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if let Some(g) = &grid {
         println!();
         print!("{}", grid::table(g));
+    }
+    if let Some(v) = &vshape {
+        println!();
+        print!("{}", vgrid::table(v));
     }
     if let Some(p) = &paper {
         println!();

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::cli::CliError;
 
 /// `F:I:W` ratios of the grid, with their labels.
-const RATIOS: [(&str, [f64; 3]); 3] = [
+pub(super) const RATIOS: [(&str, [f64; 3]); 3] = [
     ("1:1:1", [1.0, 1.0, 1.0]),
     ("2:2:1", [2.0, 2.0, 1.0]),
     ("1:1.2:0.8", [1.0, 1.2, 0.8]),
@@ -19,14 +19,14 @@ const RATIOS: [(&str, [f64; 3]); 3] = [
 
 /// One instance of the grid.
 #[derive(Debug, Clone, Copy)]
-struct Instance {
-    ranks: usize,
-    microbatches: usize,
-    ratio: (&'static str, [f64; 3]),
-    transfer: f64,
-    uneven: bool,
-    placement: Placement,
-    limit: (&'static str, f64),
+pub(super) struct Instance {
+    pub(super) ranks: usize,
+    pub(super) microbatches: usize,
+    pub(super) ratio: (&'static str, [f64; 3]),
+    pub(super) transfer: f64,
+    pub(super) uneven: bool,
+    pub(super) placement: Placement,
+    pub(super) limit: (&'static str, f64),
 }
 
 /// A family's makespan over the lower bound.
@@ -156,7 +156,7 @@ fn instances(quick: bool) -> Vec<Instance> {
 
 /// The per-stage costs of an instance: one rank's `F:I:W` split over its chunks, the first and
 /// last stage 1.5x when uneven, transfers `transfer * F`, no free overlap of F/B pairs.
-fn costs(inst: &Instance) -> CostModel {
+pub(super) fn costs(inst: &Instance) -> CostModel {
     let v = if inst.placement == Placement::Vshape {
         2
     } else {

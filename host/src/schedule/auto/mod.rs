@@ -10,7 +10,11 @@
 //!    variants (module `greedy`, origin `zb-greedy`); list scheduling under several priority rules
 //!    (backward or forward first, deepest chunk / oldest microbatch / shallowest chunk first, three
 //!    `W` policies, 1F1B- and ZB-H2-shaped warm-up caps), memory-safe by construction (module
-//!    `list`);
+//!    `list`); on V-shape (`V = 2`), the zero-bubble authors' V-shape scheduler re-derived (module
+//!    `vgreedy`, origin `zbv-greedy`): every warm-up-fill and approved-bubble setting, built under
+//!    the limit and under each smaller one of the ladder `P/2`, `P`, `2P` microbatches in flight, so
+//!    that more memory never gives a worse seed. Its best is taken after the phases below (which
+//!    run as without it) and, when it beats every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
@@ -60,6 +64,7 @@ mod request;
 mod rng;
 mod score;
 mod seeds;
+mod vgreedy;
 
 pub use error::AutoError;
 pub use exact::EXACT_MAX_ACTIONS;
@@ -92,7 +97,7 @@ pub struct SolverInfo {
     /// Whether the exact method proved `value` optimal (under the memory limit).
     pub proven_optimal: bool,
     /// Where the schedule came from: a family name, `zb-greedy` (the zero-bubble authors' greedy),
-    /// `list` (the list rules of the constructive phase), with
+    /// `zbv-greedy` (their V-shape scheduler), `list` (the list rules of the constructive phase), with
     /// `+improved` when the improvement phase changed it, or `exact`.
     pub origin: String,
     /// The memory limit, if any.
@@ -193,26 +198,38 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         }
     }
     if !proven {
-        let mut rng = Rng::new(req.seed);
-        improve::restarts(
-            &inst,
-            req.objective,
-            &mut best,
-            &mut rng,
-            &mut work,
-            0.5,
-            lower,
-        );
-        improve::local_search(&inst, req.objective, &mut best, &mut rng, &mut work, lower);
+        polish(&inst, req, &mut best, &mut work, lower);
         proven = best.value <= lower * (1.0 + 1e-9);
     }
-    let origin = if exact_won {
+    let mut origin = if exact_won {
         "exact".to_string()
     } else if best.value < start_value {
         format!("{origin}+improved")
     } else {
         origin
     };
+    // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
+    // were: a seed better than every other starts an improvement run of its own.
+    if !proven {
+        if let Some(v) = vgreedy::best(&inst, req.objective)? {
+            let seed_value = v.value;
+            let mut v = v;
+            if seed_value < start_value {
+                let mut more = improve::Work::new(req.time_budget);
+                polish(&inst, req, &mut v, &mut more, lower);
+                work.evaluations += more.evaluations;
+            }
+            if v.value < best.value {
+                origin = if v.value < seed_value {
+                    "zbv-greedy+improved".into()
+                } else {
+                    "zbv-greedy".into()
+                };
+                best = v;
+                proven = best.value <= lower * (1.0 + 1e-9);
+            }
+        }
+    }
     if proven {
         lower = best.value;
     }
@@ -247,6 +264,20 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         schedule: best.schedule,
         solver,
     })
+}
+
+/// The improvement phase on `best` within `work`: randomised restarts, then local moves, seeded
+/// by the request.
+fn polish(
+    inst: &Instance,
+    req: &AutoRequest,
+    best: &mut Scored,
+    work: &mut improve::Work,
+    lower: f64,
+) {
+    let mut rng = Rng::new(req.seed);
+    improve::restarts(inst, req.objective, best, &mut rng, work, 0.5, lower);
+    improve::local_search(inst, req.objective, best, &mut rng, work, lower);
 }
 
 /// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the

@@ -1,0 +1,229 @@
+//! The V-shape grid of `pipefill bench auto --part vshape`: `auto` on `V = 2` V-shape placement
+//! against every V-shape family that fits the same memory limit and against the lower bound, for
+//! both objectives, at the zero-bubble authors' three memory settings.
+
+use std::time::Instant;
+
+use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit, Objective};
+use pipefill_host::schedule::Placement;
+use serde::Serialize;
+
+use super::grid::{costs, FamilyRatio, Instance, RATIOS};
+use crate::cli::CliError;
+
+/// One row: one instance and one objective.
+#[derive(Debug, Clone, Serialize)]
+pub struct VRow {
+    /// `P`.
+    pub ranks: usize,
+    /// `M`.
+    pub microbatches: usize,
+    /// `F:I:W` of one rank (each chunk half of it).
+    pub ratio: &'static str,
+    /// Transfer time as a share of a rank's `F`.
+    pub transfer: f64,
+    /// `half` (V-Half's `P/2`), `1f1b` (`P`) or `2x` (`2P`).
+    pub limit_name: &'static str,
+    /// The limit, microbatches in flight per rank (each chunk counts 1/2).
+    pub limit: f64,
+    /// What was minimised.
+    pub objective: Objective,
+    /// The lower bound (the proven optimum when `proven_optimal`).
+    pub lower_bound: f64,
+    /// `auto`'s objective.
+    pub auto: f64,
+    /// `auto` / the lower bound.
+    pub auto_ratio: f64,
+    /// Whether `auto` is proven optimal.
+    pub proven_optimal: bool,
+    /// Where `auto`'s schedule came from.
+    pub origin: String,
+    /// The V-shape families that fit the limit: objective / bound.
+    pub families: Vec<FamilyRatio>,
+    /// The best of them, if any fits.
+    pub best_family: Option<FamilyRatio>,
+    /// Wall seconds of the solve.
+    pub seconds: f64,
+}
+
+/// The aims over the V-shape grid.
+#[derive(Debug, Clone, Serialize)]
+pub struct VSummary {
+    /// Rows (instances times objectives).
+    pub rows: usize,
+    /// Rows where `auto` is worse than the best fitting family (the aim: 0).
+    pub worse_than_a_family: usize,
+    /// Mean `auto / bound`.
+    pub mean_ratio: f64,
+    /// Largest `auto / bound`.
+    pub max_ratio: f64,
+    /// The longest solve, seconds.
+    pub max_seconds: f64,
+}
+
+/// The V-shape grid's rows and summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct VReport {
+    /// One row per instance and objective.
+    pub rows: Vec<VRow>,
+    /// The aims.
+    pub summary: VSummary,
+}
+
+/// The instances: `P` 4, 8, 16; `M` `P`, `2P`, `4P`; three ratios; transfers 0 and 0.1 `F`; limits
+/// `P/2`, `P`, `2P` (a few with `quick`).
+fn instances(quick: bool) -> Vec<Instance> {
+    let ranks: &[usize] = if quick { &[4] } else { &[4, 8, 16] };
+    let mut out = Vec::new();
+    for &p in ranks {
+        let ms = if quick {
+            vec![2 * p]
+        } else {
+            vec![p, 2 * p, 4 * p]
+        };
+        let ratios = if quick { &RATIOS[..1] } else { &RATIOS[..] };
+        let transfers: &[f64] = if quick { &[0.1] } else { &[0.0, 0.1] };
+        let pf = p as f64;
+        for &m in &ms {
+            for &ratio in ratios {
+                for &transfer in transfers {
+                    for limit in [("half", pf / 2.0), ("1f1b", pf), ("2x", 2.0 * pf)] {
+                        out.push(Instance {
+                            ranks: p,
+                            microbatches: m,
+                            ratio,
+                            transfer,
+                            uneven: false,
+                            placement: Placement::Vshape,
+                            limit,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Solves one instance for one objective.
+fn row(inst: &Instance, objective: Objective, budget: f64, seed: u64) -> Result<VRow, CliError> {
+    let req = AutoRequest::new(inst.ranks, inst.microbatches, costs(inst))
+        .with_chunks(2, Placement::Vshape)
+        .with_limit(MemoryLimit::InFlight(inst.limit.1))
+        .with_objective(objective)
+        .with_budget(budget, seed);
+    let start = Instant::now();
+    let out = solve(&req).map_err(|e| CliError::Failed(format!("bench auto: {e}")))?;
+    let seconds = start.elapsed().as_secs_f64();
+    let s = out.solver;
+    let lb = s.lower_bound;
+    let families: Vec<FamilyRatio> = s
+        .families
+        .iter()
+        .filter_map(|f| {
+            Some(FamilyRatio {
+                family: f.family.clone(),
+                ratio: f.value? / lb,
+            })
+        })
+        .collect();
+    let best_family = families
+        .iter()
+        .min_by(|a, b| a.ratio.total_cmp(&b.ratio))
+        .cloned();
+    Ok(VRow {
+        ranks: inst.ranks,
+        microbatches: inst.microbatches,
+        ratio: inst.ratio.0,
+        transfer: inst.transfer,
+        limit_name: inst.limit.0,
+        limit: inst.limit.1,
+        objective,
+        lower_bound: lb,
+        auto: s.value,
+        auto_ratio: s.value / lb,
+        proven_optimal: s.proven_optimal,
+        origin: s.origin,
+        families,
+        best_family,
+        seconds,
+    })
+}
+
+/// Runs the V-shape grid.
+pub fn run(quick: bool, budget: f64, seed: u64) -> Result<VReport, CliError> {
+    let mut rows = Vec::new();
+    for inst in instances(quick) {
+        for objective in [Objective::Makespan, Objective::Span] {
+            rows.push(row(&inst, objective, budget, seed)?);
+        }
+    }
+    let n = rows.len().max(1) as f64;
+    let summary = VSummary {
+        rows: rows.len(),
+        worse_than_a_family: rows
+            .iter()
+            .filter(|r| {
+                r.best_family
+                    .as_ref()
+                    .is_some_and(|b| r.auto_ratio > b.ratio + 1e-9)
+            })
+            .count(),
+        mean_ratio: rows.iter().map(|r| r.auto_ratio).sum::<f64>() / n,
+        max_ratio: rows.iter().map(|r| r.auto_ratio).fold(0.0, f64::max),
+        max_seconds: rows.iter().map(|r| r.seconds).fold(0.0, f64::max),
+    };
+    Ok(VReport { rows, summary })
+}
+
+/// The V-shape grid as a table, then the aims.
+pub fn table(g: &VReport) -> String {
+    let mut out = String::from(
+        "vshape grid (V = 2): objective / lower bound (1 = optimal); V-shape families that fit; limit in microbatches in flight\n",
+    );
+    out.push_str(&format!(
+        "{:>3} {:>4} {:<9} {:>4} {:<5} {:>5} {:<8} {:>10} {:>7} {:>7} {:<12} {:>6}  origin\n",
+        "P",
+        "M",
+        "F:I:W",
+        "comm",
+        "limit",
+        "=",
+        "obj",
+        "bound",
+        "auto",
+        "best",
+        "best family",
+        "time"
+    ));
+    for r in &g.rows {
+        let (best, name) = match &r.best_family {
+            Some(b) => (format!("{:.4}", b.ratio), b.family.clone()),
+            None => ("-".into(), "(none fits)".into()),
+        };
+        out.push_str(&format!(
+            "{:>3} {:>4} {:<9} {:>4} {:<5} {:>5} {:<8} {:>10.3} {:>7.4}{} {:>7} {:<12} {:>5.2}s  {}\n",
+            r.ranks,
+            r.microbatches,
+            r.ratio,
+            r.transfer,
+            r.limit_name,
+            r.limit,
+            r.objective.name(),
+            r.lower_bound,
+            r.auto_ratio,
+            if r.proven_optimal { "*" } else { " " },
+            best,
+            name,
+            r.seconds,
+            r.origin
+        ));
+    }
+    let s = &g.summary;
+    out.push_str(&format!(
+        "aims over {} rows: auto worse than the best fitting family: {} (aim 0); auto / bound mean {:.4}, \
+         max {:.4}; longest solve {:.3} s\n",
+        s.rows, s.worse_than_a_family, s.mean_ratio, s.max_ratio, s.max_seconds
+    ));
+    out
+}
