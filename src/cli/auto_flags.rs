@@ -147,7 +147,7 @@ pub fn limit(memory_limit: Option<f64>, max_in_flight: Option<f64>) -> Option<Me
         .or(max_in_flight.map(MemoryLimit::InFlight))
 }
 
-/// The shape of one `auto` solve.
+/// The shape of one `auto` solve, and of the size estimates (`super::sizes`).
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
     /// `P`.

@@ -499,5 +499,19 @@ fn check_model(args: &Args, spec: &ModelSpec, file: Option<&Schedule>) -> Result
             args.ranks
         )));
     }
+    // Checked before any schedule of P x V stages is built: V chunks per rank need P x V layers.
+    if let (Some(v), None) = (args.chunks, file) {
+        let stages = args.ranks.checked_mul(v);
+        if stages.is_none_or(|s| s > spec.layers.len()) {
+            return Err(usage(format!(
+                "--chunks {v} with --ranks {}: the model has {} layers for {} stages (P x V), and \
+                 every stage needs at least one layer; give --chunks <= {} (or more --layers)",
+                args.ranks,
+                spec.layers.len(),
+                stages.map_or("more than 2^64".to_string(), |s| s.to_string()),
+                spec.layers.len() / args.ranks
+            )));
+        }
+    }
     Ok(())
 }

@@ -1,0 +1,121 @@
+//! The command line's size estimates: every command that builds something whose size grows with
+//! its flags (schedules of `P x V x M` (stage, microbatch) pairs, their text grids, simulations and
+//! traces) estimates the bytes first and goes through [`memory`] (or [`text_grid`] for output), which
+//! refuses an estimate above the machine's available memory (Linux `MemAvailable`) or above
+//! [`ABSURD_BYTES`] with exit code 2 and one line: the flags, the estimate, the bound and the fix.
+//! What can be streamed is streamed, so the estimates here cover what must be held at once.
+//!
+//! The per-action figures are upper bounds measured on the release build (peak RSS over actions
+//! at several sizes, `docs/measurements.md`, "Sizes"); `tests/cli_sizes_bounded.rs` checks that real
+//! runs stay under them.
+
+use crate::model::{available_memory, Bytes, ABSURD_BYTES};
+use pipefill_host::schedule::families;
+
+pub use super::auto_flags::Shape;
+use super::CliError;
+
+/// Bytes held per action of a generated and validated schedule (the action lists, the validator's
+/// slots and bookkeeping, the lowering's copies when transfers are asked for).
+pub const SCHEDULE_BYTES_PER_ACTION: u64 = 160;
+
+/// Bytes held per action of a simulation (the schedule, the simulator's state, the timeline's spans
+/// and transfers, the bound's and the memory profile's tables), trace written as a stream.
+pub const SIMULATE_BYTES_PER_ACTION: u64 = 1200;
+
+/// Fixed bytes of any command (the binary, the allocator, small tables).
+pub const BASE_BYTES: u64 = 64 << 20;
+
+/// The largest text grid written (1 GiB): a grid that wide is of no use in a terminal, and its
+/// CSV or JSON is a few bytes per action.
+pub const MAX_TEXT_BYTES: u64 = 1 << 30;
+
+/// `V` of `family` when `--chunks` is not given (1 for names the registry does not know: the
+/// family's own check refuses them later).
+pub fn default_chunks(family: &str) -> usize {
+    families::family(family).map_or(1, |f| f.default_chunks)
+}
+
+/// Actions of a schedule of `shape`: `3 x P x V x M` (`F`, `I`, `W` of every pair); `None` on
+/// overflow.
+pub fn actions(shape: &Shape) -> Option<u64> {
+    [shape.ranks, shape.chunks, shape.microbatches]
+        .into_iter()
+        .try_fold(3u64, |n, v| n.checked_mul(v as u64))
+}
+
+/// The flags of `shape`, for messages.
+fn flags(shape: &Shape) -> String {
+    format!(
+        "--ranks {} --chunks {} --microbatches {}",
+        shape.ranks, shape.chunks, shape.microbatches
+    )
+}
+
+/// Refuses a schedule of `shape` whose actions cannot be held (checked before it is generated).
+pub fn schedule_shape(shape: &Shape, with_transfers: bool) -> Result<(), CliError> {
+    let per = SCHEDULE_BYTES_PER_ACTION * if with_transfers { 3 } else { 1 };
+    let bytes = actions(shape).and_then(|n| n.checked_mul(per));
+    memory(
+        &format!("{}: {} actions", flags(shape), count(actions(shape))),
+        bytes,
+        "fewer --ranks, --chunks or --microbatches",
+    )
+}
+
+/// Refuses simulating the schedules of `shapes` (largest first) whose state cannot be held.
+pub fn simulation(shape: &Shape, schedules: usize) -> Result<(), CliError> {
+    let n = actions(shape);
+    let bytes = n
+        .and_then(|n| n.checked_mul(SIMULATE_BYTES_PER_ACTION))
+        .and_then(|b| b.checked_mul(schedules.max(1) as u64));
+    memory(
+        &format!(
+            "simulating {schedules} schedule(s) of {}: {} actions each",
+            flags(shape),
+            count(n)
+        ),
+        bytes,
+        "fewer --ranks, --chunks or --microbatches, or one --schedule at a time",
+    )
+}
+
+/// Refuses a text grid of `ranks` rows and about `bytes` of text above [`MAX_TEXT_BYTES`].
+pub fn text_grid(ranks: usize, bytes: u64) -> Result<(), CliError> {
+    if bytes <= MAX_TEXT_BYTES {
+        return Ok(());
+    }
+    Err(CliError::Usage(format!(
+        "--format text: the grid of {ranks} ranks would be about {} of text, above the {} a \
+         terminal grid may take; use --format csv or --format json (a few bytes per action), or \
+         fewer --ranks or --microbatches",
+        Bytes(bytes),
+        Bytes(MAX_TEXT_BYTES)
+    )))
+}
+
+/// Refuses `bytes` (`None`: beyond 64 bits) of memory, plus [`BASE_BYTES`], above the machine's
+/// available memory or [`ABSURD_BYTES`]: one line naming `what`, the estimate, the bound and `fix`.
+pub fn memory(what: &str, bytes: Option<u64>, fix: &str) -> Result<(), CliError> {
+    let need = bytes.and_then(|b| b.checked_add(BASE_BYTES));
+    let (bound, whose) = match available_memory() {
+        Some(a) if a < ABSURD_BYTES => (a, "the machine has (MemAvailable in /proc/meminfo)"),
+        _ => (ABSURD_BYTES, "any machine this runs on has"),
+    };
+    match need {
+        Some(n) if n <= bound => Ok(()),
+        Some(n) => Err(CliError::Usage(format!(
+            "{what} need an estimated {} of memory, above the {} {whose}; fix: {fix}",
+            Bytes(n),
+            Bytes(bound)
+        ))),
+        None => Err(CliError::Usage(format!(
+            "{what} need more than 2^64 bytes of memory; fix: {fix}"
+        ))),
+    }
+}
+
+/// A count for messages (`more than 2^64` when it overflowed).
+fn count(n: Option<u64>) -> String {
+    n.map_or("more than 2^64".into(), |n| n.to_string())
+}
