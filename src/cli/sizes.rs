@@ -17,11 +17,11 @@ use super::CliError;
 
 /// Bytes held per action of a generated and validated schedule (the action lists, the validator's
 /// slots and bookkeeping, the lowering's copies when transfers are asked for).
-pub const SCHEDULE_BYTES_PER_ACTION: u64 = 160;
+pub const SCHEDULE_BYTES_PER_ACTION: u64 = 128;
 
 /// Bytes held per action of a simulation (the schedule, the simulator's state, the timeline's spans
 /// and transfers, the bound's and the memory profile's tables), trace written as a stream.
-pub const SIMULATE_BYTES_PER_ACTION: u64 = 1200;
+pub const SIMULATE_BYTES_PER_ACTION: u64 = 400;
 
 /// Fixed bytes of any command (the binary, the allocator, small tables).
 pub const BASE_BYTES: u64 = 64 << 20;
@@ -94,13 +94,39 @@ pub fn text_grid(ranks: usize, bytes: u64) -> Result<(), CliError> {
     )))
 }
 
-/// Refuses `bytes` (`None`: beyond 64 bits) of memory, plus [`BASE_BYTES`], above the machine's
-/// available memory or [`ABSURD_BYTES`]: one line naming `what`, the estimate, the bound and `fix`.
+/// The environment variable that lowers the memory bound below what the machine reports (a
+/// shared machine, a test): bytes, e.g. `PIPEFILL_MAX_MEMORY=2000000000`.
+pub const MAX_MEMORY_VAR: &str = "PIPEFILL_MAX_MEMORY";
+
+/// The memory a run may take: the machine's available memory (`MemAvailable`), lowered by
+/// [`MAX_MEMORY_VAR`] when set; `None` when neither is known. A bad value of the variable is
+/// refused (exit 2).
+pub fn available() -> Result<Option<u64>, CliError> {
+    let cap = match std::env::var(MAX_MEMORY_VAR) {
+        Ok(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+            CliError::Usage(format!(
+                "{MAX_MEMORY_VAR}=`{v}` is not a byte count; give whole bytes, e.g. \
+                 {MAX_MEMORY_VAR}=2000000000, or unset it"
+            ))
+        })?),
+        Err(_) => None,
+    };
+    Ok(match (available_memory(), cap) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    })
+}
+
+/// Refuses `bytes` (`None`: beyond 64 bits) of memory, plus [`BASE_BYTES`], above [`available`] or
+/// [`ABSURD_BYTES`]: one line naming `what`, the estimate, the bound and `fix`.
 pub fn memory(what: &str, bytes: Option<u64>, fix: &str) -> Result<(), CliError> {
     let need = bytes.and_then(|b| b.checked_add(BASE_BYTES));
-    let (bound, whose) = match available_memory() {
-        Some(a) if a < ABSURD_BYTES => (a, "the machine has (MemAvailable in /proc/meminfo)"),
-        _ => (ABSURD_BYTES, "any machine this runs on has"),
+    let (bound, whose) = match available()? {
+        Some(a) if a < ABSURD_BYTES => (
+            a,
+            "available here (MemAvailable in /proc/meminfo, or PIPEFILL_MAX_MEMORY when lower)",
+        ),
+        _ => (ABSURD_BYTES, "that any machine this runs on has"),
     };
     match need {
         Some(n) if n <= bound => Ok(()),
