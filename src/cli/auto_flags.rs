@@ -191,6 +191,13 @@ fn auto_error(e: AutoError, limit: Option<MemoryLimit>) -> CliError {
             "add A=BYTES to --cost (or activation_bytes to the --costs file), or use --max-in-flight N",
         ),
         AutoError::BadBudget { .. } => usage("--time-budget", "give seconds >= 0, e.g. 0.5"),
+        AutoError::OverBudget { seconds, .. } => usage(
+            "--time-budget",
+            &format!(
+                "raise it to at least {:.0} s, or use fewer --chunks or --microbatches",
+                seconds.ceil()
+            ),
+        ),
         AutoError::Shape(_) => usage(
             "--ranks, --microbatches, --chunks, --placement",
             "vshape needs --chunks 2",

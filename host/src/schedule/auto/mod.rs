@@ -11,6 +11,8 @@
 //!    (backward or forward first, deepest chunk / oldest microbatch / shallowest chunk first, three
 //!    `W` policies, 1F1B- and ZB-H2-shaped warm-up caps), memory-safe by construction (module
 //!    `list`);
+//!    the phase skips a construction whose estimated work is past its own budget (the time budget,
+//!    at least [`MIN_CONSTRUCT_SECONDS`]);
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
@@ -69,6 +71,10 @@ use instance::Instance;
 use list::{build, Rule};
 use rng::Rng;
 use score::{schedule_of, score, Scored};
+
+/// The least budget of the constructive phase, seconds: every construction of an ordinary size
+/// fits in it, so a budget of 0 still builds the list schedules.
+pub const MIN_CONSTRUCT_SECONDS: f64 = 1.0;
 
 /// The family name of automatic schedules.
 pub const AUTO: &str = "auto";
@@ -151,7 +157,21 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         let name = s.schedule.name.clone();
         offer(s, name);
     }
+    // The constructive phase gets the budget (at least [`MIN_CONSTRUCT_SECONDS`]) of its own:
+    // a construction estimated past what is left is skipped, so a huge `V x M` cannot run for
+    // minutes whatever the budget.
+    let mut construct = improve::Work::new(req.time_budget.max(MIN_CONSTRUCT_SECONDS));
+    let one_build = improve::build_work(&inst);
+    let mut skipped = false;
+    let mut afford = |construct: &mut improve::Work| {
+        let ok = one_build <= construct.left() && construct.take(one_build);
+        skipped |= !ok;
+        ok
+    };
     for flags in greedy::Flags::all() {
+        if !afford(&mut construct) {
+            continue;
+        }
         let Some(orders) = greedy::build(&inst, flags) else {
             continue;
         };
@@ -160,6 +180,9 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         }
     }
     for rule in Rule::standard(&inst) {
+        if !afford(&mut construct) {
+            continue;
+        }
         let Some(orders) = build(&inst, &rule) else {
             continue;
         };
@@ -167,8 +190,12 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             offer(s, "list".into());
         }
     }
-    let (mut best, origin) = best.ok_or_else(|| {
-        AutoError::Internal("no rule produced a schedule within the limit".into())
+    let (mut best, origin) = best.ok_or_else(|| match skipped {
+        true => AutoError::OverBudget {
+            seconds: one_build / WORK_PER_SECOND,
+            budget: req.time_budget,
+        },
+        false => AutoError::Internal("no rule produced a schedule within the limit".into()),
     })?;
     let start_value = best.value;
     let target = bound(&inst, req, &best.schedule);
