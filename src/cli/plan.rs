@@ -36,7 +36,10 @@ use std::path::PathBuf;
 
 use pipefill_host::cost::flag::{parse_bytes, parse_time};
 use pipefill_host::cost::{ActivationDtype, CostFile};
-use pipefill_host::plan::{plan, plan_workers, Plan, PlanError, PlanReport, PlanRequest};
+use pipefill_host::partition::SPLIT_CELLS_PER_SECOND;
+use pipefill_host::plan::{
+    estimated_work, plan, plan_workers, Plan, PlanError, PlanReport, PlanRequest,
+};
 use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::sim::data_parallel::DataParallel;
 use pipefill_host::trace::{svg_gantt, SvgOptions};
@@ -293,7 +296,21 @@ pub fn run(args: Args) -> Result<(), CliError> {
             ))
         }
         Some(n) => plan_workers(&req, n).map_err(plan_error)?,
-        None => plan_with_auto(&req, &args)?,
+        None => {
+            let mut handcrafted = req.clone();
+            handcrafted.families.retain(|f| f != AUTO);
+            let cells = estimated_work(&handcrafted);
+            let _progress = super::sizes::work(
+                &format!(
+                    "plan over {} layers (one exact split per family, V and M tried)",
+                    req.costs.layers.len()
+                ),
+                cells as f64 / SPLIT_CELLS_PER_SECOND,
+                "fewer --chunks, a smaller --max-microbatches or fewer --families, or fewer \
+                 layers (merge neighbouring layers of the --costs file)",
+            )?;
+            plan_with_auto(&req, &args)?
+        }
     };
     let shown = &report.plans[..report.plans.len().min(args.top.max(1))];
     match args.format {

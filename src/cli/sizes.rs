@@ -145,3 +145,74 @@ pub fn memory(what: &str, bytes: Option<u64>, fix: &str) -> Result<(), CliError>
 fn count(n: Option<u64>) -> String {
     n.map_or("more than 2^64".into(), |n| n.to_string())
 }
+
+/// The longest work accepted, in estimated seconds on the development machine: above it the
+/// command is refused before it starts, naming the fix.
+pub const MAX_WORK_SECONDS: f64 = 300.0;
+
+/// Work estimated to take longer than this shows progress on standard error (when standard
+/// error is a terminal, or when [`PROGRESS_VAR`] is set).
+pub const PROGRESS_AFTER_SECONDS: f64 = 2.0;
+
+/// The environment variable that asks for progress lines on standard error even when it is not a
+/// terminal (`PIPEFILL_PROGRESS=1`).
+pub const PROGRESS_VAR: &str = "PIPEFILL_PROGRESS";
+
+/// Refuses `what`, estimated at `seconds`, above [`MAX_WORK_SECONDS`] (one line: the estimate,
+/// the bound and `fix`); otherwise starts its [`Progress`] (shown only for long work), which ends
+/// when dropped.
+pub fn work(what: &str, seconds: f64, fix: &str) -> Result<Progress, CliError> {
+    if seconds > MAX_WORK_SECONDS {
+        return Err(CliError::Usage(format!(
+            "{what} takes an estimated {seconds:.0} s, above the {MAX_WORK_SECONDS:.0} s a run \
+             may take; fix: {fix}"
+        )));
+    }
+    Ok(Progress::start(what, seconds))
+}
+
+/// Progress of long work on standard error: a line every two seconds with the time so far and
+/// the estimate, from a thread that stops when this is dropped.
+#[derive(Debug)]
+pub struct Progress {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    /// Starts showing progress of `what` (estimated at `seconds`) when it is long and standard
+    /// error is a terminal or [`PROGRESS_VAR`] is set; otherwise shows nothing.
+    fn start(what: &str, seconds: f64) -> Self {
+        use std::io::IsTerminal;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let asked = std::env::var_os(PROGRESS_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+        let show = seconds > PROGRESS_AFTER_SECONDS && (asked || std::io::stderr().is_terminal());
+        let thread = show.then(|| {
+            let (stop, what) = (stop.clone(), what.to_string());
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                let mut shown = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    let secs = start.elapsed().as_secs();
+                    if secs >= shown + 2 {
+                        shown = secs;
+                        eprintln!(
+                            "pipefill: {what}: {secs} s so far, an estimated {seconds:.0} s in all"
+                        );
+                    }
+                }
+            })
+        });
+        Progress { stop, thread }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

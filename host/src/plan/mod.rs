@@ -374,6 +374,23 @@ fn chunk_counts(request: &PlanRequest, family: &Family) -> Vec<usize> {
     vs
 }
 
+/// The work of [`plan`] on `request`, in cells of the exact split
+/// ([`crate::partition::split_work`]): one split per family, `V` and `M` it tries, each at
+/// `P x V` stages. Counted before any work; 0 when the request does not check.
+pub fn estimated_work(request: &PlanRequest) -> u64 {
+    let Ok(fams) = families(&request.families) else {
+        return 0;
+    };
+    let layers = request.costs.layers.len();
+    let ms = microbatch_counts(request).len() as u64;
+    fams.iter()
+        .flat_map(|f| chunk_counts(request, f))
+        .filter_map(|v| request.ranks.checked_mul(v))
+        .filter(|&s| s <= layers)
+        .map(|s| crate::partition::split_work(layers, s).saturating_mul(ms))
+        .fold(0, u64::saturating_add)
+}
+
 /// Searches partition x family x V x M (see the [module docs](self)); plans best first.
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     check(request)?;
