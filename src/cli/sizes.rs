@@ -6,7 +6,7 @@
 //! What can be streamed is streamed, so the estimates here cover what must be held at once.
 //!
 //! The per-action figures are upper bounds measured on the release build (peak RSS over actions
-//! at several sizes, `docs/measurements.md`, "Sizes"); `tests/cli_sizes_bounded.rs` checks that real
+//! at several sizes, `docs/measurements.md`, "Sizes"); `tests/cli_sizes.rs` checks that real
 //! runs stay under them.
 
 use crate::model::{available_memory, Bytes, ABSURD_BYTES};
