@@ -440,3 +440,18 @@ fn pipefill_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+#[test]
+fn steps_whose_kept_reports_cannot_fit_are_refused_up_front() {
+    // 10 million steps of 48 actions keep about 61 GB of reports; with 2 GB allowed, refused
+    // before training (it used to grow ~123 bytes per action per step until memory ran out).
+    let (code, out, err) = pipefill_env(
+        &["train", "--steps", "10000000"],
+        &[("PIPEFILL_MAX_MEMORY", "2000000000")],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains("--steps 10000000"), "{err}");
+    assert!(err.contains("fewer --steps"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -23,6 +23,26 @@ pub const SCHEDULE_BYTES_PER_ACTION: u64 = 128;
 /// and transfers, the bound's and the memory profile's tables), trace written as a stream.
 pub const SIMULATE_BYTES_PER_ACTION: u64 = 400;
 
+/// Bytes kept per action of each trained step (its report: the measured timeline, the actions'
+/// times), until the run's summary picks the median step.
+pub const STEP_BYTES_PER_ACTION: u64 = 128;
+
+/// Refuses `steps` training steps of `shape` whose kept reports cannot be held.
+pub fn step_reports(steps: usize, shape: &Shape) -> Result<(), CliError> {
+    let bytes = actions(shape)
+        .and_then(|n| n.checked_mul(STEP_BYTES_PER_ACTION))
+        .and_then(|b| b.checked_mul(steps as u64));
+    memory(
+        &format!(
+            "--steps {steps} with {}: the reports the run keeps ({} actions a step)",
+            flags(shape),
+            count(actions(shape))
+        ),
+        bytes,
+        "train in runs of fewer --steps with --checkpoint and --resume",
+    )
+}
+
 /// Fixed bytes of any command (the binary, the allocator, small tables).
 pub const BASE_BYTES: u64 = 64 << 20;
 

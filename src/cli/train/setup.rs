@@ -395,6 +395,13 @@ fn check_counts(args: &Args) -> Result<(), CliError> {
             args.steps
         )));
     }
+    // Each step's report is kept to the end (at the largest default V of the families, 2).
+    let shape = crate::cli::sizes::Shape {
+        ranks: args.ranks,
+        microbatches: args.microbatches,
+        chunks: args.chunks.unwrap_or(2),
+    };
+    crate::cli::sizes::step_reports(args.steps, &shape)?;
     if args.launcher == Launcher::Mpi {
         if !cfg!(feature = "mpi") {
             return Err(usage(
