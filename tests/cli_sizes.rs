@@ -443,7 +443,7 @@ fn pipefill_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
 
 #[test]
 fn steps_whose_kept_reports_cannot_fit_are_refused_up_front() {
-    // 10 million steps of 48 actions keep about 61 GB of reports; with 2 GB allowed, refused
+    // 10 million steps of 96 actions keep about 123 GB of reports; with 2 GB allowed, refused
     // before training (it used to grow ~123 bytes per action per step until memory ran out).
     let (code, out, err) = pipefill_env(
         &["train", "--steps", "10000000"],

@@ -39,7 +39,8 @@ pub fn step_reports(steps: usize, shape: &Shape) -> Result<(), CliError> {
             count(actions(shape))
         ),
         bytes,
-        "train in runs of fewer --steps with --checkpoint and --resume",
+        "train in runs of fewer --steps with --checkpoint and --resume, or fewer --ranks, \
+         --chunks or --microbatches",
     )
 }
 

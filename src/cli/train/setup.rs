@@ -221,6 +221,13 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     let spec = args.model.spec()?;
     super::super::model_flags::check_train(&spec, &args, optimizer)?;
     check_model(&args, &spec, schedule_file.as_ref())?;
+    // Each step's report is kept to the end (at the largest default V of the families, 2).
+    let shape = crate::cli::sizes::Shape {
+        ranks: args.ranks,
+        microbatches: args.microbatches,
+        chunks: args.chunks.unwrap_or(2),
+    };
+    crate::cli::sizes::step_reports(args.steps, &shape)?;
     if let Some(name) = args.schedule.as_deref().filter(|n| *n != AUTO) {
         families::family(name).map_err(|e| {
             usage(format!(
@@ -395,13 +402,6 @@ fn check_counts(args: &Args) -> Result<(), CliError> {
             args.steps
         )));
     }
-    // Each step's report is kept to the end (at the largest default V of the families, 2).
-    let shape = crate::cli::sizes::Shape {
-        ranks: args.ranks,
-        microbatches: args.microbatches,
-        chunks: args.chunks.unwrap_or(2),
-    };
-    crate::cli::sizes::step_reports(args.steps, &shape)?;
     if args.launcher == Launcher::Mpi {
         if !cfg!(feature = "mpi") {
             return Err(usage(
