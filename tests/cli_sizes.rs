@@ -339,6 +339,18 @@ fn plan_and_partition_refuse_work_of_many_minutes_up_front() {
         ),
         (
             vec![
+                "plan",
+                "--costs",
+                ten_k.to_str().unwrap(),
+                "--workers",
+                "8",
+                "--global-batch",
+                "64",
+            ],
+            "fewer --workers",
+        ),
+        (
+            vec![
                 "partition",
                 "--costs",
                 hundred_k.to_str().unwrap(),

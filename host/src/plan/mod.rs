@@ -321,11 +321,7 @@ pub fn plan_workers(request: &PlanRequest, workers: usize) -> Result<PlanReport,
             reason: format!("more ranks than the model's {layers} layers: every stage needs one"),
         });
     }
-    for p in (1..=workers.min(layers)).filter(|p| workers % p == 0) {
-        let d = workers / p;
-        let mut r = request.clone();
-        r.ranks = p;
-        r.data_parallel.replicas = d;
+    for (p, d, r) in worker_splits(request, workers) {
         let split = |reason: String| Skipped {
             family: format!("P={p} D={d}"),
             chunks: 0,
@@ -352,6 +348,31 @@ pub fn plan_workers(request: &PlanRequest, workers: usize) -> Result<PlanReport,
         return Err(PlanError::NoPlan { skipped });
     }
     Ok(PlanReport { plans, skipped })
+}
+
+/// The `(P, D, request)` splits of `workers` that [`plan_workers`] searches: every `P` dividing
+/// it, up to the model's layer count.
+fn worker_splits(
+    request: &PlanRequest,
+    workers: usize,
+) -> impl Iterator<Item = (usize, usize, PlanRequest)> + '_ {
+    let layers = request.costs.layers.len();
+    (1..=workers.min(layers))
+        .filter(move |p| workers % p == 0)
+        .map(move |p| {
+            let d = workers / p;
+            let mut r = request.clone();
+            r.ranks = p;
+            r.data_parallel.replicas = d;
+            (p, d, r)
+        })
+}
+
+/// The work of [`plan_workers`] on `request` and `workers`: [`estimated_work`] of every split.
+pub fn estimated_workers_work(request: &PlanRequest, workers: usize) -> u64 {
+    worker_splits(request, workers)
+        .map(|(_, _, r)| estimated_work(&r))
+        .fold(0, u64::saturating_add)
 }
 
 /// The `M` values to try.
