@@ -6,8 +6,10 @@
 //! What can be streamed is streamed, so the estimates here cover what must be held at once.
 //!
 //! The per-action figures are upper bounds measured on the release build (peak RSS over actions
-//! at several sizes, `docs/measurements.md`, "Sizes"); `tests/cli_sizes.rs` checks that real
-//! runs stay under them.
+//! at several sizes, `docs/measurements.md`, "Sizes and budgets"); `tests/cli_sizes.rs` checks
+//! each refusal and that the streamed outputs (text grid, trace) run within a bounded peak RSS.
+//! Work that grows faster than memory (the exact split of `partition` and `plan`) is estimated
+//! in seconds and bounded by [`work`], which also shows progress for long work.
 
 use crate::model::{available_memory, Bytes, ABSURD_BYTES};
 use pipefill_host::schedule::families;
@@ -84,7 +86,8 @@ pub fn schedule_shape(shape: &Shape, with_transfers: bool) -> Result<(), CliErro
     )
 }
 
-/// Refuses simulating the schedules of `shapes` (largest first) whose state cannot be held.
+/// Refuses simulating `schedules` schedules of `shape` (the largest `V` asked for) whose state,
+/// all held until the report, cannot fit.
 pub fn simulation(shape: &Shape, schedules: usize) -> Result<(), CliError> {
     let n = actions(shape);
     let bytes = n
