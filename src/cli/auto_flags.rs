@@ -147,7 +147,7 @@ pub fn limit(memory_limit: Option<f64>, max_in_flight: Option<f64>) -> Option<Me
         .or(max_in_flight.map(MemoryLimit::InFlight))
 }
 
-/// The shape of one `auto` solve.
+/// The shape of one `auto` solve, and of the size estimates (`super::sizes`).
 #[derive(Debug, Clone, Copy)]
 pub struct Shape {
     /// `P`.
@@ -191,6 +191,13 @@ fn auto_error(e: AutoError, limit: Option<MemoryLimit>) -> CliError {
             "add A=BYTES to --cost (or activation_bytes to the --costs file), or use --max-in-flight N",
         ),
         AutoError::BadBudget { .. } => usage("--time-budget", "give seconds >= 0, e.g. 0.5"),
+        AutoError::OverBudget { seconds, .. } => usage(
+            "--time-budget",
+            &format!(
+                "raise it to at least {:.0} s, or use fewer --chunks or --microbatches",
+                seconds.ceil()
+            ),
+        ),
         AutoError::Shape(_) => usage(
             "--ranks, --microbatches, --chunks, --placement",
             "vshape needs --chunks 2",

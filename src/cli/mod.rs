@@ -13,6 +13,7 @@ pub mod plan;
 pub mod profile;
 pub mod schedule;
 pub mod simulate;
+pub mod sizes;
 pub mod train;
 
 /// An error the CLI prints before exiting.

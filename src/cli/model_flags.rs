@@ -9,7 +9,7 @@ use pipefill_kernels::Activation;
 use super::CliError;
 use crate::cuda::Precision;
 use crate::layers::{LossKind, Optimizer};
-use crate::model::{available_memory, check_memory, Footprint, MemoryError, ModelSpec, RunShape};
+use crate::model::{check_memory, Footprint, MemoryError, ModelSpec, RunShape};
 
 /// Flags that describe the built-in model: a model file, or a uniform stack from widths.
 #[derive(Debug, Clone, clap::Args)]
@@ -166,7 +166,7 @@ fn refuse_if_too_large(
     context: &str,
     names: (&str, &str),
 ) -> Result<(), CliError> {
-    let e = match check_memory(spec, run, available_memory()) {
+    let e = match check_memory(spec, run, super::sizes::available()?) {
         Ok(_) => return Ok(()),
         Err(e) => e,
     };
@@ -179,7 +179,9 @@ fn refuse_if_too_large(
         }
     };
     let whose = match e {
-        MemoryError::TooLarge { .. } => " (MemAvailable in /proc/meminfo)",
+        MemoryError::TooLarge { .. } => {
+            " (MemAvailable in /proc/meminfo, or PIPEFILL_MAX_MEMORY when lower)"
+        }
         _ => "",
     };
     Err(CliError::Usage(format!(

@@ -145,6 +145,16 @@ fn remove_stale_temps(path: &Path) {
 /// [`CliError::Usage`] naming it and the path, since the usual causes (missing folder, no permission)
 /// are fixed by the user choosing another path.
 pub fn write_atomic(flag: &str, path: &Path, contents: impl AsRef<[u8]>) -> Result<(), CliError> {
+    write_atomic_with(flag, path, |w| w.write_all(contents.as_ref()))
+}
+
+/// [`write_atomic`] of what `write` writes, streamed (buffered) into the file: nothing of it is
+/// held in memory at once. The file appears (renamed) only when `write` succeeded.
+pub fn write_atomic_with(
+    flag: &str,
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), CliError> {
     let fail = |what: &str, e: std::io::Error| {
         CliError::Usage(format!(
             "{flag}: cannot write `{}` ({what}): {e}; check that the folder exists and is writable",
@@ -153,21 +163,24 @@ pub fn write_atomic(flag: &str, path: &Path, contents: impl AsRef<[u8]>) -> Resu
     };
     let (real, target) = resolve(flag, path)?;
     if target == Target::Special {
-        let mut f = fs::OpenOptions::new()
+        let f = fs::OpenOptions::new()
             .write(true)
             .open(&real)
             .map_err(|e| fail("opening it for writing", e))?;
-        return f
-            .write_all(contents.as_ref())
+        let mut w = std::io::BufWriter::new(f);
+        return write(&mut w)
+            .and_then(|()| w.flush())
             .map_err(|e| fail("writing", e));
     }
     remove_stale_temps(&real);
     let tmp = temp_path(flag, &real)?;
     let result = (|| {
-        let mut f =
+        let f =
             fs::File::create(&tmp).map_err(|e| fail("creating a temporary file beside it", e))?;
-        f.write_all(contents.as_ref())
-            .and_then(|()| f.sync_all())
+        let mut w = std::io::BufWriter::new(f);
+        write(&mut w)
+            .and_then(|()| w.flush())
+            .and_then(|()| w.get_ref().sync_all())
             .map_err(|e| fail("writing", e))?;
         fs::rename(&tmp, &real).map_err(|e| fail("renaming the temporary file onto it", e))
     })();
@@ -175,6 +188,24 @@ pub fn write_atomic(flag: &str, path: &Path, contents: impl AsRef<[u8]>) -> Resu
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Streams what `write` writes to `--out`'s file `path` ([`write_atomic_with`]) or, without one, to
+/// standard output (buffered). A closed standard output (`| head`) ends the writing quietly.
+pub fn write_out(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), CliError> {
+    if let Some(path) = path {
+        return write_atomic_with("--out", path, write);
+    }
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    match write(&mut w).and_then(|()| w.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::Failed(format!("writing standard output: {e}"))),
+    }
 }
 
 #[cfg(test)]

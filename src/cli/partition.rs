@@ -17,8 +17,8 @@ use clap::ValueEnum;
 use pipefill_host::cost::flag::parse_bytes_u64;
 use pipefill_host::cost::CostFile;
 use pipefill_host::partition::{
-    stage_in_flight, Layout, MemoryLimit, Method, Partition, PartitionError, Problem,
-    NANOS_PER_SECOND,
+    split_work, stage_in_flight, Layout, MemoryLimit, Method, Partition, PartitionError, Problem,
+    NANOS_PER_SECOND, SPLIT_CELLS_PER_SECOND,
 };
 use pipefill_host::schedule::{families, Params, Placement, ScheduleError};
 use serde::Serialize;
@@ -245,6 +245,17 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let layout = layout_from_flags(args.stages, args.ranks, args.placement.into())?;
     let limit = memory_limit(&args, &layout)?;
     let problem = Problem::from_layers(&file.layers, &file.transfer).map_err(partition_error)?;
+    let cells = split_work(file.layers.len(), layout.stages());
+    let _progress = super::sizes::work(
+        &format!(
+            "partition of {} layers into {} stages",
+            file.layers.len(),
+            layout.stages()
+        ),
+        cells as f64 / SPLIT_CELLS_PER_SECOND,
+        "fewer layers (merge neighbouring layers of the --costs file into one entry) or fewer \
+         --stages",
+    )?;
     let optimum = Method::Optimal
         .apply(&problem, &layout, limit.as_ref())
         .map_err(partition_error)?;

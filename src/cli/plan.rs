@@ -36,7 +36,11 @@ use std::path::PathBuf;
 
 use pipefill_host::cost::flag::{parse_bytes, parse_time};
 use pipefill_host::cost::{ActivationDtype, CostFile};
-use pipefill_host::plan::{plan, plan_workers, Plan, PlanError, PlanReport, PlanRequest};
+use pipefill_host::partition::SPLIT_CELLS_PER_SECOND;
+use pipefill_host::plan::{
+    estimated_work, estimated_workers_work, plan, plan_workers, Plan, PlanError, PlanReport,
+    PlanRequest,
+};
 use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::sim::data_parallel::DataParallel;
 use pipefill_host::trace::{svg_gantt, SvgOptions};
@@ -292,8 +296,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
                     .into(),
             ))
         }
-        Some(n) => plan_workers(&req, n).map_err(plan_error)?,
-        None => plan_with_auto(&req, &args)?,
+        Some(n) => {
+            let _progress = plan_work(&req, estimated_workers_work(&req, n), "--workers")?;
+            plan_workers(&req, n).map_err(plan_error)?
+        }
+        None => {
+            let mut handcrafted = req.clone();
+            handcrafted.families.retain(|f| f != AUTO);
+            let _progress = plan_work(&req, estimated_work(&handcrafted), "--families")?;
+            plan_with_auto(&req, &args)?
+        }
     };
     let shown = &report.plans[..report.plans.len().min(args.top.max(1))];
     match args.format {
@@ -323,6 +335,26 @@ pub fn run(args: Args) -> Result<(), CliError> {
         super::output::write_atomic("--svg", path, svg)?;
     }
     Ok(())
+}
+
+/// Refuses a search of `cells` (cells of the exact split) estimated past the bound, naming
+/// `flag` among the fixes; the progress of one that runs (see `super::sizes::work`).
+fn plan_work(
+    req: &PlanRequest,
+    cells: u64,
+    flag: &str,
+) -> Result<super::sizes::Progress, CliError> {
+    super::sizes::work(
+        &format!(
+            "plan over {} layers (one exact split per family, V and M tried)",
+            req.costs.layers.len()
+        ),
+        cells as f64 / SPLIT_CELLS_PER_SECOND,
+        &format!(
+            "fewer --chunks, a smaller --max-microbatches or fewer {flag}, or fewer layers \
+             (merge neighbouring layers of the --costs file)"
+        ),
+    )
 }
 
 /// The host planner's report for the handcrafted families asked for, with `auto`'s plans added

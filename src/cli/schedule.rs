@@ -24,7 +24,8 @@ use pipefill_host::schedule::validate::{validate, ValidationReport};
 use pipefill_host::schedule::{Params, Placement, Schedule, ScheduleError};
 
 use super::auto_flags::{self, AutoArgs, CostArgs};
-use super::output::write_atomic;
+use super::output::write_out;
+use super::sizes;
 use super::CliError;
 
 /// Flags of `pipefill schedule`.
@@ -114,40 +115,50 @@ pub fn run(args: Args) -> Result<(), CliError> {
         // The report to stderr: stdout (or --out) holds only the schedule.
         eprintln!("{}", validate_file(path)?);
         let (s, _) = read_schedule_file("--validate", path)?;
-        let text = format::write(&lowered(&s)?, fmt);
-        return match &args.out {
-            Some(out) => write_atomic("--out", out, &text),
-            None => {
-                print!("{text}");
-                Ok(())
-            }
-        };
+        return write_schedule(&lowered(&s)?, fmt, args.out.as_deref());
     }
-    let text = if args.schedule.as_deref() == Some(AUTO) {
+    if args.schedule.as_deref() == Some(AUTO) {
+        sizes::schedule_shape(&shape_flags(&args), args.with_transfers)?;
         let mut out = solve(&args)?;
         eprintln!("{}", auto_flags::summary(&out));
         if args.with_transfers {
             out.schedule = lowered(&out.schedule)?;
         }
-        match fmt {
-            Format::Json => out.to_json(),
-            _ => format::write(&out.schedule, fmt),
+        if fmt == Format::Json {
+            let text = out.to_json();
+            return write_out(args.out.as_deref(), |w| w.write_all(text.as_bytes()));
         }
+        write_schedule(&out.schedule, fmt, args.out.as_deref())
     } else {
         auto_flags::only_for_auto(args.cost.given().or(args.auto.given()))?;
+        sizes::schedule_shape(&shape_flags(&args), args.with_transfers)?;
         let mut s = generate(&args)?;
         if args.with_transfers {
             s = lowered(&s)?;
         }
-        format::write(&s, fmt)
-    };
-    match &args.out {
-        Some(path) => write_atomic("--out", path, &text),
-        None => {
-            print!("{text}");
-            Ok(())
-        }
+        write_schedule(&s, fmt, args.out.as_deref())
     }
+}
+
+/// The sizes the flags ask for, for the estimate before generating.
+fn shape_flags(args: &Args) -> sizes::Shape {
+    let name = args.schedule.as_deref().unwrap_or_default();
+    sizes::Shape {
+        ranks: args.ranks.unwrap_or(0),
+        microbatches: args.microbatches.unwrap_or(0),
+        chunks: args.chunks.unwrap_or_else(|| sizes::default_chunks(name)),
+    }
+}
+
+/// Writes `s` in `fmt` to `--out` or standard output, streamed; a text grid too large to be of use
+/// is refused (exit 2) before a line is written.
+fn write_schedule(s: &Schedule, fmt: Format, out: Option<&Path>) -> Result<(), CliError> {
+    if fmt == Format::Text {
+        let grid = format::TextGrid::new(s);
+        sizes::text_grid(s.ranks, grid.bytes())?;
+        return write_out(out, |w| grid.write(w));
+    }
+    write_out(out, |w| format::write_to(s, fmt, w))
 }
 
 /// `s` with its transfers (see `pipefill_host::schedule::lower`).

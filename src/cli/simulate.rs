@@ -24,10 +24,10 @@ use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
 use pipefill_host::sim::{simulate, SimError};
 use pipefill_host::sim::{simulate_with, DeviceSharing, SimOptions};
-use pipefill_host::trace::{chrome_trace, svg_gantt, text_gantt, SvgOptions};
+use pipefill_host::trace::{svg_gantt, text_gantt, write_chrome_trace, SvgOptions};
 
 use super::auto_flags::{self, AutoArgs};
-use super::output::write_atomic;
+use super::output::{write_atomic, write_atomic_with};
 use super::CliError;
 use report::{BubbleCost, Row};
 
@@ -162,7 +162,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     });
     let timelines: Vec<_> = order.iter().map(|&i| &sims[i].timeline).collect();
     if let Some(path) = &args.trace {
-        write_atomic("--trace", path, chrome_trace(&timelines))?;
+        write_atomic_with("--trace", path, |w| write_chrome_trace(&timelines, w))?;
     }
     if let Some(path) = &args.svg {
         let opts = SvgOptions {
@@ -316,6 +316,25 @@ fn schedules(args: &Args, spec: &CostSpec) -> Result<Vec<(Schedule, bool)>, CliE
                 ))
             }
         };
+        // Every schedule and its simulation are held until the report: estimated before any is
+        // built, at the largest V asked for.
+        let chunks = args
+            .schedule
+            .iter()
+            .map(|e| match e.trim().split_once(':') {
+                Some((_, v)) => v.parse().unwrap_or(1),
+                None => args
+                    .chunks
+                    .unwrap_or_else(|| super::sizes::default_chunks(e.trim())),
+            })
+            .max()
+            .unwrap_or(1);
+        let shape = super::sizes::Shape {
+            ranks,
+            microbatches,
+            chunks,
+        };
+        super::sizes::simulation(&shape, args.schedule.len())?;
         for entry in &args.schedule {
             let entry = entry.trim();
             let s = if entry.split(':').next() == Some(AUTO) {

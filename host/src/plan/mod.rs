@@ -321,11 +321,7 @@ pub fn plan_workers(request: &PlanRequest, workers: usize) -> Result<PlanReport,
             reason: format!("more ranks than the model's {layers} layers: every stage needs one"),
         });
     }
-    for p in (1..=workers.min(layers)).filter(|p| workers % p == 0) {
-        let d = workers / p;
-        let mut r = request.clone();
-        r.ranks = p;
-        r.data_parallel.replicas = d;
+    for (p, d, r) in worker_splits(request, workers) {
         let split = |reason: String| Skipped {
             family: format!("P={p} D={d}"),
             chunks: 0,
@@ -354,6 +350,31 @@ pub fn plan_workers(request: &PlanRequest, workers: usize) -> Result<PlanReport,
     Ok(PlanReport { plans, skipped })
 }
 
+/// The `(P, D, request)` splits of `workers` that [`plan_workers`] searches: every `P` dividing
+/// it, up to the model's layer count.
+fn worker_splits(
+    request: &PlanRequest,
+    workers: usize,
+) -> impl Iterator<Item = (usize, usize, PlanRequest)> + '_ {
+    let layers = request.costs.layers.len();
+    (1..=workers.min(layers))
+        .filter(move |p| workers % p == 0)
+        .map(move |p| {
+            let d = workers / p;
+            let mut r = request.clone();
+            r.ranks = p;
+            r.data_parallel.replicas = d;
+            (p, d, r)
+        })
+}
+
+/// The work of [`plan_workers`] on `request` and `workers`: [`estimated_work`] of every split.
+pub fn estimated_workers_work(request: &PlanRequest, workers: usize) -> u64 {
+    worker_splits(request, workers)
+        .map(|(_, _, r)| estimated_work(&r))
+        .fold(0, u64::saturating_add)
+}
+
 /// The `M` values to try.
 fn microbatch_counts(request: &PlanRequest) -> Vec<usize> {
     if request.microbatch_counts.is_empty() {
@@ -372,6 +393,23 @@ fn chunk_counts(request: &PlanRequest, family: &Family) -> Vec<usize> {
     vs.sort_unstable();
     vs.dedup();
     vs
+}
+
+/// The work of [`plan`] on `request`, in cells of the exact split
+/// ([`crate::partition::split_work`]): one split per family, `V` and `M` it tries, each at
+/// `P x V` stages. Counted before any work; 0 when the request does not check.
+pub fn estimated_work(request: &PlanRequest) -> u64 {
+    let Ok(fams) = families(&request.families) else {
+        return 0;
+    };
+    let layers = request.costs.layers.len();
+    let ms = microbatch_counts(request).len() as u64;
+    fams.iter()
+        .flat_map(|f| chunk_counts(request, f))
+        .filter_map(|v| request.ranks.checked_mul(v))
+        .filter(|&s| s <= layers)
+        .map(|s| crate::partition::split_work(layers, s).saturating_mul(ms))
+        .fold(0, u64::saturating_add)
 }
 
 /// Searches partition x family x V x M (see the [module docs](self)); plans best first.

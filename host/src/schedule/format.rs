@@ -78,6 +78,14 @@ pub fn write(s: &Schedule, format: Format) -> String {
     }
 }
 
+/// Writes `s` in `format` to `out`; the text grid row by row ([`TextGrid::write`]).
+pub fn write_to(s: &Schedule, format: Format, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    match format {
+        Format::Text => TextGrid::new(s).write(out),
+        other => out.write_all(write(s, other).as_bytes()),
+    }
+}
+
 /// Reads a schedule file of any of the three formats: JSON if the first non-blank character is `{`,
 /// a text grid if it is `#`, CSV otherwise. `name` names a CSV schedule (CSV has no name field).
 pub fn read(text: &str, name: &str) -> Result<Schedule, ScheduleError> {
@@ -303,35 +311,116 @@ pub(crate) fn context_grid(s: &Schedule, marks: &[(usize, usize)]) -> String {
 }
 
 /// The terminal grid: a `#` header line, then one row per rank, one column per time slot (see the
-/// module docs). Read back by [`from_text`].
+/// module docs). Read back by [`from_text`]. The text of [`TextGrid::write`].
 pub fn to_text(s: &Schedule) -> String {
-    let columns: Vec<Vec<usize>> = match validate(s) {
-        Ok(report) => report.slots,
-        Err(_) => s.actions.iter().map(|l| (0..l.len()).collect()).collect(),
-    };
-    let width = columns
-        .iter()
-        .filter_map(|c| c.last())
-        .max()
-        .map_or(0, |w| w + 1);
-    let mut by_column: Vec<Vec<Option<String>>> = vec![vec![None; width]; s.actions.len()];
-    for (r, list) in s.actions.iter().enumerate() {
-        for (it, &col) in list.iter().zip(&columns[r]) {
-            by_column[r][col] = Some(it.to_string());
+    let mut out = Vec::new();
+    // Writing into a `Vec` cannot fail, and every cell is UTF-8.
+    let _ = TextGrid::new(s).write(&mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// The terminal grid of [`to_text`], laid out but not drawn: its size is known
+/// ([`TextGrid::bytes`]) before it is written one rank's row at a time ([`TextGrid::write`]), so
+/// memory grows with the schedule's actions and one row, not with ranks x slots.
+#[derive(Debug)]
+pub struct TextGrid<'a> {
+    s: &'a Schedule,
+    /// Per rank, each item's column.
+    columns: Vec<Vec<usize>>,
+    /// Columns (time slots).
+    width: usize,
+    /// Characters per cell.
+    cell: usize,
+    /// Characters of the `rank N` label.
+    label_width: usize,
+}
+
+impl<'a> TextGrid<'a> {
+    /// Lays out `s`: columns are unit-time start slots when it validates, list positions otherwise.
+    pub fn new(s: &'a Schedule) -> Self {
+        let columns: Vec<Vec<usize>> = match validate(s) {
+            Ok(report) => report.slots,
+            Err(_) => s.actions.iter().map(|l| (0..l.len()).collect()).collect(),
+        };
+        let width = columns
+            .iter()
+            .filter_map(|c| c.last())
+            .max()
+            .map_or(0, |w| w + 1);
+        // The widest cell (` 2F0 `) or column number plus 2; at least 3 (an idle ` . `).
+        let widest_item = s
+            .actions
+            .iter()
+            .zip(&columns)
+            .flat_map(|(list, cols)| list.iter().zip(cols))
+            .map(|(it, _)| it.to_string().len() + 2)
+            .max();
+        let cell = widest_item
+            .into_iter()
+            .chain((width > 0).then(|| (width - 1).to_string().len() + 2))
+            .max()
+            .unwrap_or(3);
+        let label_width = s
+            .actions
+            .len()
+            .checked_sub(1)
+            .map_or(1, |r| r.to_string().len())
+            + 6;
+        TextGrid {
+            s,
+            columns,
+            width,
+            cell,
+            label_width,
         }
     }
-    let rows: Vec<usize> = (0..s.actions.len()).collect();
-    let grid = render(&rows, 0..width, "slot", |r, c| {
-        by_column[r][c].clone().map(|t| (t, false))
-    });
-    format!(
-        "# name={} ranks={} chunks={} microbatches={} placement={}\n{grid}\n",
-        s.name.replace(char::is_whitespace, "_"),
-        s.ranks,
-        s.chunks,
-        s.microbatches,
-        s.placement
-    )
+
+    /// An upper bound of the grid's bytes: every line at its full width (trailing idle cells are
+    /// trimmed when written). Saturates instead of overflowing.
+    pub fn bytes(&self) -> u64 {
+        let line = (self.width as u64)
+            .saturating_mul(self.cell as u64)
+            .saturating_add(self.label_width as u64 + 1);
+        line.saturating_mul(self.s.actions.len() as u64 + 1)
+            .saturating_add(200 + self.s.name.len() as u64)
+    }
+
+    /// Writes the grid to `out`, one line at a time.
+    pub fn write(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        let (s, width, cell, label_width) = (self.s, self.width, self.cell, self.label_width);
+        writeln!(
+            out,
+            "# name={} ranks={} chunks={} microbatches={} placement={}",
+            s.name.replace(char::is_whitespace, "_"),
+            s.ranks,
+            s.chunks,
+            s.microbatches,
+            s.placement
+        )?;
+        let mut line = format!("{:<label_width$}", "slot");
+        for c in 0..width {
+            line.push_str(&format!("{:^cell$}", c));
+        }
+        writeln!(out, "{}", line.trim_end())?;
+        let mut row: Vec<Option<String>> = vec![None; width];
+        for (r, (list, cols)) in s.actions.iter().zip(&self.columns).enumerate() {
+            row.iter_mut().for_each(|c| *c = None);
+            for (it, &col) in list.iter().zip(cols) {
+                row[col] = Some(it.to_string());
+            }
+            line.clear();
+            line.push_str(&format!("{:<label_width$}", format!("rank {r}")));
+            for t in &row {
+                let t = match t {
+                    Some(t) => format!(" {t} "),
+                    None => " . ".to_string(),
+                };
+                line.push_str(&format!("{:^cell$}", t));
+            }
+            writeln!(out, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads the terminal grid written by [`to_text`]: rows `rank N` followed by cells, `.` for an idle

@@ -34,16 +34,39 @@ fn us(t: f64) -> f64 {
 /// assert!(events.iter().any(|e| e["ph"] == "X" && e["name"] == "0F0" && e["dur"] == 1000.0));
 /// ```
 pub fn chrome_trace(timelines: &[&Timeline]) -> String {
-    let mut events = Vec::new();
-    for (ti, t) in timelines.iter().enumerate() {
-        timeline_events(ti, t, &mut events);
-    }
-    let doc = json!({ "traceEvents": events, "displayTimeUnit": "ms" });
-    doc.to_string()
+    let mut out = Vec::new();
+    // Writing into a `Vec` cannot fail; serde_json writes UTF-8.
+    let _ = write_chrome_trace(timelines, &mut out);
+    String::from_utf8(out).unwrap_or_default()
 }
 
-/// Appends the events of one timeline.
-fn timeline_events(ti: usize, t: &Timeline, out: &mut Vec<Value>) {
+/// Writes the text of [`chrome_trace`] to `out` one event at a time: memory grows with the
+/// timelines' actions (where each one started, for the flow arrows), not with the trace's text.
+pub fn write_chrome_trace(
+    timelines: &[&Timeline],
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    // `serde_json` writes an object's keys sorted: `displayTimeUnit` before `traceEvents`.
+    out.write_all(br#"{"displayTimeUnit":"ms","traceEvents":["#)?;
+    let mut first = true;
+    let mut emit = |event: Value| -> std::io::Result<()> {
+        if !std::mem::take(&mut first) {
+            out.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *out, &event).map_err(std::io::Error::from)
+    };
+    for (ti, t) in timelines.iter().enumerate() {
+        timeline_events(ti, t, &mut emit)?;
+    }
+    out.write_all(b"]}")
+}
+
+/// Emits the events of one timeline.
+fn timeline_events(
+    ti: usize,
+    t: &Timeline,
+    out: &mut dyn FnMut(Value) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let source = match t.source {
         Source::Predicted => "predicted",
         Source::Measured => "measured",
@@ -52,22 +75,22 @@ fn timeline_events(ti: usize, t: &Timeline, out: &mut Vec<Value>) {
     // Where each action ran, to point flow arrows at consumers.
     let mut started: HashMap<Action, (usize, f64)> = HashMap::new();
     for (r, lane) in t.spans.iter().enumerate() {
-        out.push(meta(
+        out(meta(
             "process_name",
             pid(r),
             0,
             format!("{} ({source}) rank {r}", t.name),
-        ));
-        out.push(
+        ))?;
+        out(
             json!({"name": "process_sort_index", "ph": "M", "pid": pid(r), "tid": 0,
                         "args": {"sort_index": pid(r)}}),
-        );
-        out.push(meta("thread_name", pid(r), 0, "compute".to_string()));
+        )?;
+        out(meta("thread_name", pid(r), 0, "compute".to_string()))?;
         for span in lane {
             for a in span.item().actions() {
                 started.insert(a, (r, span.start));
             }
-            out.push(json!({
+            out(json!({
                 "name": span.item().to_string(),
                 "cat": category(&span.item()),
                 "ph": "X",
@@ -76,7 +99,7 @@ fn timeline_events(ti: usize, t: &Timeline, out: &mut Vec<Value>) {
                 "pid": pid(r),
                 "tid": 0,
                 "args": item_args(&span.item()),
-            }));
+            }))?;
         }
     }
     let lanes = comm_lanes(t);
@@ -84,14 +107,14 @@ fn timeline_events(ti: usize, t: &Timeline, out: &mut Vec<Value>) {
     for (n, (tr, lane)) in t.transfers.iter().zip(lanes).enumerate() {
         let tid = 1 + lane;
         if named.insert((tr.from_rank(), tid), ()).is_none() {
-            out.push(meta(
+            out(meta(
                 "thread_name",
                 pid(tr.from_rank()),
                 tid,
                 format!("comm {lane}"),
-            ));
+            ))?;
         }
-        out.push(json!({
+        out(json!({
             "name": format!("{} -> {}", tr.producer(), tr.consumer()),
             "cat": "transfer",
             "ph": "X",
@@ -100,19 +123,20 @@ fn timeline_events(ti: usize, t: &Timeline, out: &mut Vec<Value>) {
             "pid": pid(tr.from_rank()),
             "tid": tid,
             "args": {"bytes": tr.bytes, "to_rank": tr.to_rank()},
-        }));
+        }))?;
         if let Some(&(r, start)) = started.get(&tr.consumer()) {
             let id = ti * 100_000_000 + n;
-            out.push(
+            out(
                 json!({"name": "data", "cat": "transfer", "ph": "s", "id": id,
                             "ts": us(tr.start), "pid": pid(tr.from_rank()), "tid": tid}),
-            );
-            out.push(
+            )?;
+            out(
                 json!({"name": "data", "cat": "transfer", "ph": "f", "bp": "e", "id": id,
                             "ts": us(start), "pid": pid(r), "tid": 0}),
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 /// A metadata event naming a process or thread.

@@ -17,7 +17,7 @@ mod chrome;
 mod svg;
 mod text;
 
-pub use chrome::chrome_trace;
+pub use chrome::{chrome_trace, write_chrome_trace};
 pub use svg::{svg_gantt, SvgOptions};
 pub use text::text_gantt;
 

@@ -3,7 +3,7 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pipefill_host::timeline::Timeline;
-use pipefill_host::trace::{chrome_trace, svg_gantt, SvgOptions};
+use pipefill_host::trace::{svg_gantt, write_chrome_trace, SvgOptions};
 use serde_json::json;
 
 use pipefill_host::profile::median;
@@ -12,7 +12,7 @@ use pipefill_host::plan::Plan;
 
 use super::cuda::HostEnqueue;
 use super::{Chosen, CliError, Outcome, Setup};
-use crate::cli::output::write_atomic;
+use crate::cli::output::{write_atomic, write_atomic_with};
 
 /// Progress: a bar on a terminal, plain lines otherwise (on stderr, so stdout stays the result).
 pub struct Progress {
@@ -98,8 +98,7 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
     let svg = svg_gantt(&all, &options);
     write_atomic("--svg", &setup.args.svg, svg)?;
     if let Some(path) = &setup.args.trace {
-        let trace = chrome_trace(&all);
-        write_atomic("--trace", path, trace)?;
+        write_atomic_with("--trace", path, |w| write_chrome_trace(&all, w))?;
     }
     Ok(())
 }

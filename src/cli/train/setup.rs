@@ -221,6 +221,13 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     let spec = args.model.spec()?;
     super::super::model_flags::check_train(&spec, &args, optimizer)?;
     check_model(&args, &spec, schedule_file.as_ref())?;
+    // Each step's report is kept to the end (at the largest default V of the families, 2).
+    let shape = crate::cli::sizes::Shape {
+        ranks: args.ranks,
+        microbatches: args.microbatches,
+        chunks: args.chunks.unwrap_or(2),
+    };
+    crate::cli::sizes::step_reports(args.steps, &shape)?;
     if let Some(name) = args.schedule.as_deref().filter(|n| *n != AUTO) {
         families::family(name).map_err(|e| {
             usage(format!(
@@ -498,6 +505,20 @@ fn check_model(args: &Args, spec: &ModelSpec, file: Option<&Schedule>) -> Result
             args.ranks,
             args.ranks
         )));
+    }
+    // Checked before any schedule of P x V stages is built: V chunks per rank need P x V layers.
+    if let (Some(v), None) = (args.chunks, file) {
+        let stages = args.ranks.checked_mul(v);
+        if stages.is_none_or(|s| s > spec.layers.len()) {
+            return Err(usage(format!(
+                "--chunks {v} with --ranks {}: the model has {} layers for {} stages (P x V), and \
+                 every stage needs at least one layer; give --chunks <= {} (or more --layers)",
+                args.ranks,
+                spec.layers.len(),
+                stages.map_or("more than 2^64".to_string(), |s| s.to_string()),
+                spec.layers.len() / args.ranks
+            )));
+        }
     }
     Ok(())
 }

@@ -58,6 +58,18 @@ pub enum AutoError {
         /// The value given.
         value: f64,
     },
+    /// No family fits and one list construction of this size would take longer than the budget
+    /// allows (`seconds`, estimated): nothing could be built within it.
+    #[error(
+        "no handcrafted family fits, and one list construction of this size takes an estimated \
+         {seconds:.1} s, more than the time budget of {budget} s allows"
+    )]
+    OverBudget {
+        /// The estimated seconds of one construction.
+        seconds: f64,
+        /// The budget, seconds.
+        budget: f64,
+    },
     /// A schedule the solver built did not simulate: a bug, reported with the simulator's error.
     #[error("internal error, please report: {0}")]
     Internal(String),

@@ -10,11 +10,13 @@
 //!    variants (module `greedy`, origin `zb-greedy`); list scheduling under several priority rules
 //!    (backward or forward first, deepest chunk / oldest microbatch / shallowest chunk first, three
 //!    `W` policies, 1F1B- and ZB-H2-shaped warm-up caps), memory-safe by construction (module
-//!    `list`); on V-shape (`V = 2`), the zero-bubble authors' V-shape scheduler re-derived (module
-//!    `vgreedy`, origin `zbv-greedy`): every warm-up-fill and approved-bubble setting, built under
-//!    the limit and under each smaller one of the ladder `P/2`, `P`, `2P` microbatches in flight, so
-//!    that more memory never gives a worse seed. Its best is taken after the phases below (which
-//!    run as without it) and, when it beats every other seed, improved with a budget of its own;
+//!    `list`), skipping a construction whose estimated work is past the phase's own budget (the
+//!    time budget, at least [`MIN_CONSTRUCT_SECONDS`]); on V-shape (`V = 2`), the zero-bubble
+//!    authors' V-shape scheduler re-derived (module `vgreedy`, origin `zbv-greedy`): every
+//!    warm-up-fill and approved-bubble setting, built under the limit and under each smaller one of
+//!    the ladder `P/2`, `P`, `2P` microbatches in flight, so that more memory never gives a worse
+//!    seed. Its best is taken after the phases below (which run as without it) and, when it beats
+//!    every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
@@ -76,6 +78,10 @@ use instance::{Instance, MEMORY_EPS};
 use list::{build, Rule};
 use rng::Rng;
 use score::{schedule_of, score, Scored};
+
+/// The least budget of the constructive phase, seconds: every construction of an ordinary size
+/// fits in it, so a budget of 0 still builds the list schedules.
+pub const MIN_CONSTRUCT_SECONDS: f64 = 1.0;
 
 /// The family name of automatic schedules.
 pub const AUTO: &str = "auto";
@@ -158,7 +164,21 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         let name = s.schedule.name.clone();
         offer(s, name);
     }
+    // The constructive phase gets the budget (at least [`MIN_CONSTRUCT_SECONDS`]) of its own:
+    // a construction estimated past what is left is skipped, so a huge `V x M` cannot run for
+    // minutes whatever the budget.
+    let mut construct = improve::Work::new(req.time_budget.max(MIN_CONSTRUCT_SECONDS));
+    let one_build = improve::build_work(&inst);
+    let mut skipped = false;
+    let mut afford = |construct: &mut improve::Work| {
+        let ok = one_build <= construct.left() && construct.take(one_build);
+        skipped |= !ok;
+        ok
+    };
     for flags in greedy::Flags::all() {
+        if !afford(&mut construct) {
+            continue;
+        }
         let Some(orders) = greedy::build(&inst, flags) else {
             continue;
         };
@@ -167,6 +187,9 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         }
     }
     for rule in Rule::standard(&inst) {
+        if !afford(&mut construct) {
+            continue;
+        }
         let Some(orders) = build(&inst, &rule) else {
             continue;
         };
@@ -174,8 +197,12 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             offer(s, "list".into());
         }
     }
-    let (mut best, origin) = best.ok_or_else(|| {
-        AutoError::Internal("no rule produced a schedule within the limit".into())
+    let (mut best, origin) = best.ok_or_else(|| match skipped {
+        true => AutoError::OverBudget {
+            seconds: one_build / WORK_PER_SECOND,
+            budget: req.time_budget,
+        },
+        false => AutoError::Internal("no rule produced a schedule within the limit".into()),
     })?;
     let start_value = best.value;
     let target = bound(&inst, req, &best.schedule);
