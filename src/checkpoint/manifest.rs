@@ -3,6 +3,7 @@
 //! folder without one is incomplete and never used.
 
 use pipefill_host::cost::ActivationDtype;
+use pipefill_host::input;
 use pipefill_host::plan::Plan;
 use pipefill_host::schedule::Schedule;
 use serde::{Deserialize, Serialize};
@@ -164,6 +165,16 @@ pub fn learning_rate(o: &Optimizer) -> f32 {
 }
 
 impl Manifest {
+    /// Reads a manifest's text and checks it ([`Manifest::check_self`]); `path` names the file in
+    /// errors.
+    pub fn parse(text: &str, path: &std::path::Path) -> Result<Manifest, CheckpointError> {
+        let text = pipefill_host::input::without_bom(text);
+        let manifest: Manifest = serde_json::from_str(text)
+            .map_err(|e| CheckpointError::corrupt(path, input::json_error_in(text, &e)))?;
+        manifest.check_self(path)?;
+        Ok(manifest)
+    }
+
     /// Checks the format, the version and that the plan and file list hold together
     /// (`path` names the manifest in errors).
     pub fn check_self(&self, path: &std::path::Path) -> Result<(), CheckpointError> {

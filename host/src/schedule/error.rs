@@ -26,7 +26,11 @@ pub enum ScheduleError {
         known: String,
     },
     /// An action's text form is malformed.
-    #[error("cannot read action `{text}`: {reason}")]
+    #[error(
+        "cannot read action `{}`: {}",
+        crate::input::excerpt(text),
+        crate::input::message(reason)
+    )]
     ParseAction {
         /// The text that failed.
         text: String,
