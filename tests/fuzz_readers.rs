@@ -56,9 +56,17 @@ where
         }
     }
     let (done, progress) = mpsc::channel::<usize>();
+    let work = cases.clone();
     let worker = std::thread::spawn(move || {
         let (mut accepted, mut refused) = (0usize, 0usize);
-        for case in 0..cases {
+        if std::env::var_os("PIPEFILL_FUZZ_SHOW").is_some() {
+            for case in work.clone() {
+                let mut rng = fuzz::rng(seed, reader, case);
+                let input = fuzz::mutate(&mut rng, &valid[case % valid.len()], text);
+                eprintln!("{reader} case {case}: {}", String::from_utf8_lossy(&input));
+            }
+        }
+        for case in work {
             let mut rng = fuzz::rng(seed, reader, case);
             let input = fuzz::mutate(&mut rng, &valid[case % valid.len()], text);
             let replay = format!(
@@ -87,7 +95,7 @@ where
             Ok(case) => last = Some(case),
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let case = last.map_or(0, |c| c + 1);
+                let case = last.map_or(cases.start, |c| c + 1);
                 panic!(
                     "{reader} case {case} (PIPEFILL_FUZZ_SEED={seed}) ran over {CASE_LIMIT:?}: a hang"
                 );
@@ -96,7 +104,10 @@ where
     }
     match worker.join() {
         Ok((accepted, refused)) => {
-            eprintln!("{reader}: {cases} cases, {accepted} accepted, {refused} refused")
+            eprintln!(
+                "{reader}: {} cases, {accepted} accepted, {refused} refused",
+                cases.len()
+            )
         }
         Err(p) => std::panic::resume_unwind(p),
     }

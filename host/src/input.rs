@@ -64,10 +64,25 @@ pub const MESSAGE_CHARS: usize = 240;
 /// assert_eq!(message("duplicate `3F1`\nrank 0  2F0 [3F1]"), "duplicate `3F1`");
 /// ```
 pub fn message(text: &str) -> String {
-    let first = visible(text.lines().next().unwrap_or_default().trim_end());
+    let short = shorten(text.lines().next().unwrap_or_default().trim_end());
+    match short.char_indices().nth(MESSAGE_CHARS) {
+        None => short,
+        Some((end, _)) => format!("{}...", &short[..end]),
+    }
+}
+
+/// `text` with every quoted token (between `"` or `` ` `` characters) longer than
+/// [`EXCERPT_CHARS`] shortened by [`excerpt`] and control characters escaped: what an error built
+/// around a user's token shows of it.
+///
+/// ```
+/// use pipefill_host::input::shorten;
+/// let e = format!("found `rank {}`; list ranks in order", "9".repeat(100));
+/// assert_eq!(shorten(&e), format!("found `rank {}... (105 bytes)`; list ranks in order", "9".repeat(35)));
+/// ```
+pub fn shorten(text: &str) -> String {
     // Quoted tokens are the odd pieces between quote characters.
-    let short: String = first
-        .split_inclusive(['"', '`'])
+    text.split_inclusive(['"', '`'])
         .enumerate()
         .map(|(i, piece)| {
             if i % 2 == 0 {
@@ -79,11 +94,8 @@ pub fn message(text: &str) -> String {
             };
             format!("{}{quote}", excerpt(body))
         })
-        .collect();
-    match short.char_indices().nth(MESSAGE_CHARS) {
-        None => short,
-        Some((end, _)) => format!("{}...", &short[..end]),
-    }
+        .map(|piece| visible(&piece))
+        .collect()
 }
 
 /// A serde_json error as one short line: [`message`] of its text without serde's position, then

@@ -2,8 +2,9 @@
 //! duplication, extreme numbers, deep nesting, a byte-order mark, long tokens, wrong types, missing
 //! and extra keys), seeded from the environment so that any failure is reproducible.
 //!
-//! `PIPEFILL_FUZZ_SEED` (default: a fixed seed) and `PIPEFILL_FUZZ_CASES` (default: each test's
-//! own count) set the run; every test prints the seed it used.
+//! `PIPEFILL_FUZZ_SEED` (default: a fixed seed), `PIPEFILL_FUZZ_CASES` (default: each test's own
+//! count) and `PIPEFILL_FUZZ_FIRST` (the first case, default 0) set the run; every test prints the
+//! seed it used.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -11,9 +12,10 @@ use rand_chacha::ChaCha8Rng;
 /// The seed every fuzz test uses when `PIPEFILL_FUZZ_SEED` is not set.
 pub const DEFAULT_SEED: u64 = 0x5eed_f022;
 
-/// The run's seed and case count (`default_cases` unless `PIPEFILL_FUZZ_CASES` is set); the seed
-/// is printed so a failure can be replayed.
-pub fn settings(test: &str, default_cases: usize) -> (u64, usize) {
+/// The run's seed and cases: `PIPEFILL_FUZZ_CASES` of them (`default_cases` unless set) from case
+/// `PIPEFILL_FUZZ_FIRST` (0 unless set; to replay one case, give it with `PIPEFILL_FUZZ_CASES=1`).
+/// The seed is printed so a failure can be replayed.
+pub fn settings(test: &str, default_cases: usize) -> (u64, std::ops::Range<usize>) {
     let var = |name: &str| {
         std::env::var(name).ok().map(|v| {
             v.trim()
@@ -23,8 +25,11 @@ pub fn settings(test: &str, default_cases: usize) -> (u64, usize) {
     };
     let seed = var("PIPEFILL_FUZZ_SEED").unwrap_or(DEFAULT_SEED);
     let cases = var("PIPEFILL_FUZZ_CASES").map_or(default_cases, |c| c as usize);
-    eprintln!("{test}: PIPEFILL_FUZZ_SEED={seed} PIPEFILL_FUZZ_CASES={cases}");
-    (seed, cases)
+    let first = var("PIPEFILL_FUZZ_FIRST").unwrap_or(0) as usize;
+    eprintln!(
+        "{test}: PIPEFILL_FUZZ_SEED={seed} PIPEFILL_FUZZ_FIRST={first} PIPEFILL_FUZZ_CASES={cases}"
+    );
+    (seed, first..first.saturating_add(cases))
 }
 
 /// The random source of case `case` of reader `reader` under `seed`: each case replays alone.
@@ -141,11 +146,14 @@ fn values(v: &[u8]) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
     for (i, &c) in v.iter().enumerate() {
         if c == b':' || c == b'=' {
+            // At most 200 bytes: a value is short, and a scan to the end from every `:` of a
+            // deeply nested text would take quadratic time.
             let a = i + 1;
-            let len = v[a..]
+            let window = &v[a..v.len().min(a + 200)];
+            let len = window
                 .iter()
                 .position(|&c| b",\n}]".contains(&c))
-                .unwrap_or(v.len() - a);
+                .unwrap_or(window.len());
             out.push(a..a + len);
         }
     }

@@ -68,7 +68,7 @@ impl CostError {
     ) -> Self {
         CostError::Field {
             field: crate::input::excerpt(&field.into()),
-            problem: problem.into(),
+            problem: crate::input::shorten(&problem.into()),
             fix: fix.into(),
         }
     }
@@ -81,7 +81,7 @@ impl CostError {
     ) -> Self {
         CostError::Flag {
             text: crate::input::excerpt(&text.into()),
-            problem: problem.into(),
+            problem: crate::input::shorten(&problem.into()),
             fix: fix.into(),
         }
     }
