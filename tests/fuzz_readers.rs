@@ -11,6 +11,8 @@
 
 mod fuzz;
 
+use fuzz::valid;
+
 use std::fmt::Display;
 use std::path::Path;
 use std::sync::mpsc;
@@ -24,7 +26,7 @@ use pipefill_host::cost::{
     parse_cost_flag, CostFile, CostInput, CostModel, LayerCost, LinkCost, StageCost,
 };
 use pipefill_host::plan::best_partition;
-use pipefill_host::schedule::{families, format, lower, validate::validate, Params};
+use pipefill_host::schedule::{families, format, validate::validate, Params};
 use pipefill_host::sim::simulate;
 use pipefill_kernels::Activation;
 
@@ -166,20 +168,6 @@ fn text(input: &[u8]) -> &str {
     std::str::from_utf8(input).expect("text readers get UTF-8")
 }
 
-/// Valid schedules of several shapes and families.
-fn schedules() -> Vec<pipefill_host::schedule::Schedule> {
-    [
-        ("1f1b", 2, 4),
-        ("interleaved-1f1b", 2, 4),
-        ("zbv", 2, 4),
-        ("dualpipev", 2, 4),
-        ("gpipe", 3, 2),
-    ]
-    .iter()
-    .map(|&(f, p, m)| families::generate(f, &Params::new(p, m)).expect("a valid schedule"))
-    .collect()
-}
-
 /// A schedule that was read: validated, then simulated with unit costs (what `simulate
 /// --schedule-file` does), so that whatever passes the reader is run too.
 fn validate_and_simulate(s: &pipefill_host::schedule::Schedule) -> Verdict {
@@ -195,51 +183,16 @@ fn validate_and_simulate(s: &pipefill_host::schedule::Schedule) -> Verdict {
 
 #[test]
 fn damaged_schedule_files_never_panic_hang_or_ramble() {
-    let mut valid = Vec::new();
-    for s in schedules() {
-        let lowered = lower::lower(&s).expect("lowers");
-        for f in [
-            format::to_text(&s),
-            format::to_json(&s),
-            format::to_csv(&s),
-            format::to_csv(&lowered),
-        ] {
-            valid.push(f.into_bytes());
-        }
-    }
-    campaign("schedule file", valid, true, |input| {
+    campaign("schedule file", valid::schedule_files(), true, |input| {
         let s = format::read(text(input), "fuzz").map_err(said)?;
         validate_and_simulate(&s)
     });
 }
 
-/// A per-layer cost file with every optional part, and a per-stage one.
-fn cost_files() -> Vec<Vec<u8>> {
-    let layers = (0..4)
-        .map(|i| LayerCost::new(format!("layer{i}"), 1.0 + i as f64, 0.5, 0.25))
-        .collect();
-    let file = CostFile {
-        layers,
-        transfer: LinkCost::default(),
-        overlap_share: 0.5,
-        meta: serde_json::json!({"activation_dtype": "f32"}),
-    };
-    let layered = file.to_json();
-    let stages = r#"{
-  "stages": [
-    {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0, "activation_bytes": 100, "parameter_bytes": 10},
-    {"forward": 2.0, "backward": 3.5, "activation_bytes": 1e6, "parameter_bytes": 4096}
-  ],
-  "transfer": {"latency": 0.001, "bandwidth": 1e9},
-  "overlap_share": 0.25
-}"#;
-    vec![layered.into_bytes(), stages.as_bytes().to_vec()]
-}
-
 #[test]
 fn damaged_cost_files_never_panic_hang_or_ramble() {
     let schedule = families::generate("1f1b", &Params::new(2, 4)).expect("1f1b");
-    campaign("cost file", cost_files(), true, move |input| {
+    campaign("cost file", valid::cost_files(), true, move |input| {
         // What the commands do with an accepted file: plan a partition, or simulate the stages.
         match CostInput::parse(text(input)).map_err(said)? {
             CostInput::Layers(f) if f.layers.len() >= schedule.stages() => {
@@ -258,10 +211,7 @@ fn damaged_cost_files_never_panic_hang_or_ramble() {
 
 #[test]
 fn damaged_cost_flags_never_panic_hang_or_ramble() {
-    let valid = ["F=1,I=1,W=1", "F=2ms,B=3ms,W=1ms,A=10MB", "F=1.5,B=3"]
-        .map(|s| s.as_bytes().to_vec())
-        .to_vec();
-    campaign("--cost flag", valid, true, |input| {
+    campaign("--cost flag", valid::cost_flags(), true, |input| {
         let stage = parse_cost_flag(text(input)).map_err(said)?;
         let costs = CostModel::uniform(stage, 2, LinkCost::default());
         let s = families::generate("1f1b", &Params::new(2, 2)).map_err(said)?;
@@ -272,20 +222,19 @@ fn damaged_cost_flags_never_panic_hang_or_ramble() {
 
 #[test]
 fn damaged_model_files_never_panic_hang_or_ramble() {
-    let toml = "input = 16\nloss = \"mse\"\nbatch = 8\n\n[[layers]]\nwidth = 32\nactivation = \"gelu\"\n\n[[layers]]\nwidth = 4\n";
-    let json = r#"{"input": 16, "loss": "ce", "batch": 8, "layers": [{"width": 32, "activation": "relu"}, {"width": 4}]}"#;
-    let valid = vec![
-        [&b"T"[..], toml.as_bytes()].concat(),
-        [&b"J"[..], json.as_bytes()].concat(),
-    ];
+    // The first byte picks the file's extension.
+    let valid = valid::model_files()
+        .into_iter()
+        .map(|(ext, text)| [&ext.as_bytes()[..1], text.as_bytes()].concat())
+        .collect();
     campaign("model file", valid, true, |input| {
         // The first byte picks the file's extension; damage to it picks an unknown one.
         let (kind, body) = input
             .split_first()
             .map_or((b'?', &[][..]), |(k, b)| (*k, b));
         let name = match kind {
-            b'T' => "model.toml",
-            b'J' => "model.json",
+            b't' => "model.toml",
+            b'j' => "model.json",
             _ => "model.txt",
         };
         let body = String::from_utf8_lossy(body);

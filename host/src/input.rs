@@ -72,8 +72,8 @@ pub fn message(text: &str) -> String {
 }
 
 /// `text` with every quoted token (between `"` or `` ` `` characters) longer than
-/// [`EXCERPT_CHARS`] shortened by [`excerpt`] and control characters escaped: what an error built
-/// around a user's token shows of it.
+/// [`EXCERPT_CHARS`] shortened by [`excerpt`] and control characters escaped, and at most twice
+/// [`MESSAGE_CHARS`] characters in all: what an error built around a user's token shows of it.
 ///
 /// ```
 /// use pipefill_host::input::shorten;
@@ -82,7 +82,8 @@ pub fn message(text: &str) -> String {
 /// ```
 pub fn shorten(text: &str) -> String {
     // Quoted tokens are the odd pieces between quote characters.
-    text.split_inclusive(['"', '`'])
+    let short: String = text
+        .split_inclusive(['"', '`'])
         .enumerate()
         .map(|(i, piece)| {
             if i % 2 == 0 {
@@ -95,7 +96,12 @@ pub fn shorten(text: &str) -> String {
             format!("{}{quote}", excerpt(body))
         })
         .map(|piece| visible(&piece))
-        .collect()
+        .collect();
+    // A quote inside a token pairs the quotes wrongly; the length is bounded all the same.
+    match short.char_indices().nth(2 * MESSAGE_CHARS) {
+        None => short,
+        Some((end, _)) => format!("{}... ({} bytes)", &short[..end], text.len()),
+    }
 }
 
 /// A serde_json error as one short line: [`message`] of its text without serde's position, then

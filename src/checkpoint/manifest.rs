@@ -218,7 +218,23 @@ impl Manifest {
                 self.plan.schedule.stages()
             ));
         }
-        Ok(())
+        if let Some(s) = self.plan.layers_per_stage.iter().position(|&n| n == 0) {
+            return bad(format!(
+                "field `plan.layers_per_stage`: stage {s} has no layers"
+            ));
+        }
+        // The plan's costs must fit its schedule: a resume simulates them for its prediction.
+        let costs = self.plan.cost.stages.len();
+        if costs != self.plan.schedule.stages() {
+            return bad(format!(
+                "field `plan.cost.stages`: {costs} stage costs for the schedule's {} stages",
+                self.plan.schedule.stages()
+            ));
+        }
+        self.plan
+            .timeline()
+            .map(|_| ())
+            .or_else(|e| bad(format!("field `plan`: its costs do not simulate: {e}")))
     }
 
     /// Refuses a run that differs from the checkpoint in anything its state depends on:

@@ -6,6 +6,8 @@
 //! count) and `PIPEFILL_FUZZ_FIRST` (the first case, default 0) set the run; every test prints the
 //! seed it used.
 
+pub mod valid;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

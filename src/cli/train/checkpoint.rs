@@ -206,6 +206,12 @@ pub fn restore(
         .map_err(|e| refuse("--resume", &r.dir, e))
 }
 
+/// Takes the lock of the `--checkpoint` folder `dir` (exit 2, naming the folder, when another run
+/// holds it): held until the returned lock is dropped or the process ends in any way.
+pub fn lock_folder(dir: &Path) -> Result<store::FolderLock, CliError> {
+    store::FolderLock::take(dir).map_err(|e| refuse("--checkpoint", dir, e))
+}
+
 /// Saves checkpoints during the step loop.
 pub struct Saver {
     /// The folder's lock, held while this run may write there (single-process runs).
@@ -233,9 +239,7 @@ impl Saver {
     /// This saver holding its folder's lock: the only writer of it until the run ends (exit 2,
     /// naming the folder, when another run holds it).
     pub fn locked(mut self) -> Result<Self, CliError> {
-        let lock =
-            store::FolderLock::take(&self.dir).map_err(|e| refuse("--checkpoint", &self.dir, e))?;
-        self.lock = Some(lock);
+        self.lock = Some(lock_folder(&self.dir)?);
         Ok(self)
     }
 
