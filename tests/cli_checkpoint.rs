@@ -161,6 +161,7 @@ fn a_killed_run_resumes_from_its_last_checkpoint_bit_for_bit() {
 fn refused(dir: &Path, extra: &[&str], needles: &[&str]) {
     let (code, _, err) = train(dir, extra);
     assert_eq!(code, 2, "{extra:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
     for n in needles {
         assert!(err.contains(n), "{extra:?}: expected `{n}` in: {err}");
     }
@@ -316,6 +317,30 @@ fn half_written_checkpoints_are_skipped_and_damaged_ones_refused() {
     let text = fs::read_to_string(&manifest).unwrap();
     fs::write(&manifest, &text[..text.len() / 2]).unwrap();
     refused(&dir, &resume, &["manifest.json", "corrupt"]);
+    // Manifests that parse but do not hold together: refused naming the file, the field and the
+    // fix (they used to fail later with exit code 1).
+    let damaged = |edit: fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut v);
+        fs::write(&manifest, v.to_string()).unwrap();
+    };
+    damaged(|v| {
+        v["plan"]["cost"]["stages"].as_array_mut().unwrap().pop();
+    });
+    let fix = "delete that step folder";
+    refused(&dir, &resume, &["manifest.json", "plan.cost.stages", fix]);
+    damaged(|v| v["plan"]["layers_per_stage"] = serde_json::json!([0, 4]));
+    refused(
+        &dir,
+        &resume,
+        &["manifest.json", "plan.layers_per_stage", fix],
+    );
+    damaged(|v| v["step"] = serde_json::json!(format!("{}", "9".repeat(5000))));
+    refused(
+        &dir,
+        &resume,
+        &["manifest.json", "at line 1", "... (5000 bytes)", fix],
+    );
     fs::write(&manifest, &text).unwrap();
     train_ok(&dir, &resume);
     fs::remove_dir_all(&dir).ok();

@@ -200,7 +200,11 @@ struct Run {
 fn run(dir: &Path, args: &[String]) -> Run {
     let start = Instant::now();
     let err = dir.join("stderr.txt");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pipefill"))
+    // `PIPEFILL_BIN` when set (as `common::pipefill_in`): another build's binary, e.g. to compare.
+    let bin = std::env::var_os("PIPEFILL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipefill")));
+    let mut child = Command::new(bin)
         .current_dir(dir)
         .args(args)
         .stdout(Stdio::null())

@@ -50,8 +50,7 @@ fn visible(text: &str) -> String {
 pub const MESSAGE_CHARS: usize = 240;
 
 /// A parser's error message (serde_json, toml, a nested reader's) as one short line: only its
-/// first line, every quoted token longer than [`EXCERPT_CHARS`] shortened by [`excerpt`], at
-/// most [`MESSAGE_CHARS`] characters. A damaged file may hold a 10 MB string or a nested value
+/// first line, long quoted tokens shortened ([`shorten`]), at most [`MESSAGE_CHARS`] characters. A damaged file may hold a 10 MB string or a nested value
 /// whose own error spans lines; the user's error stays one line either way.
 ///
 /// ```
@@ -71,14 +70,16 @@ pub fn message(text: &str) -> String {
     }
 }
 
-/// `text` with every quoted token (between `"` or `` ` `` characters) longer than
+/// `text` with every quoted token (between `"` or `` ` `` characters) longer than twice
 /// [`EXCERPT_CHARS`] shortened by [`excerpt`] and control characters escaped, and at most twice
 /// [`MESSAGE_CHARS`] characters in all: what an error built around a user's token shows of it.
 ///
 /// ```
 /// use pipefill_host::input::shorten;
 /// let e = format!("found `rank {}`; list ranks in order", "9".repeat(100));
-/// assert_eq!(shorten(&e), format!("found `rank {}... (105 bytes)`; list ranks in order", "9".repeat(35)));
+/// let short = format!("found `rank {}... (105 bytes)`; list ranks in order", "9".repeat(35));
+/// assert_eq!(shorten(&e), short);
+/// assert_eq!(shorten(&short), short);
 /// ```
 pub fn shorten(text: &str) -> String {
     // Quoted tokens are the odd pieces between quote characters.
@@ -93,7 +94,12 @@ pub fn shorten(text: &str) -> String {
                 Some((i, c)) if c == '"' || c == '`' => (&piece[..i], &piece[i..]),
                 _ => (piece, ""),
             };
-            format!("{}{quote}", excerpt(body))
+            // Up to twice the excerpt's length stays whole, so that shortening twice (a reader's
+            // error inside another's) leaves an excerpt as it is.
+            match body.chars().nth(2 * EXCERPT_CHARS) {
+                Some(_) => format!("{}{quote}", excerpt(body)),
+                None => piece.to_string(),
+            }
         })
         .map(|piece| visible(&piece))
         .collect();

@@ -212,10 +212,8 @@ pub fn lock_folder(dir: &Path) -> Result<store::FolderLock, CliError> {
     store::FolderLock::take(dir).map_err(|e| refuse("--checkpoint", dir, e))
 }
 
-/// Saves checkpoints during the step loop.
+/// Saves checkpoints during the step loop (its run holds the folder's lock: [`lock_folder`]).
 pub struct Saver {
-    /// The folder's lock, held while this run may write there (single-process runs).
-    lock: Option<store::FolderLock>,
     dir: PathBuf,
     every: Option<usize>,
     steps: usize,
@@ -228,19 +226,11 @@ impl Saver {
         let a = &setup.args;
         let dir = a.checkpoint.checkpoint.clone()?;
         Some(Saver {
-            lock: None,
             dir,
             every: a.checkpoint.checkpoint_every,
             steps: a.steps,
             base: base_manifest(&setup.spec, a, setup.optimizer, plan),
         })
-    }
-
-    /// This saver holding its folder's lock: the only writer of it until the run ends (exit 2,
-    /// naming the folder, when another run holds it).
-    pub fn locked(mut self) -> Result<Self, CliError> {
-        self.lock = Some(lock_folder(&self.dir)?);
-        Ok(self)
     }
 
     /// Whether a checkpoint is due after step `done` (counted from 1): a multiple of
