@@ -22,7 +22,7 @@ use fuzz::valid;
 use rand::Rng;
 
 /// Runs per reader when `PIPEFILL_FUZZ_CASES` is not set.
-const DEFAULT_CASES: usize = 8;
+const DEFAULT_CASES: usize = 20;
 
 /// The longest one run may take.
 const RUN_LIMIT: Duration = Duration::from_secs(60);

@@ -31,7 +31,7 @@ use pipefill_host::sim::simulate;
 use pipefill_kernels::Activation;
 
 /// Cases per reader when `PIPEFILL_FUZZ_CASES` is not set: a few seconds each in CI.
-const DEFAULT_CASES: usize = 1500;
+const DEFAULT_CASES: usize = 10_000;
 
 /// The longest error message a reader may give (it excerpts long tokens).
 const MAX_ERROR: usize = 600;
