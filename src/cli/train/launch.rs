@@ -13,9 +13,9 @@
 //! the processes send their outcome to process 0, which assembles each replica's step report and
 //! prints what the threaded run prints. Checkpoints: replica 0's processes write their rank files,
 //! then process 0 the manifest; process 0 holds the `--checkpoint` folder's lock from the setup to
-//! the end of the job, so a second run (MPI or not) on the folder is refused. A rank that fails (an error or a panic) reports its error naming
-//! the rank and aborts the job (no process waits forever). With `--backend cuda` each process runs
-//! one GPU rank over NCCL instead ([`cuda`]).
+//! the end of the job, so a second run (MPI or not) on the folder is refused. A rank that fails
+//! (an error or a panic) reports its error naming the rank and aborts the job (no process waits
+//! forever). With `--backend cuda` each process runs one GPU rank over NCCL instead ([`cuda`]).
 
 mod cuda;
 
