@@ -24,6 +24,7 @@
 use std::ops::Range;
 use std::path::Path;
 
+use pipefill_host::input;
 use pipefill_host::runtime::Tensor;
 use pipefill_kernels::Activation;
 use rand::{Rng, SeedableRng};
@@ -131,16 +132,35 @@ impl ModelSpec {
     /// Reads a TOML (`.toml`) or JSON (`.json`) model file; `default_batch` is used when the file
     /// has no `batch`.
     pub fn from_file(path: &Path, default_batch: usize) -> Result<Self, ModelError> {
-        let name = path.display();
         let text = std::fs::read_to_string(path)
-            .map_err(|e| ModelError(format!("cannot read model file {name}: {e}")))?;
-        let text = pipefill_host::input::without_bom(&text);
+            .map_err(|e| ModelError(format!("cannot read model file {}: {e}", path.display())))?;
+        ModelSpec::from_text(&text, path, default_batch)
+    }
+
+    /// Reads the text of a model file: `path`'s extension picks the format (`.toml` or `.json`)
+    /// and names the file in errors; `default_batch` is used when the text has no `batch`.
+    pub fn from_text(text: &str, path: &Path, default_batch: usize) -> Result<Self, ModelError> {
+        let name = path.display();
+        let text = input::without_bom(text);
         let raw: ModelFile = match path.extension().and_then(|e| e.to_str()) {
-            Some("toml") => {
-                toml::from_str(text).map_err(|e| ModelError(format!("model file {name}: {e}")))?
-            }
-            Some("json") => serde_json::from_str(text)
-                .map_err(|e| ModelError(format!("model file {name}: {e}")))?,
+            Some("toml") => toml::from_str(text).map_err(|e: toml::de::Error| {
+                let at = e.span().map_or(String::new(), |s| {
+                    let before = text.get(..s.start).unwrap_or(text);
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                    format!(" at line {line} column {column}")
+                });
+                ModelError(format!(
+                    "model file {name}: {}{at}",
+                    input::message(e.message())
+                ))
+            })?,
+            Some("json") => serde_json::from_str(text).map_err(|e| {
+                ModelError(format!(
+                    "model file {name}: {}",
+                    input::json_error_in(text, &e)
+                ))
+            })?,
             _ => {
                 return Err(ModelError(format!(
                     "model file {name}: the name must end in .toml or .json"

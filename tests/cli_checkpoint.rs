@@ -161,6 +161,7 @@ fn a_killed_run_resumes_from_its_last_checkpoint_bit_for_bit() {
 fn refused(dir: &Path, extra: &[&str], needles: &[&str]) {
     let (code, _, err) = train(dir, extra);
     assert_eq!(code, 2, "{extra:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
     for n in needles {
         assert!(err.contains(n), "{extra:?}: expected `{n}` in: {err}");
     }
@@ -316,6 +317,30 @@ fn half_written_checkpoints_are_skipped_and_damaged_ones_refused() {
     let text = fs::read_to_string(&manifest).unwrap();
     fs::write(&manifest, &text[..text.len() / 2]).unwrap();
     refused(&dir, &resume, &["manifest.json", "corrupt"]);
+    // Manifests that parse but do not hold together: refused naming the file, the field and the
+    // fix (they used to fail later with exit code 1).
+    let damaged = |edit: fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut v);
+        fs::write(&manifest, v.to_string()).unwrap();
+    };
+    damaged(|v| {
+        v["plan"]["cost"]["stages"].as_array_mut().unwrap().pop();
+    });
+    let fix = "delete that step folder";
+    refused(&dir, &resume, &["manifest.json", "plan.cost.stages", fix]);
+    damaged(|v| v["plan"]["layers_per_stage"] = serde_json::json!([0, 4]));
+    refused(
+        &dir,
+        &resume,
+        &["manifest.json", "plan.layers_per_stage", fix],
+    );
+    damaged(|v| v["step"] = serde_json::json!(format!("{}", "9".repeat(5000))));
+    refused(
+        &dir,
+        &resume,
+        &["manifest.json", "at line 1", "... (5000 bytes)", fix],
+    );
     fs::write(&manifest, &text).unwrap();
     train_ok(&dir, &resume);
     fs::remove_dir_all(&dir).ok();
@@ -337,5 +362,85 @@ fn a_folder_another_run_is_writing_is_refused_and_free_again_after() {
     drop(held);
     train_ok(&dir, &extra);
     assert_eq!(complete_steps(&ck), vec![2]);
+    fs::remove_dir_all(&dir).ok();
+}
+
+/// Whether some process holds an `flock` on `file` (Linux: `/proc/locks` lists each lock with the
+/// inode of its file), found without taking the lock.
+#[cfg(feature = "mpi")]
+fn locked_by_someone(file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(inode) = fs::metadata(file).map(|m| m.ino()) else {
+        return false;
+    };
+    let locks = fs::read_to_string("/proc/locks").unwrap_or_default();
+    // `1: FLOCK  ADVISORY  WRITE 887 fe:00:5605192 0 EOF`: the file is `MAJOR:MINOR:INODE`.
+    locks.lines().filter(|l| l.contains("FLOCK")).any(|l| {
+        l.split_whitespace()
+            .filter(|w| w.matches(':').count() == 2)
+            .any(|w| w.rsplit(':').next().and_then(|i| i.parse().ok()) == Some(inode))
+    })
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn under_mpirun_a_folder_has_one_writer_too() {
+    let dir = scratch("ckpt-mpi-lock");
+    let ck = dir.join("ck");
+    let mpi = ["--ranks", "2", "--launcher", "mpi", "--checkpoint", "ck"];
+    // A folder another run holds: the job is refused once, exit 2, nothing written.
+    let held = pipefill::checkpoint::store::FolderLock::take(&ck).unwrap();
+    let (code, _, err) = common::mpirun(&dir, 2, &args(&[&mpi[..], &["--steps", "2"]].concat()));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("in use") && err.contains("`ck`"), "{err}");
+    assert_eq!(err.matches("error:").count(), 1, "one report: {err}");
+    assert!(complete_steps(&ck).is_empty(), "wrote into a folder in use");
+    drop(held);
+    // A running job holds the lock from its start: another run on the folder is refused.
+    let long = args(&[&mpi[..], &["--steps", "200000"]].concat());
+    let mut job = common::mpirun_command(&dir, 2, &long)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn mpirun");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !locked_by_someone(&ck.join(".lock")) {
+        assert!(job.try_wait().unwrap().is_none(), "the job ended early");
+        assert!(Instant::now() < deadline, "the job took no lock in 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    refused(
+        &dir,
+        &["--steps", "2", "--checkpoint", "ck"],
+        &["in use", "`ck`"],
+    );
+    let (code, _, err) = common::mpirun(&dir, 2, &args(&[&mpi[..], &["--steps", "2"]].concat()));
+    assert_eq!(code, 2, "a second MPI job: {err}");
+    assert!(err.contains("in use"), "{err}");
+    // SIGTERM: mpirun passes it on and ends its processes; the lock goes with them.
+    // SAFETY: `kill` on the pid of a child this test started and has not yet waited for.
+    unsafe {
+        libc::kill(job.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "mpirun still running 60 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while locked_by_someone(&ck.join(".lock")) {
+        assert!(
+            Instant::now() < deadline,
+            "the lock outlived the job by 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        complete_steps(&ck).is_empty(),
+        "the stopped job saved nothing"
+    );
     fs::remove_dir_all(&dir).ok();
 }

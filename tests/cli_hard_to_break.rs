@@ -248,6 +248,86 @@ fn duplicate_keys_and_huge_tokens_get_short_clear_errors() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `pipefill ARGS` must refuse with one short line containing every needle.
+fn refused_in_one_short_line(args: &[&str], needles: &[&str]) {
+    let (code, _, err) = pipefill(args);
+    assert_eq!(code, 2, "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.len() < 700, "{args:?}: an error of {} bytes", err.len());
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: expected `{n}` in: {err}");
+    }
+}
+
+#[test]
+fn what_the_fuzzer_found_is_refused_in_one_short_line() {
+    let dir = scratch("fuzz-found");
+    let long = "a".repeat(100_000);
+    // A TOML parser's error spans lines with a picture of the spot; a long float was quoted whole.
+    let model = file(
+        &dir,
+        "m.toml",
+        "input = 16
+batch = 1e308
+[[layers]]
+width = 4
+",
+    );
+    let train = ["train", "--ranks", "1", "--steps", "1", "--model", &model];
+    refused_in_one_short_line(&train, &["m.toml", "at line 2 column 9", "expected usize"]);
+    // A line break inside a `--cost` value broke the error's line.
+    let sim = [
+        &SIM[..],
+        &[
+            "--cost",
+            "F=1,I=1,W=1
+extra = 1",
+        ],
+    ]
+    .concat();
+    refused_in_one_short_line(&sim, &["cannot read `1\\nextra = 1` as a time"]);
+    // A long string where a cost file wants a number, a long rank label in a text grid, a long
+    // key: quoted whole before.
+    let costs = file(
+        &dir,
+        "c.json",
+        &LAYERS.replacen("\"forward\": 1,", &format!("\"forward\": \"{long}\","), 1),
+    );
+    refused_in_one_short_line(
+        &[&SIM[..], &["--costs", &costs]].concat(),
+        &["(100000 bytes)"],
+    );
+    let grid = file(&dir, "g.txt", &format!("# name=x ranks=1 chunks=1 microbatches=1 placement=looped\nslot 0 1\nrank {long} 0F0 0B0\n"));
+    refused_in_one_short_line(
+        &["schedule", "--validate", &grid],
+        &["found `rank aaa", "bytes)"],
+    );
+    let costs = file(
+        &dir,
+        "k.json",
+        &LAYERS.replacen(
+            "\"forward\": 1,",
+            &format!("\"forward\": 1, \"{long}\\r\": 1,"),
+            1,
+        ),
+    );
+    refused_in_one_short_line(
+        &[&SIM[..], &["--costs", &costs]].concat(),
+        &["is not a known field"],
+    );
+    // A JSON schedule whose message nests another reader's: its first line, the spot quoted.
+    let json = file(
+        &dir,
+        "s.json",
+        &format!("{{\"name\": \"{long}\", \"ranks\": \"x\"}}"),
+    );
+    refused_in_one_short_line(
+        &["schedule", "--validate", &json],
+        &["schedule JSON", "at line 1"],
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn every_memory_limit_takes_every_byte_size_form() {
     let dir = scratch("sizes");

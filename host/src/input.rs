@@ -24,12 +24,121 @@ pub const EXCERPT_CHARS: usize = 40;
 /// assert_eq!(excerpt("2X0"), "2X0");
 /// let long = "9".repeat(1000);
 /// assert_eq!(excerpt(&long), format!("{}... (1000 bytes)", "9".repeat(40)));
+/// assert_eq!(excerpt("1\nextra"), "1\\nextra");
 /// ```
 pub fn excerpt(token: &str) -> String {
     match token.char_indices().nth(EXCERPT_CHARS) {
-        None => token.to_string(),
-        Some((end, _)) => format!("{}... ({} bytes)", &token[..end], token.len()),
+        None => visible(token),
+        Some((end, _)) => format!("{}... ({} bytes)", visible(&token[..end]), token.len()),
     }
+}
+
+/// `text` with its control characters (line breaks, tabs, NUL, ...) escaped as `\n`, `\t`,
+/// `\u{0}`: a quoted token never breaks the error's line.
+fn visible(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped = c.is_control().then(|| c.escape_default());
+            let plain = (!c.is_control()).then_some(c);
+            escaped.into_iter().flatten().chain(plain)
+        })
+        .collect()
+}
+
+/// The most characters of a parser's message an error keeps (after [`message`] shortened its
+/// quoted tokens).
+pub const MESSAGE_CHARS: usize = 240;
+
+/// A parser's error message (serde_json, toml, a nested reader's) as one short line: only its
+/// first line, long quoted tokens shortened ([`shorten`]), at most [`MESSAGE_CHARS`] characters. A damaged file may hold a 10 MB string or a nested value
+/// whose own error spans lines; the user's error stays one line either way.
+///
+/// ```
+/// use pipefill_host::input::message;
+/// let long = format!("invalid type: string \"{}\", expected u64", "a".repeat(1000));
+/// assert_eq!(
+///     message(&long),
+///     format!("invalid type: string \"{}... (1000 bytes)\", expected u64", "a".repeat(40))
+/// );
+/// assert_eq!(message("duplicate `3F1`\nrank 0  2F0 [3F1]"), "duplicate `3F1`");
+/// ```
+pub fn message(text: &str) -> String {
+    let short = shorten(text.lines().next().unwrap_or_default().trim_end());
+    match short.char_indices().nth(MESSAGE_CHARS) {
+        None => short,
+        Some((end, _)) => format!("{}...", &short[..end]),
+    }
+}
+
+/// `text` with every quoted token (between `"` or `` ` `` characters) longer than twice
+/// [`EXCERPT_CHARS`] shortened by [`excerpt`] and control characters escaped, and at most twice
+/// [`MESSAGE_CHARS`] characters in all: what an error built around a user's token shows of it.
+///
+/// ```
+/// use pipefill_host::input::shorten;
+/// let e = format!("found `rank {}`; list ranks in order", "9".repeat(100));
+/// let short = format!("found `rank {}... (105 bytes)`; list ranks in order", "9".repeat(35));
+/// assert_eq!(shorten(&e), short);
+/// assert_eq!(shorten(&short), short);
+/// ```
+pub fn shorten(text: &str) -> String {
+    // Quoted tokens are the odd pieces between quote characters.
+    let short: String = text
+        .split_inclusive(['"', '`'])
+        .enumerate()
+        .map(|(i, piece)| {
+            if i % 2 == 0 {
+                return piece.to_string();
+            }
+            let (body, quote) = match piece.char_indices().last() {
+                Some((i, c)) if c == '"' || c == '`' => (&piece[..i], &piece[i..]),
+                _ => (piece, ""),
+            };
+            // Up to twice the excerpt's length stays whole, so that shortening twice (a reader's
+            // error inside another's) leaves an excerpt as it is.
+            match body.chars().nth(2 * EXCERPT_CHARS) {
+                Some(_) => format!("{}{quote}", excerpt(body)),
+                None => piece.to_string(),
+            }
+        })
+        .map(|piece| visible(&piece))
+        .collect();
+    // A quote inside a token pairs the quotes wrongly; the length is bounded all the same.
+    match short.char_indices().nth(2 * MESSAGE_CHARS) {
+        None => short,
+        Some((end, _)) => format!("{}... ({} bytes)", &short[..end], text.len()),
+    }
+}
+
+/// A serde_json error as one short line: [`message`] of its text without serde's position, then
+/// `at line L column C`.
+pub fn json_error(e: &serde_json::Error) -> String {
+    match e.line() {
+        0 => json_reason(e),
+        line => format!("{} at line {line} column {}", json_reason(e), e.column()),
+    }
+}
+
+/// [`json_error`] followed by the line of `text` it points at (excerpted), which shows the field:
+/// `invalid type: string "x", expected u64 at line 4 column 13 (`"step": "x",`)`.
+pub fn json_error_in(text: &str, e: &serde_json::Error) -> String {
+    let line = e
+        .line()
+        .checked_sub(1)
+        .and_then(|l| text.lines().nth(l))
+        .map(str::trim)
+        .filter(|l| !l.is_empty());
+    match line {
+        Some(l) => format!("{} (`{}`)", json_error(e), excerpt(l)),
+        None => json_error(e),
+    }
+}
+
+/// A serde_json error's reason as one short line ([`message`]), without its position.
+pub fn json_reason(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    message(text.strip_suffix(&suffix).unwrap_or(&text))
 }
 
 /// Checks that no JSON object in `text` names a key twice (serde_json keeps the last silently);

@@ -123,11 +123,12 @@ impl CheckpointError {
         }
     }
 
-    /// A [`CheckpointError::Corrupt`] for `path`.
+    /// A [`CheckpointError::Corrupt`] for `path`; tokens from the file in `reason` are shortened
+    /// ([`pipefill_host::input::shorten`]).
     pub(crate) fn corrupt(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
         CheckpointError::Corrupt {
             path: path.into(),
-            reason: reason.into(),
+            reason: pipefill_host::input::shorten(&reason.into()),
         }
     }
 }

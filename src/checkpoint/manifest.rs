@@ -3,6 +3,7 @@
 //! folder without one is incomplete and never used.
 
 use pipefill_host::cost::ActivationDtype;
+use pipefill_host::input;
 use pipefill_host::plan::Plan;
 use pipefill_host::schedule::Schedule;
 use serde::{Deserialize, Serialize};
@@ -164,6 +165,16 @@ pub fn learning_rate(o: &Optimizer) -> f32 {
 }
 
 impl Manifest {
+    /// Reads a manifest's text and checks it ([`Manifest::check_self`]); `path` names the file in
+    /// errors.
+    pub fn parse(text: &str, path: &std::path::Path) -> Result<Manifest, CheckpointError> {
+        let text = pipefill_host::input::without_bom(text);
+        let manifest: Manifest = serde_json::from_str(text)
+            .map_err(|e| CheckpointError::corrupt(path, input::json_error_in(text, &e)))?;
+        manifest.check_self(path)?;
+        Ok(manifest)
+    }
+
     /// Checks the format, the version and that the plan and file list hold together
     /// (`path` names the manifest in errors).
     pub fn check_self(&self, path: &std::path::Path) -> Result<(), CheckpointError> {
@@ -207,7 +218,23 @@ impl Manifest {
                 self.plan.schedule.stages()
             ));
         }
-        Ok(())
+        if let Some(s) = self.plan.layers_per_stage.iter().position(|&n| n == 0) {
+            return bad(format!(
+                "field `plan.layers_per_stage`: stage {s} has no layers"
+            ));
+        }
+        // The plan's costs must fit its schedule: a resume simulates them for its prediction.
+        let costs = self.plan.cost.stages.len();
+        if costs != self.plan.schedule.stages() {
+            return bad(format!(
+                "field `plan.cost.stages`: {costs} stage costs for the schedule's {} stages",
+                self.plan.schedule.stages()
+            ));
+        }
+        self.plan
+            .timeline()
+            .map(|_| ())
+            .or_else(|e| bad(format!("field `plan`: its costs do not simulate: {e}")))
     }
 
     /// Refuses a run that differs from the checkpoint in anything its state depends on:

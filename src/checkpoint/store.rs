@@ -119,9 +119,7 @@ pub fn latest(dir: &Path) -> Result<Option<(PathBuf, Manifest)>, CheckpointError
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(CheckpointError::io("read", &path)(e)),
         };
-        let manifest: Manifest = serde_json::from_str(&text)
-            .map_err(|e| CheckpointError::corrupt(&path, e.to_string()))?;
-        manifest.check_self(&path)?;
+        let manifest = Manifest::parse(&text, &path)?;
         if manifest.step != step {
             return Err(CheckpointError::corrupt(
                 &path,

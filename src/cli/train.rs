@@ -86,6 +86,11 @@ pub fn run(args: Args) -> Result<(), CliError> {
         return launch::run(args);
     }
     let setup = setup(args)?;
+    // The `--checkpoint` folder's lock, held to the end of the run and taken before any work
+    // (profile, plan, steps): a second run on the folder is refused at once.
+    let _lock = (setup.args.checkpoint.checkpoint.as_deref())
+        .map(checkpoint::lock_folder)
+        .transpose()?;
     let mut plans = candidates(&setup)?;
     if setup.devices.as_ref().is_some_and(|d| d.shared()) {
         // All ranks share GPU 0: rank the candidates by the shared-device model, and hold the
@@ -402,9 +407,7 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         o.host_enqueue = Some(host);
         return Ok(o);
     }
-    let saver = checkpoint::Saver::new(setup, plan)
-        .map(checkpoint::Saver::locked)
-        .transpose()?;
+    let saver = checkpoint::Saver::new(setup, plan);
     let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
     ex.set_exclusive(a.replay);
     let teacher = Teacher::new(&setup.spec, a.seed);

@@ -100,7 +100,7 @@ pub(crate) fn kind(v: &Value) -> String {
         Value::Null => "null".into(),
         Value::Bool(b) => format!("a boolean ({b})"),
         Value::Number(n) => format!("a number ({n})"),
-        Value::String(s) => format!("a string ({s:?})"),
+        Value::String(s) => format!("a string (\"{}\")", crate::input::excerpt(s)),
         Value::Array(_) => "an array".into(),
         Value::Object(_) => "an object".into(),
     }

@@ -60,28 +60,28 @@ pub enum CostError {
 }
 
 impl CostError {
-    /// Shorthand for [`CostError::Field`].
+    /// Shorthand for [`CostError::Field`]; a long `field` path (a key from the file) is excerpted.
     pub fn field(
         field: impl Into<String>,
         problem: impl Into<String>,
         fix: impl Into<String>,
     ) -> Self {
         CostError::Field {
-            field: field.into(),
-            problem: problem.into(),
+            field: crate::input::excerpt(&field.into()),
+            problem: crate::input::shorten(&problem.into()),
             fix: fix.into(),
         }
     }
 
-    /// Shorthand for [`CostError::Flag`].
+    /// Shorthand for [`CostError::Flag`]; a long `text` is excerpted ([`crate::input::excerpt`]).
     pub fn flag(
         text: impl Into<String>,
         problem: impl Into<String>,
         fix: impl Into<String>,
     ) -> Self {
         CostError::Flag {
-            text: text.into(),
-            problem: problem.into(),
+            text: crate::input::excerpt(&text.into()),
+            problem: crate::input::shorten(&problem.into()),
             fix: fix.into(),
         }
     }

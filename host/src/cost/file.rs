@@ -150,7 +150,7 @@ impl CostInput {
         let root: Value = serde_json::from_str(text).map_err(|e| CostError::Syntax {
             line: e.line(),
             column: e.column(),
-            reason: e.to_string(),
+            reason: crate::input::json_reason(&e),
         })?;
         let top = Fields::object(&root, "", "a JSON object with \"layers\" and \"transfer\"")?;
         top.only(TOP_KEYS)?;

@@ -23,6 +23,7 @@
 
 use super::check::Quantity;
 use super::{resolve_backward, CostError, StageCost};
+use crate::input::excerpt;
 
 /// The keys, as `(short, long forms, quantity)`.
 const KEYS: &[(&str, &[&str], Quantity)] = &[
@@ -63,11 +64,11 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
         let slot = KEYS
             .iter()
             .position(|(short, long, _)| *short == key || long.contains(&key))
-            .ok_or_else(|| CostError::flag(part, format!("unknown key `{key}`"), FIX))?;
+            .ok_or_else(|| CostError::flag(part, format!("unknown key `{}`", excerpt(key)), FIX))?;
         if values[slot].is_some() {
             return Err(CostError::flag(
                 part,
-                format!("key `{key}` is given twice"),
+                format!("key `{}` is given twice", excerpt(key)),
                 "give each key once",
             ));
         }
@@ -75,7 +76,7 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
         let v = parse_value(value.trim(), q).ok_or_else(|| {
             CostError::flag(
                 part,
-                format!("cannot read `{}` as a {}", value.trim(), noun(q)),
+                format!("cannot read `{}` as a {}", excerpt(value.trim()), noun(q)),
                 unit_help(q),
             )
         })?;
@@ -151,13 +152,15 @@ pub fn parse_bytes_u64(text: &str) -> Result<u64, String> {
 pub fn parse_bandwidth(text: &str) -> Result<f64, String> {
     let v = parse_value(text.trim(), Quantity::Bytes).ok_or_else(|| {
         format!(
-            "cannot read `{text}`: {}",
+            "cannot read `{}`: {}",
+            excerpt(text),
             Quantity::BytesPerSecond.expected()
         )
     })?;
     match Quantity::BytesPerSecond.problem(v) {
         Some(p) => Err(format!(
-            "`{text}` {p}: {}",
+            "`{}` {p}: {}",
+            excerpt(text),
             Quantity::BytesPerSecond.expected()
         )),
         None => Ok(v),
@@ -167,9 +170,9 @@ pub fn parse_bandwidth(text: &str) -> Result<f64, String> {
 /// A value with a unit suffix, range-checked.
 fn parse_checked(text: &str, q: Quantity) -> Result<f64, String> {
     let v = parse_value(text.trim(), q)
-        .ok_or_else(|| format!("cannot read `{text}`: {}", unit_help(q)))?;
+        .ok_or_else(|| format!("cannot read `{}`: {}", excerpt(text), unit_help(q)))?;
     match q.problem(v) {
-        Some(p) => Err(format!("`{text}` {p}: {}", q.expected())),
+        Some(p) => Err(format!("`{}` {p}: {}", excerpt(text), q.expected())),
         None => Ok(v),
     }
 }

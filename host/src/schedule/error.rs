@@ -33,7 +33,11 @@ pub enum ScheduleError {
     )]
     AutoNeedsCosts,
     /// An action's text form is malformed.
-    #[error("cannot read action `{text}`: {reason}")]
+    #[error(
+        "cannot read action `{}`: {}",
+        crate::input::excerpt(text),
+        crate::input::message(reason)
+    )]
     ParseAction {
         /// The text that failed.
         text: String,
@@ -43,11 +47,11 @@ pub enum ScheduleError {
     /// Unknown placement name.
     #[error("unknown placement `{0}`: use `looped` or `vshape`")]
     ParsePlacement(String),
-    /// A schedule file is malformed (field named in the message).
-    #[error("{0}")]
+    /// A schedule file is malformed (field named in the message; quoted tokens shown shortened).
+    #[error("{}", crate::input::shorten(.0))]
     Format(String),
     /// The schedule's header (`P`, `V`, `M`, placement, number of rank lists) is inconsistent.
-    #[error("{0}")]
+    #[error("{}", crate::input::shorten(.0))]
     Invalid(String),
     /// One action cannot run where it sits: out of range, on the wrong rank, duplicated, or before
     /// what must precede it on its rank. `grid` shows the rank lists around it, the action marked.

@@ -142,8 +142,9 @@ pub fn from_json(text: &str) -> Result<Schedule, ScheduleError> {
     let text = crate::input::without_bom(text);
     let f: JsonFile = serde_json::from_str(text).map_err(|e| {
         ScheduleError::Format(format!(
-            "schedule JSON: {e}; expected {{\"name\", \"ranks\", \"chunks\", \"microbatches\", \
-             \"placement\", \"actions\": [[\"0F0\", ...], ...]}}"
+            "schedule JSON: {}; expected {{\"name\", \"ranks\", \"chunks\", \"microbatches\", \
+             \"placement\", \"actions\": [[\"0F0\", ...], ...]}}",
+            crate::input::json_error(&e)
         ))
     })?;
     for (field, v) in [

@@ -206,10 +206,14 @@ pub fn restore(
         .map_err(|e| refuse("--resume", &r.dir, e))
 }
 
-/// Saves checkpoints during the step loop.
+/// Takes the lock of the `--checkpoint` folder `dir` (exit 2, naming the folder, when another run
+/// holds it): held until the returned lock is dropped or the process ends in any way.
+pub fn lock_folder(dir: &Path) -> Result<store::FolderLock, CliError> {
+    store::FolderLock::take(dir).map_err(|e| refuse("--checkpoint", dir, e))
+}
+
+/// Saves checkpoints during the step loop (its run holds the folder's lock: [`lock_folder`]).
 pub struct Saver {
-    /// The folder's lock, held while this run may write there (single-process runs).
-    lock: Option<store::FolderLock>,
     dir: PathBuf,
     every: Option<usize>,
     steps: usize,
@@ -222,21 +226,11 @@ impl Saver {
         let a = &setup.args;
         let dir = a.checkpoint.checkpoint.clone()?;
         Some(Saver {
-            lock: None,
             dir,
             every: a.checkpoint.checkpoint_every,
             steps: a.steps,
             base: base_manifest(&setup.spec, a, setup.optimizer, plan),
         })
-    }
-
-    /// This saver holding its folder's lock: the only writer of it until the run ends (exit 2,
-    /// naming the folder, when another run holds it).
-    pub fn locked(mut self) -> Result<Self, CliError> {
-        let lock =
-            store::FolderLock::take(&self.dir).map_err(|e| refuse("--checkpoint", &self.dir, e))?;
-        self.lock = Some(lock);
-        Ok(self)
     }
 
     /// Whether a checkpoint is due after step `done` (counted from 1): a multiple of

@@ -12,9 +12,10 @@
 //! the threaded run: replica `d` takes microbatches `d*M .. (d+1)*M` of `M * D`. After each step
 //! the processes send their outcome to process 0, which assembles each replica's step report and
 //! prints what the threaded run prints. Checkpoints: replica 0's processes write their rank files,
-//! then process 0 the manifest. A rank that fails (an error or a panic) reports its error naming
-//! the rank and aborts the job (no process waits forever). With `--backend cuda` each process runs
-//! one GPU rank over NCCL instead ([`cuda`]).
+//! then process 0 the manifest; process 0 holds the `--checkpoint` folder's lock from the setup to
+//! the end of the job, so a second run (MPI or not) on the folder is refused. A rank that fails
+//! (an error or a panic) reports its error naming the rank and aborts the job (no process waits
+//! forever). With `--backend cuda` each process runs one GPU rank over NCCL instead ([`cuda`]).
 
 mod cuda;
 
@@ -29,7 +30,7 @@ use pipefill_host::schedule::{Action, Item, Schedule};
 use pipefill_host::timeline::{Span, Transfer};
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::Saver;
+use super::checkpoint::{lock_folder, Saver};
 use super::{
     build_where, candidates, choose, outcome, progress, report, setup, Args, Format, Setup,
 };
@@ -52,9 +53,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let checked = setup(args).and_then(|s| {
         let (p, d) = (s.args.ranks, s.args.data_parallel);
         world.expect_size(p, d).map_err(|e| world_size(e, p, d))?;
-        Ok(s)
+        // One job writes a `--checkpoint` folder at a time: process 0 holds its lock for the
+        // whole job, taken before any process writes there; a refusal ends every process below.
+        // A crash of process 0 releases it (and ends the job).
+        let lock = match &s.args.checkpoint.checkpoint {
+            Some(dir) if world.rank() == 0 => Some(lock_folder(dir)?),
+            _ => None,
+        };
+        Ok((s, lock))
     });
-    let (mut world, setup) = agree_on_setup(world, checked);
+    let (mut world, (setup, _lock)) = agree_on_setup(world, checked);
     // After `setup`: `--schedule-file` may have set the rank count.
     let place = Place::of(world.rank(), setup.args.ranks, setup.args.data_parallel);
     let result = catch_unwind(AssertUnwindSafe(|| train_rank(&mut world, &setup, place)))
@@ -74,10 +82,10 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".into())
 }
 
-/// The checked setup when every process has one; otherwise the job ends here: the lowest rank
+/// The checked setup (and what came with it) when every process has one; otherwise the job ends here: the lowest rank
 /// that failed reports its error (the flags are the same everywhere, so usually every rank fails
 /// alike) and every process exits with the highest exit code.
-fn agree_on_setup(world: World, checked: Result<Setup, CliError>) -> (World, Setup) {
+fn agree_on_setup<T>(world: World, checked: Result<T, CliError>) -> (World, T) {
     let me = world.rank() as u64;
     let size = world.size() as u64;
     let (reporter, code) = match &checked {

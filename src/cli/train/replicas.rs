@@ -27,9 +27,7 @@ pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
         executors.push(ex);
     }
     let mut replicas = Replicas::new(executors).map_err(|e| failed(e.to_string()))?;
-    let saver = checkpoint::Saver::new(setup, plan)
-        .map(checkpoint::Saver::locked)
-        .transpose()?;
+    let saver = checkpoint::Saver::new(setup, plan);
     let teacher = Teacher::new(&setup.spec, a.seed);
     let loss = setup.spec.loss;
     let text = a.format == Format::Text;
