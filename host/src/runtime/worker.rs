@@ -16,7 +16,7 @@ use super::{last_gradient_actions, Loss, RuntimeError, Stage, StageError, Tensor
 use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::lower::lowered_items;
 use crate::schedule::validate::has_transfers;
-use crate::schedule::{Action, Comm, Item, Op, Schedule};
+use crate::schedule::{Action, Comm, Item, Op, ParamOp, Schedule};
 use crate::timeline::{Span, Transfer};
 
 /// Each rank's list as the runners execute it: the schedule [lowered](crate::schedule::lower), with
@@ -158,8 +158,10 @@ struct RankRun<'c, S: Stage, L, T> {
     clock: Clock<'c>,
     hook: Option<Hooked<'c>>,
     reduce: Option<&'c Reducer>,
-    /// With `reduce`: per global stage, the action after which its gradients are final.
+    /// With `reduce`: per global stage, the action after which its gradients are final; the
+    /// reduction runs right after it, or at the stage's `REDUCE_GRAD` where the list has one.
     last_gradient: Vec<Option<Action>>,
+    reduce_items: Vec<bool>,
     out: RankOutcome,
 }
 
@@ -193,6 +195,7 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
             Some(_) => last_gradient_actions(step.schedule),
             None => Vec::new(),
         },
+        reduce_items: reduce_items(step.schedule, step.program.list(rank)),
         out: RankOutcome::empty(Ok(())),
     };
     // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
@@ -272,7 +275,11 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                     self.action(backward)?;
                 }
                 Item::Comm(c) => {
-                    self.transfer(c)?;
+                    // A send hands its data over at once (channels and MPI buffer it), so the
+                    // wait that retires it has nothing to wait for.
+                    if !c.op.is_wait() {
+                        self.transfer(c)?;
+                    }
                     if !program.explicit {
                         continue;
                     }
@@ -281,8 +288,13 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                     self.clock.first_start = Some(now);
                     self.clock.last_end = now;
                 }
-                // Parameter operations have no work on one process.
-                Item::Param(_) => {
+                // Parameter operations have no work on one process but the reduction.
+                Item::Param(p) => {
+                    if let (ParamOp::ReduceGrad, Some(&Some(a))) =
+                        (p.op, self.last_gradient.get(p.stage))
+                    {
+                        self.reduce(a)?;
+                    }
                     let now = self.now();
                     self.clock.first_start = Some(now);
                     self.clock.last_end = now;
@@ -363,21 +375,26 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             let end = self.clock.last_end;
             hook.done(self.rank, a, self.clock.action_start.unwrap_or(end), end)?;
         }
-        if let Some(reduce) = self.reduce {
-            if self.last_gradient.get(a.stage) == Some(&Some(a)) {
-                let rank = self.rank;
-                let stage =
-                    local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-                let grads = stage.gradients();
-                reduce(a.stage, grads).map_err(|e| {
-                    self.fail(
-                        a,
-                        format!("data-parallel reduction of stage {}: {e}", a.stage),
-                    )
-                })?;
-            }
+        if self.last_gradient.get(a.stage) == Some(&Some(a)) && !self.reduce_items[a.stage] {
+            self.reduce(a)?;
         }
         Ok(())
+    }
+
+    /// The data-parallel reduction of the stage of `a`, its last gradient action (if reducing).
+    fn reduce(&mut self, a: Action) -> Result<(), RankStop> {
+        let Some(reduce) = self.reduce else {
+            return Ok(());
+        };
+        let rank = self.rank;
+        let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
+        let grads = stage.gradients();
+        reduce(a.stage, grads).map_err(|e| {
+            self.fail(
+                a,
+                format!("data-parallel reduction of stage {}: {e}", a.stage),
+            )
+        })
     }
 
     fn forward(&mut self, a: Action) -> Result<(), RankStop> {
@@ -565,6 +582,19 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
         }
         Ok(held.tensor)
     }
+}
+
+/// Per global stage, whether `list` (a rank's) starts its reduction with a `REDUCE_GRAD`.
+fn reduce_items(schedule: &Schedule, list: &[Item]) -> Vec<bool> {
+    let mut at = vec![false; schedule.stages()];
+    for it in list {
+        if let Item::Param(p) = it {
+            if let (ParamOp::ReduceGrad, Some(slot)) = (p.op, at.get_mut(p.stage)) {
+                *slot = true;
+            }
+        }
+    }
+    at
 }
 
 /// The edge that delivers `F(s, k)`'s input (from `F(s-1, k)`).
