@@ -103,11 +103,17 @@ fn a_schedules_own_reduce_grad_starts_its_reduction() {
     assert_eq!(plain, lowered);
     // Rank 1's REDUCE_GRAD moved behind its wait for the peer's last receive starts later.
     let text = to_csv(&low);
-    let late = text.replacen("1REDUCE_GRAD,1WAIT_SEND_B0,1WAIT_SEND_B1", "1WAIT_SEND_B0,1WAIT_SEND_B1,1REDUCE_GRAD", 1);
+    let late = text.replacen(
+        "1REDUCE_GRAD,1WAIT_SEND_B0,1WAIT_SEND_B1",
+        "1WAIT_SEND_B0,1WAIT_SEND_B1,1REDUCE_GRAD",
+        1,
+    );
     assert_ne!(late, text);
     let late = from_csv(&late, "late").unwrap();
     let sim = simulate(&late, &c).unwrap();
     let r = reductions(&late, &sim.timeline, &c, &dp);
-    let stage1 = |v: &[pipefill_host::sim::data_parallel::Reduction]| v.iter().find(|x| x.stage == 1).unwrap().start;
+    let stage1 = |v: &[pipefill_host::sim::data_parallel::Reduction]| {
+        v.iter().find(|x| x.stage == 1).unwrap().start
+    };
     assert!(stage1(&r) > stage1(&plain), "{r:?} vs {plain:?}");
 }

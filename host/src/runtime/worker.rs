@@ -11,39 +11,12 @@ use std::time::Instant;
 
 use super::clock::{panic_message, Clock};
 use super::hook::{Hooked, StepEvent};
+use super::program::{grad_edge, input_edge, RankProgram};
 use super::transport::{Parcel, Transport, TransportError};
 use super::{last_gradient_actions, Loss, RuntimeError, Stage, StageError, Tensor};
 use crate::schedule::deps::{Edge, Flow};
-use crate::schedule::lower::lowered_items;
-use crate::schedule::validate::has_transfers;
 use crate::schedule::{Action, Comm, Item, Op, ParamOp, Schedule};
 use crate::timeline::{Span, Transfer};
-
-/// Each rank's list as the runners execute it: the schedule [lowered](crate::schedule::lower), with
-/// its sends and receives, and whether the schedule carried its transfers itself (then every item
-/// gets a span; otherwise only the schedule's own items do). Built once per schedule.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RankProgram {
-    lists: Vec<Vec<Item>>,
-    explicit: bool,
-}
-
-impl RankProgram {
-    /// The lowered lists of `schedule`.
-    pub fn of(schedule: &Schedule) -> Self {
-        RankProgram {
-            lists: (0..schedule.ranks)
-                .map(|r| lowered_items(schedule, r).collect())
-                .collect(),
-            explicit: has_transfers(schedule),
-        }
-    }
-
-    /// Rank `rank`'s lowered list.
-    pub fn list(&self, rank: usize) -> &[Item] {
-        self.lists.get(rank).map_or(&[], Vec::as_slice)
-    }
-}
 
 /// A tensor waiting in a rank's mailbox, with where it came from if it crossed ranks.
 struct Held {
@@ -195,7 +168,7 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
             Some(_) => last_gradient_actions(step.schedule),
             None => Vec::new(),
         },
-        reduce_items: reduce_items(step.schedule, step.program.list(rank)),
+        reduce_items: step.program.reduces_at_item(step.schedule, rank),
         out: RankOutcome::empty(Ok(())),
     };
     // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
@@ -280,7 +253,7 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                     if !c.op.is_wait() {
                         self.transfer(c)?;
                     }
-                    if !program.explicit {
+                    if !program.explicit() {
                         continue;
                     }
                     // A transfer takes no time on its rank: it is marked where it completed.
@@ -581,38 +554,6 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             ));
         }
         Ok(held.tensor)
-    }
-}
-
-/// Per global stage, whether `list` (a rank's) starts its reduction with a `REDUCE_GRAD`.
-fn reduce_items(schedule: &Schedule, list: &[Item]) -> Vec<bool> {
-    let mut at = vec![false; schedule.stages()];
-    for it in list {
-        if let Item::Param(p) = it {
-            if let (ParamOp::ReduceGrad, Some(slot)) = (p.op, at.get_mut(p.stage)) {
-                *slot = true;
-            }
-        }
-    }
-    at
-}
-
-/// The edge that delivers `F(s, k)`'s input (from `F(s-1, k)`).
-pub(super) fn input_edge(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Activation,
-        from: a.stage.wrapping_sub(1),
-        microbatch: a.microbatch,
-    }
-}
-
-/// The edge that delivers the output gradient of `I/B(s, k)`: from stage `s+1`, or, on the last
-/// stage, from the loss (named as a gradient from one stage past the last).
-pub(super) fn grad_edge(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Gradient,
-        from: a.stage + 1,
-        microbatch: a.microbatch,
     }
 }
 

@@ -116,7 +116,9 @@ pub fn reductions(
             let item = span.item();
             if let Item::Param(p) = item {
                 // The schedule's own REDUCE_GRAD starts the reduction (after the last W/B).
-                let started = ready.get_mut(rank).and_then(|r| r.iter_mut().find(|x| x.1 == p.stage));
+                let started = ready
+                    .get_mut(rank)
+                    .and_then(|r| r.iter_mut().find(|x| x.1 == p.stage));
                 if let (ParamOp::ReduceGrad, Some(x)) = (p.op, started) {
                     x.0 = x.0.max(span.end);
                 }
