@@ -63,9 +63,10 @@ fn pytorch_comms_rules(s: &Schedule) -> Result<(), String> {
         for it in list {
             match it {
                 Item::Comm(c) if c.op.is_send() => {
-                    if !pending.insert((c.op, c.stage, c.microbatch)) {
-                        return Err(format!("Duplicate pipeline send {c} at rank {rank}"));
-                    }
+                    let fresh = pending.insert((c.op, c.stage, c.microbatch));
+                    fresh
+                        .then_some(())
+                        .ok_or_else(|| format!("Duplicate pipeline send {c} at rank {rank}"))?;
                 }
                 Item::Comm(c) if c.op.is_wait() => {
                     let send = if c.op == CommOp::WaitSendF {
@@ -89,9 +90,10 @@ fn pytorch_comms_rules(s: &Schedule) -> Result<(), String> {
                     }
                 }
                 Item::Param(p) if p.op == ParamOp::WaitReduceGrad => {
-                    if reduction.take() != Some(p.stage) {
-                        return Err(format!("Rank {rank} has an unmatched {p}"));
-                    }
+                    let matched = reduction.take() == Some(p.stage);
+                    matched
+                        .then_some(())
+                        .ok_or_else(|| format!("Rank {rank} has an unmatched {p}"))?;
                 }
                 _ => {}
             }
