@@ -38,7 +38,9 @@
 //! # }
 //! ```
 
-use super::deps::{self, Edge, Flow, Need};
+use std::collections::{BTreeSet, HashMap};
+
+use super::deps::{self, Edge, Need};
 use super::validate::{has_transfers, validate};
 use super::{Action, Comm, CommOp, Item, Op, ParamAction, ParamOp, Schedule, ScheduleError};
 use crate::runtime::last_gradient_actions;
@@ -71,34 +73,104 @@ pub fn lower(schedule: &Schedule) -> Result<Schedule, ScheduleError> {
     })
 }
 
-/// Rank `rank`'s list with its transfers and the sends' waits, produced as it is read (no copy of
-/// the schedule): the list itself when the schedule already has transfers. The schedule should
-/// validate (see [`lower`]). The runtimes execute this list; [`lower`] adds the reductions.
+/// Rank `rank`'s list with its transfers and the sends' waits: the list itself when the schedule
+/// already has transfers. The schedule should validate (see [`lower`]). The runtimes execute this
+/// list; [`lower`] adds the reductions.
 pub fn lowered_items(schedule: &Schedule, rank: usize) -> impl Iterator<Item = Item> + '_ {
-    let explicit = has_transfers(schedule);
     let list = schedule.actions.get(rank).map_or(&[][..], Vec::as_slice);
+    let items = if has_transfers(schedule) {
+        list.to_vec()
+    } else {
+        in_sender_order(schedule, rank, placed(schedule, list).collect())
+    };
+    items.into_iter()
+}
+
+/// `list` (compute only) with each receive right before its consumer, each send right after its
+/// producer, the activations' waits after their backward and the gradients' waits at the end.
+fn placed<'a>(schedule: &'a Schedule, list: &'a [Item]) -> impl Iterator<Item = Item> + 'a {
     let gradient_waits = list
         .iter()
-        .filter(move |_| !explicit)
         .flat_map(move |item| sends_after(schedule, item))
-        .filter(|c| Edge::of(*c, schedule.stages()).is_some_and(|e| e.flow == Flow::Gradient))
-        .map(|c| Item::Comm(Edge::of(c, schedule.stages()).map_or(c, |e| e.wait())));
+        .filter(|c| c.op == CommOp::SendB)
+        .map(|c| {
+            Item::Comm(Comm {
+                op: CommOp::WaitSendB,
+                ..c
+            })
+        });
     list.iter()
         .flat_map(move |item| {
-            let (before, after) = if explicit {
-                (Vec::new(), Vec::new())
-            } else {
-                let mut after = sends_after(schedule, item);
-                after.extend(activation_waits_after(schedule, item));
-                (receives_before(schedule, item), after)
-            };
-            before
+            let mut after = sends_after(schedule, item);
+            after.extend(activation_waits_after(schedule, item));
+            receives_before(schedule, item)
                 .into_iter()
                 .map(Item::Comm)
                 .chain(std::iter::once(*item))
                 .chain(after.into_iter().map(Item::Comm))
         })
         .chain(gradient_waits)
+}
+
+/// `items` (rank `rank`'s placed list) with its receives from each peer in the order that peer
+/// sends: a transport that matches a pair's messages in order (gloo and NCCL point-to-point, so
+/// PyTorch's runtime) would otherwise hand one tensor to another's receive. A receive that would
+/// come after one its peer sends later moves up to just before that one: the rank waits there for
+/// later data anyway, so nothing waits longer on a link that delivers in order.
+fn in_sender_order(schedule: &Schedule, rank: usize, items: Vec<Item>) -> Vec<Item> {
+    let stages = schedule.stages();
+    let edge = |it: &Item| match it {
+        Item::Comm(c) if c.op.is_recv() => Edge::of(*c, stages),
+        _ => None,
+    };
+    let peers: BTreeSet<usize> = items
+        .iter()
+        .filter_map(edge)
+        .map(|e| schedule.rank_of(e.from))
+        .collect();
+    // Each edge received here, numbered in its sender's order.
+    let mut sent_as: HashMap<Edge, usize> = HashMap::new();
+    for q in peers {
+        for item in &schedule.actions[q] {
+            for c in sends_after(schedule, item) {
+                let e = Edge::of(c, stages).filter(|e| schedule.rank_of(e.to()) == rank);
+                if let Some(e) = e {
+                    let n = sent_as.len();
+                    sent_as.insert(e, n);
+                }
+            }
+        }
+    }
+    // (peer, sent as, position) of every receive; the latest-sent first, per peer.
+    let mut recvs: Vec<(usize, usize, usize)> = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, it)| {
+            let e = edge(it)?;
+            Some((schedule.rank_of(e.from), *sent_as.get(&e)?, i))
+        })
+        .collect();
+    recvs.sort_unstable_by(|a, b| (a.0, b.1).cmp(&(b.0, a.1)));
+    let mut slot: Vec<usize> = (0..items.len()).collect();
+    let mut bound = (usize::MAX, usize::MAX);
+    for &(peer, _, i) in &recvs {
+        if bound.0 != peer {
+            bound = (peer, usize::MAX);
+        }
+        slot[i] = slot[i].min(bound.1);
+        bound.1 = slot[i];
+    }
+    // A moved receive sits before the item it moved to, receives at one slot in their sent order.
+    let mut keyed: Vec<((usize, u8, usize), Item)> = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, it)| match edge(&it).and_then(|e| sent_as.get(&e)) {
+            Some(&n) => ((slot[i], 0, n), it),
+            None => ((i, 1, 0), it),
+        })
+        .collect();
+    keyed.sort_by_key(|k| k.0);
+    keyed.into_iter().map(|(_, it)| it).collect()
 }
 
 /// The waits lowering puts after `item` (once its own sends are out): for each backward (`I` or
@@ -262,6 +334,28 @@ mod tests {
                     .flatten()
                     .filter(|it| matches!(it, Item::Param(p) if p.op == ParamOp::ReduceGrad));
                 assert_eq!(reductions.count(), s.stages());
+                assert_sender_order(&low, fam.name);
+            }
+        }
+    }
+
+    /// Per pair of ranks, the receiver's receives come in the order of the sender's sends.
+    fn assert_sender_order(low: &Schedule, name: &str) {
+        let stages = low.stages();
+        let ends = |rank: usize, send: bool| -> Vec<Edge> {
+            let list = &low.actions[rank];
+            let edges = list.iter().filter_map(|it| match it {
+                Item::Comm(c) if c.op.is_send() == send && !c.op.is_wait() => Edge::of(*c, stages),
+                _ => None,
+            });
+            edges.collect()
+        };
+        for from in 0..low.ranks {
+            for to in (0..low.ranks).filter(|&t| t != from) {
+                let toward = |e: &&Edge| low.rank_of(e.from) == from && low.rank_of(e.to()) == to;
+                let sent: Vec<Edge> = ends(from, true).iter().filter(toward).copied().collect();
+                let got: Vec<Edge> = ends(to, false).iter().filter(toward).copied().collect();
+                assert_eq!(sent, got, "{name}: {from} -> {to}");
             }
         }
     }
