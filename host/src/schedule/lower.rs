@@ -131,7 +131,7 @@ fn in_sender_order(schedule: &Schedule, rank: usize, items: Vec<Item>) -> Vec<It
     // Each edge received here, numbered in its sender's order.
     let mut sent_as: HashMap<Edge, usize> = HashMap::new();
     for q in peers {
-        for item in &schedule.actions[q] {
+        for item in schedule.actions.get(q).into_iter().flatten() {
             for c in sends_after(schedule, item) {
                 let e = Edge::of(c, stages).filter(|e| schedule.rank_of(e.to()) == rank);
                 if let Some(e) = e {
