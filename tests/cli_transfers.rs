@@ -24,9 +24,12 @@ fn with_transfers_prints_the_lowered_schedule() {
         "--with-transfers",
     ]);
     assert_eq!(code, 0, "{err}");
+    // PyTorch 2.15's compute+comms form: each send retired by its wait, each stage's gradients
+    // finished by a reduction and its wait.
     assert_eq!(
         out,
-        "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n"
+        "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n\
+         1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,1WAIT_SEND_B0,1WAIT_REDUCE_GRAD\n"
     );
     // The lowered file validates and simulates like the compute-only one.
     let dir = scratch("transfers");

@@ -192,6 +192,30 @@ fn peer_error(report: Result<StepReport, RuntimeError>) -> PeerError {
     }
 }
 
+/// `schedule` with each receive right before its consumer and each send right after its producer:
+/// receives in the order the receiver consumes (lowering puts them in the sender's order).
+fn consumer_order(schedule: &Schedule) -> Schedule {
+    use pipefill_host::schedule::lower::{receives_before, sends_after};
+    use pipefill_host::schedule::Item;
+    let actions = schedule
+        .actions
+        .iter()
+        .map(|list| {
+            let mut out = Vec::new();
+            for item in list {
+                out.extend(receives_before(schedule, item).into_iter().map(Item::Comm));
+                out.push(*item);
+                out.extend(sends_after(schedule, item).into_iter().map(Item::Comm));
+            }
+            out
+        })
+        .collect();
+    Schedule {
+        actions,
+        ..schedule.clone()
+    }
+}
+
 /// Posting the receives where the receiver consumes them: for `zbv` rank 0 sends to rank 1 in
 /// another order than rank 1 consumes. With small (eager) messages the twin hands a receive the
 /// wrong edge's message and names both; with rendezvous the two ranks deadlock (in every case
@@ -199,7 +223,8 @@ fn peer_error(report: Result<StepReport, RuntimeError>) -> PeerError {
 #[test]
 fn receives_posted_in_the_receivers_order_swap_messages_for_zbv() {
     for (p, m) in [(2, 4), (3, 7), (4, 9)] {
-        let schedule = families::generate("zbv", &Params::new(p, m)).unwrap();
+        let zbv = families::generate("zbv", &Params::new(p, m)).unwrap();
+        let schedule = consumer_order(&zbv);
         // Eager: the swap shows as soon as the wrong message comes (the long deadline only
         // keeps a loaded machine from turning it into a timeout). Rendezvous: the deadlock is
         // the deadline running out.

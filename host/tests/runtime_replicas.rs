@@ -59,3 +59,55 @@ fn a_failing_replica_stops_the_step_without_a_hang() {
     let inputs = vec![vec![t(1.0), t(1.0)], vec![t(2.0), t(1.0)]];
     two.step(inputs, &targets, &mse).unwrap();
 }
+
+#[test]
+fn the_reduction_runs_at_the_schedules_reduce_grad() {
+    use pipefill_host::runtime::StepEvent;
+    use pipefill_host::schedule::format::{from_csv, to_csv};
+    use pipefill_host::schedule::lower::lower;
+    use std::sync::{Arc, Mutex};
+    // Rank 0 holds stages 0 and 2; stage 2's gradients are final before stage 0's last backward.
+    let plain = families::generate("interleaved-1f1b", &Params::new(2, 2).with_chunks(2)).unwrap();
+    let low = to_csv(&lower(&plain).unwrap());
+    let row0 = low.lines().next().unwrap().to_string();
+    // Stage 2's reduction moved to the end of rank 0's list, behind stage 0's.
+    let moved: Vec<&str> = row0
+        .split(',')
+        .filter(|c| !c.starts_with("2REDUCE_GRAD") && !c.starts_with("2WAIT_REDUCE_GRAD"))
+        .collect();
+    let moved = moved.join(",") + ",2REDUCE_GRAD,2WAIT_REDUCE_GRAD";
+    assert_ne!(moved, row0);
+    let late = from_csv(&low.replacen(&row0, &moved, 1), "late").unwrap();
+    let order = |schedule| {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stages = (0..4)
+            .map(|s| Scale::new(1.0 + 0.1 * s as f32, 0.5))
+            .collect();
+        let mut ex = Executor::new(schedule, stages).unwrap();
+        let l = log.clone();
+        ex.set_reducer(Some(Arc::new(move |stage, _| {
+            l.lock().unwrap().push(format!("reduce {stage}"));
+            Ok(())
+        })));
+        let l = log.clone();
+        let hook = move |e: StepEvent| {
+            if let StepEvent::ActionDone {
+                rank: 0, action, ..
+            } = e
+            {
+                l.lock().unwrap().push(action.to_string());
+            }
+        };
+        ex.step_with(vec![t(0.5), t(-1.0)], &[t(1.0), t(0.0)], &mse, hook)
+            .unwrap();
+        let log = log.lock().unwrap().clone();
+        let at = |x: &str| log.iter().position(|e| e == x).unwrap();
+        at("reduce 2") < at("0B1")
+    };
+    assert!(order(plain.clone()), "without REDUCE_GRAD: right after 2B1");
+    assert!(
+        order(lower(&plain).unwrap()),
+        "lowered: right after 2B1 too"
+    );
+    assert!(!order(late), "at the schedule's REDUCE_GRAD, after 0B1");
+}

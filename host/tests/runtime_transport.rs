@@ -137,13 +137,13 @@ fn check(schedule: Schedule) {
     assert_eq!(losses, report.losses, "{}", schedule.name);
     let ex_w: Vec<f32> = ex.stages().iter().map(|s| s.w).collect();
     assert_eq!(weights, ex_w, "{}", schedule.name);
-    // One send and one receive per crossing of the lowered schedule.
+    // One send and one receive per crossing of the lowered schedule (a send's wait moves nothing).
     let lowered = lower(&schedule).unwrap();
     let comms = lowered
         .actions
         .iter()
         .flatten()
-        .filter(|i| matches!(i, Item::Comm(_)))
+        .filter(|i| matches!(i, Item::Comm(c) if !c.op.is_wait()))
         .count();
     assert!(comms > 0, "{}", schedule.name);
     assert_eq!(sends.load(Ordering::SeqCst) * 2, comms, "{}", schedule.name);

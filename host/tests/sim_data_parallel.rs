@@ -81,3 +81,39 @@ fn one_replica_reduces_nothing() {
     let sim = simulate(&s, &c).unwrap();
     assert!(reductions(&s, &sim.timeline, &c, &DataParallel::NONE).is_empty());
 }
+
+#[test]
+fn a_schedules_own_reduce_grad_starts_its_reduction() {
+    use pipefill_host::schedule::format::{from_csv, to_csv};
+    use pipefill_host::schedule::lower::lower;
+    let s = families::generate("1f1b", &Params::new(2, 2)).unwrap();
+    let mut c = costs(2, 1000.0);
+    c.link.latency = 0.5; // rank 1's last gradient reaches rank 0 after rank 1's last backward
+    let dp = DataParallel {
+        replicas: 2,
+        link: LinkCost {
+            latency: 0.5,
+            bandwidth: 1000.0,
+        },
+    };
+    let plain = reductions(&s, &simulate(&s, &c).unwrap().timeline, &c, &dp);
+    // The lowered schedule reduces right after each stage's last backward: the same reductions.
+    let low = lower(&s).unwrap();
+    let lowered = reductions(&low, &simulate(&low, &c).unwrap().timeline, &c, &dp);
+    assert_eq!(plain, lowered);
+    // Rank 1's REDUCE_GRAD moved behind its wait for the peer's last receive starts later.
+    let text = to_csv(&low);
+    let late = text.replacen(
+        "1REDUCE_GRAD,1WAIT_SEND_B0,1WAIT_SEND_B1",
+        "1WAIT_SEND_B0,1WAIT_SEND_B1,1REDUCE_GRAD",
+        1,
+    );
+    assert_ne!(late, text);
+    let late = from_csv(&late, "late").unwrap();
+    let sim = simulate(&late, &c).unwrap();
+    let r = reductions(&late, &sim.timeline, &c, &dp);
+    let stage1 = |v: &[pipefill_host::sim::data_parallel::Reduction]| {
+        v.iter().find(|x| x.stage == 1).unwrap().start
+    };
+    assert!(stage1(&r) > stage1(&plain), "{r:?} vs {plain:?}");
+}

@@ -55,8 +55,9 @@ pub struct Args {
     pub format: String,
     /// Print the lowered schedule: every activation or gradient that crosses ranks gets a send after
     /// the action that computes it and a receive before the action that uses it (PyTorch's
-    /// SEND_F/RECV_F/SEND_B/RECV_B); this is what the runtime executes. With --validate, prints the
-    /// file lowered (in --format) after the check.
+    /// SEND_F/RECV_F/SEND_B/RECV_B), each send its WAIT_SEND_F/WAIT_SEND_B and each stage its
+    /// REDUCE_GRAD/WAIT_REDUCE_GRAD: PyTorch 2.15's compute_comms form; this is what the runtime
+    /// executes. With --validate, prints the file lowered (in --format) after the check.
     #[arg(long)]
     pub with_transfers: bool,
     /// Write the schedule to FILE (atomically) instead of standard output.

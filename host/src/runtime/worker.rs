@@ -11,39 +11,12 @@ use std::time::Instant;
 
 use super::clock::{panic_message, Clock};
 use super::hook::{Hooked, StepEvent};
+use super::program::{grad_edge, input_edge, RankProgram};
 use super::transport::{Parcel, Transport, TransportError};
 use super::{last_gradient_actions, Loss, RuntimeError, Stage, StageError, Tensor};
 use crate::schedule::deps::{Edge, Flow};
-use crate::schedule::lower::lowered_items;
-use crate::schedule::validate::has_transfers;
-use crate::schedule::{Action, Comm, Item, Op, Schedule};
+use crate::schedule::{Action, Comm, Item, Op, ParamOp, Schedule};
 use crate::timeline::{Span, Transfer};
-
-/// Each rank's list as the runners execute it: the schedule [lowered](crate::schedule::lower), with
-/// its sends and receives, and whether the schedule carried its transfers itself (then every item
-/// gets a span; otherwise only the schedule's own items do). Built once per schedule.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RankProgram {
-    lists: Vec<Vec<Item>>,
-    explicit: bool,
-}
-
-impl RankProgram {
-    /// The lowered lists of `schedule`.
-    pub fn of(schedule: &Schedule) -> Self {
-        RankProgram {
-            lists: (0..schedule.ranks)
-                .map(|r| lowered_items(schedule, r).collect())
-                .collect(),
-            explicit: has_transfers(schedule),
-        }
-    }
-
-    /// Rank `rank`'s lowered list.
-    pub fn list(&self, rank: usize) -> &[Item] {
-        self.lists.get(rank).map_or(&[], Vec::as_slice)
-    }
-}
 
 /// A tensor waiting in a rank's mailbox, with where it came from if it crossed ranks.
 struct Held {
@@ -158,8 +131,10 @@ struct RankRun<'c, S: Stage, L, T> {
     clock: Clock<'c>,
     hook: Option<Hooked<'c>>,
     reduce: Option<&'c Reducer>,
-    /// With `reduce`: per global stage, the action after which its gradients are final.
+    /// With `reduce`: per global stage, the action after which its gradients are final; the
+    /// reduction runs right after it, or at the stage's `REDUCE_GRAD` where the list has one.
     last_gradient: Vec<Option<Action>>,
+    reduce_items: Vec<bool>,
     out: RankOutcome,
 }
 
@@ -193,6 +168,7 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
             Some(_) => last_gradient_actions(step.schedule),
             None => Vec::new(),
         },
+        reduce_items: step.program.reduces_at_item(step.schedule, rank),
         out: RankOutcome::empty(Ok(())),
     };
     // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
@@ -272,8 +248,12 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                     self.action(backward)?;
                 }
                 Item::Comm(c) => {
-                    self.transfer(c)?;
-                    if !program.explicit {
+                    // A send hands its data over at once (channels and MPI buffer it), so the
+                    // wait that retires it has nothing to wait for.
+                    if !c.op.is_wait() {
+                        self.transfer(c)?;
+                    }
+                    if !program.explicit() {
                         continue;
                     }
                     // A transfer takes no time on its rank: it is marked where it completed.
@@ -281,8 +261,13 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                     self.clock.first_start = Some(now);
                     self.clock.last_end = now;
                 }
-                // Parameter operations have no work on one process.
-                Item::Param(_) => {
+                // Parameter operations have no work on one process but the reduction.
+                Item::Param(p) => {
+                    if let (ParamOp::ReduceGrad, Some(&Some(a))) =
+                        (p.op, self.last_gradient.get(p.stage))
+                    {
+                        self.reduce(a)?;
+                    }
                     let now = self.now();
                     self.clock.first_start = Some(now);
                     self.clock.last_end = now;
@@ -363,21 +348,26 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             let end = self.clock.last_end;
             hook.done(self.rank, a, self.clock.action_start.unwrap_or(end), end)?;
         }
-        if let Some(reduce) = self.reduce {
-            if self.last_gradient.get(a.stage) == Some(&Some(a)) {
-                let rank = self.rank;
-                let stage =
-                    local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
-                let grads = stage.gradients();
-                reduce(a.stage, grads).map_err(|e| {
-                    self.fail(
-                        a,
-                        format!("data-parallel reduction of stage {}: {e}", a.stage),
-                    )
-                })?;
-            }
+        if self.last_gradient.get(a.stage) == Some(&Some(a)) && !self.reduce_items[a.stage] {
+            self.reduce(a)?;
         }
         Ok(())
+    }
+
+    /// The data-parallel reduction of the stage of `a`, its last gradient action (if reducing).
+    fn reduce(&mut self, a: Action) -> Result<(), RankStop> {
+        let Some(reduce) = self.reduce else {
+            return Ok(());
+        };
+        let rank = self.rank;
+        let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
+        let grads = stage.gradients();
+        reduce(a.stage, grads).map_err(|e| {
+            self.fail(
+                a,
+                format!("data-parallel reduction of stage {}: {e}", a.stage),
+            )
+        })
     }
 
     fn forward(&mut self, a: Action) -> Result<(), RankStop> {
@@ -564,25 +554,6 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             ));
         }
         Ok(held.tensor)
-    }
-}
-
-/// The edge that delivers `F(s, k)`'s input (from `F(s-1, k)`).
-pub(super) fn input_edge(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Activation,
-        from: a.stage.wrapping_sub(1),
-        microbatch: a.microbatch,
-    }
-}
-
-/// The edge that delivers the output gradient of `I/B(s, k)`: from stage `s+1`, or, on the last
-/// stage, from the loss (named as a gradient from one stage past the last).
-pub(super) fn grad_edge(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Gradient,
-        from: a.stage + 1,
-        microbatch: a.microbatch,
     }
 }
 

@@ -102,7 +102,7 @@ impl FromStr for Action {
         let op = Op::from_letter(letter).ok_or_else(|| {
             bad(
                 "op letter must be one of F, B, I, W (or a word: SEND_F, RECV_F, SEND_B, RECV_B, \
-                 UNSHARD, RESHARD, REDUCE_GRAD)",
+                 WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD, WAIT_REDUCE_GRAD)",
             )
         })?;
         let mb_text = rest.as_str();

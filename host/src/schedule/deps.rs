@@ -93,6 +93,20 @@ impl Edge {
         }
     }
 
+    /// The wait that retires the send in a lowered schedule (`{from}WAIT_SEND_F{k}` /
+    /// `{from}WAIT_SEND_B{k}`).
+    pub fn wait(&self) -> Comm {
+        let op = match self.flow {
+            Flow::Activation => CommOp::WaitSendF,
+            Flow::Gradient => CommOp::WaitSendB,
+        };
+        Comm {
+            op,
+            stage: self.from,
+            microbatch: self.microbatch,
+        }
+    }
+
     /// The receiving end in a lowered schedule (`{to}RECV_F{k}` / `{to}RECV_B{k}`).
     pub fn recv(&self) -> Comm {
         let op = match self.flow {
@@ -106,13 +120,14 @@ impl Edge {
         }
     }
 
-    /// The edge a send or a receive belongs to; `None` when it names no boundary (a `RECV_F` on
-    /// stage 0, a `SEND_B` from stage 0, a `SEND_F` or `RECV_B` on the last of `stages` stages).
+    /// The edge a send, its wait or a receive belongs to; `None` when it names no boundary (a
+    /// `RECV_F` on stage 0, a `SEND_B` from stage 0, a `SEND_F` or `RECV_B` on the last of `stages`
+    /// stages).
     pub fn of(c: Comm, stages: usize) -> Option<Edge> {
         let (flow, from) = match c.op {
-            CommOp::SendF => (Flow::Activation, Some(c.stage)),
+            CommOp::SendF | CommOp::WaitSendF => (Flow::Activation, Some(c.stage)),
             CommOp::RecvF => (Flow::Activation, c.stage.checked_sub(1)),
-            CommOp::SendB => (Flow::Gradient, Some(c.stage)),
+            CommOp::SendB | CommOp::WaitSendB => (Flow::Gradient, Some(c.stage)),
             CommOp::RecvB => (Flow::Gradient, c.stage.checked_add(1)),
         };
         let e = Edge {
@@ -301,6 +316,8 @@ mod tests {
         assert_eq!((e.to(), e.boundary()), (2, 2));
         assert_eq!(e.send().to_string(), "3SEND_B1");
         assert_eq!(e.recv().to_string(), "2RECV_B1");
+        assert_eq!(e.wait().to_string(), "3WAIT_SEND_B1");
+        assert_eq!(Edge::of(e.wait(), 4), Some(e));
         assert_eq!(Edge::of(e.send(), 4), Some(e));
         assert_eq!(Edge::of(e.recv(), 4), Some(e));
         let a = Edge {

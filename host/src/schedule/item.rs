@@ -24,9 +24,10 @@ impl<'de> Deserialize<'de> for Item {
 /// One entry in a rank's list.
 ///
 /// A compute-only schedule (what the generators write) holds [`Item::One`] and [`Item::Overlap`], and
-/// may hold [`Item::Param`] entries (PyTorch writes `REDUCE_GRAD` into its compute-only files). A
-/// *lowered* schedule (see [`lower`](super::lower)) also holds the [`Item::Comm`] entries that move data
-/// between ranks; PyTorch pipelining's compute+comms CSV is such a schedule.
+/// may hold [`Item::Param`] entries (PyTorch writes `REDUCE_GRAD` and `WAIT_REDUCE_GRAD` into its
+/// compute-only files). A *lowered* schedule (see [`lower`](super::lower)) also holds the
+/// [`Item::Comm`] entries that move data between ranks and retire the sends; PyTorch pipelining's
+/// compute+comms CSV is such a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Item {
     /// A single action.
@@ -40,10 +41,11 @@ pub enum Item {
         backward: Action,
     },
     /// A send or a receive of an activation or a gradient between ranks (`2SEND_F0`, `3RECV_F0`,
-    /// `3SEND_B0`, `2RECV_B0`).
+    /// `3SEND_B0`, `2RECV_B0`), or the wait that retires a send (`2WAIT_SEND_F0`, `3WAIT_SEND_B0`).
     Comm(Comm),
     /// An operation on a stage's parameters or gradients: FSDP's `UNSHARD` / `RESHARD`, or the
-    /// data-parallel gradient reduction `REDUCE_GRAD` (`0UNSHARD`, `1REDUCE_GRAD`).
+    /// data-parallel gradient reduction `REDUCE_GRAD` and its `WAIT_REDUCE_GRAD` (`0UNSHARD`,
+    /// `1REDUCE_GRAD`, `1WAIT_REDUCE_GRAD`).
     Param(ParamAction),
 }
 
@@ -138,7 +140,8 @@ impl FromStr for Item {
                 text: s.to_string(),
                 reason: format!(
                     "unknown action `{word}`; use F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, \
-                     UNSHARD, RESHARD, REDUCE_GRAD or ({{forward}};{{backward}})OVERLAP_F_B"
+                     WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD, WAIT_REDUCE_GRAD or \
+                     ({{forward}};{{backward}})OVERLAP_F_B"
                 ),
             });
         }
@@ -191,7 +194,8 @@ fn split_word<'t>(text: &'t str, word: &str) -> Result<(usize, &'t str), Schedul
     Ok((stage, &text[pos + word.len()..]))
 }
 
-/// Which way a [`Comm`] moves data, and whether it is the sending or the receiving end.
+/// Which way a [`Comm`] moves data, and whether it is the sending or the receiving end, or the
+/// wait that retires a send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CommOp {
     /// `SEND_F`: stage `s` sends the output of `F(s,k)` to stage `s+1` on another rank.
@@ -202,32 +206,75 @@ pub enum CommOp {
     SendB,
     /// `RECV_B`: stage `s` receives the output gradient for `I(s,k)` / `B(s,k)` from stage `s+1`.
     RecvB,
+    /// `WAIT_SEND_F`: the sender of `SEND_F(s,k)` waits until the peer has taken the activation (the
+    /// send is retired; its buffer may be freed). Where the sender may block.
+    WaitSendF,
+    /// `WAIT_SEND_B`: the same for `SEND_B(s,k)`.
+    WaitSendB,
 }
 
 impl CommOp {
-    /// The word of the text form (PyTorch's): `SEND_F`, `RECV_F`, `SEND_B`, `RECV_B`.
+    /// Every op, in the order of [`Self::code`].
+    pub const ALL: [CommOp; 6] = [
+        CommOp::SendF,
+        CommOp::RecvF,
+        CommOp::SendB,
+        CommOp::RecvB,
+        CommOp::WaitSendF,
+        CommOp::WaitSendB,
+    ];
+
+    /// The word of the text form (PyTorch's): `SEND_F`, `RECV_F`, `SEND_B`, `RECV_B`,
+    /// `WAIT_SEND_F`, `WAIT_SEND_B`.
     pub fn word(self) -> &'static str {
         match self {
             CommOp::SendF => "SEND_F",
             CommOp::RecvF => "RECV_F",
             CommOp::SendB => "SEND_B",
             CommOp::RecvB => "RECV_B",
+            CommOp::WaitSendF => "WAIT_SEND_F",
+            CommOp::WaitSendB => "WAIT_SEND_B",
         }
     }
 
-    fn from_word(w: &str) -> Option<Self> {
-        [CommOp::SendF, CommOp::RecvF, CommOp::SendB, CommOp::RecvB]
-            .into_iter()
-            .find(|op| op.word() == w)
+    /// The index of the op in [`Self::ALL`].
+    pub fn code(self) -> usize {
+        self as usize
     }
 
-    /// `true` for the sending end.
+    fn from_word(w: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|op| op.word() == w)
+    }
+
+    /// `true` for the sending end (`SEND_F`, `SEND_B`).
     pub fn is_send(self) -> bool {
         matches!(self, CommOp::SendF | CommOp::SendB)
     }
+
+    /// `true` for the receiving end (`RECV_F`, `RECV_B`).
+    pub fn is_recv(self) -> bool {
+        matches!(self, CommOp::RecvF | CommOp::RecvB)
+    }
+
+    /// `true` for the wait that retires a send (`WAIT_SEND_F`, `WAIT_SEND_B`).
+    pub fn is_wait(self) -> bool {
+        matches!(self, CommOp::WaitSendF | CommOp::WaitSendB)
+    }
+
+    /// The wait that retires this send; the send this wait retires; `None` for a receive.
+    pub fn partner(self) -> Option<CommOp> {
+        match self {
+            CommOp::SendF => Some(CommOp::WaitSendF),
+            CommOp::SendB => Some(CommOp::WaitSendB),
+            CommOp::WaitSendF => Some(CommOp::SendF),
+            CommOp::WaitSendB => Some(CommOp::SendB),
+            CommOp::RecvF | CommOp::RecvB => None,
+        }
+    }
 }
 
-/// One end of a transfer between ranks: `{stage}{SEND_F|RECV_F|SEND_B|RECV_B}{microbatch}`.
+/// One end of a transfer between ranks, or the wait that retires a send:
+/// `{stage}{SEND_F|RECV_F|SEND_B|RECV_B|WAIT_SEND_F|WAIT_SEND_B}{microbatch}`.
 ///
 /// ```
 /// use pipefill_host::schedule::{Comm, CommOp, Item};
@@ -239,7 +286,7 @@ impl CommOp {
 pub struct Comm {
     /// Send or receive, activation or gradient.
     pub op: CommOp,
-    /// The stage on this end (the producer's for a send, the consumer's for a receive).
+    /// The stage on this end (the producer's for a send and its wait, the consumer's for a receive).
     pub stage: usize,
     /// The microbatch.
     pub microbatch: usize,
@@ -278,28 +325,43 @@ pub enum ParamOp {
     /// FSDP: free the gathered parameters again.
     Reshard,
     /// The data-parallel reduction of the stage's weight gradients, after its last `W`/`B` of the
-    /// step.
+    /// step. Where a schedule has `WAIT_REDUCE_GRAD`s, it starts the reduction, which overlaps what
+    /// follows until its wait; otherwise it is the whole reduction.
     ReduceGrad,
+    /// Waits for the stage's pending `REDUCE_GRAD` (PyTorch: at most one pending per rank).
+    WaitReduceGrad,
 }
 
 impl ParamOp {
-    /// The word of the text form: `UNSHARD`, `RESHARD`, `REDUCE_GRAD`.
+    /// Every op, in the order of [`Self::code`].
+    pub const ALL: [ParamOp; 4] = [
+        ParamOp::Unshard,
+        ParamOp::Reshard,
+        ParamOp::ReduceGrad,
+        ParamOp::WaitReduceGrad,
+    ];
+
+    /// The word of the text form: `UNSHARD`, `RESHARD`, `REDUCE_GRAD`, `WAIT_REDUCE_GRAD`.
     pub fn word(self) -> &'static str {
         match self {
             ParamOp::Unshard => "UNSHARD",
             ParamOp::Reshard => "RESHARD",
             ParamOp::ReduceGrad => "REDUCE_GRAD",
+            ParamOp::WaitReduceGrad => "WAIT_REDUCE_GRAD",
         }
     }
 
+    /// The index of the op in [`Self::ALL`].
+    pub fn code(self) -> usize {
+        self as usize
+    }
+
     fn from_word(w: &str) -> Option<Self> {
-        [ParamOp::Unshard, ParamOp::Reshard, ParamOp::ReduceGrad]
-            .into_iter()
-            .find(|op| op.word() == w)
+        Self::ALL.into_iter().find(|op| op.word() == w)
     }
 }
 
-/// `{stage}{UNSHARD|RESHARD|REDUCE_GRAD}`: a [`ParamOp`] on one stage.
+/// `{stage}{UNSHARD|RESHARD|REDUCE_GRAD|WAIT_REDUCE_GRAD}`: a [`ParamOp`] on one stage.
 ///
 /// ```
 /// use pipefill_host::schedule::{Item, ParamAction, ParamOp};

@@ -1,5 +1,7 @@
 //! Data-parallel replicas in the model: each stage's weight gradients are all-reduced over `D`
-//! pipeline replicas, starting as soon as the stage's last `W`/`B` of the step has run.
+//! pipeline replicas, starting as soon as the stage's last `W`/`B` of the step has run (or at the
+//! stage's `REDUCE_GRAD`, where the schedule has one). A `WAIT_REDUCE_GRAD` does not hold up its
+//! rank's compute in this model: the reductions only lengthen the step.
 //!
 //! The model: a ring all-reduce of `bytes` over `D` replicas takes
 //! `latency + 2 (D - 1) / D * bytes / bandwidth` (each replica sends and receives `(D - 1) / D` of
@@ -30,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::{CostModel, LinkCost};
 use crate::runtime::last_gradient_actions;
-use crate::schedule::{Item, Schedule};
+use crate::schedule::{Item, ParamOp, Schedule};
 use crate::timeline::Timeline;
 
 /// `D` replicas and the link their all-reduces use.
@@ -112,7 +114,17 @@ pub fn reductions(
     for (rank, spans) in timeline.spans.iter().enumerate() {
         for span in spans {
             let item = span.item();
-            if !matches!(item, Item::One(_) | Item::Overlap { .. }) {
+            if let Item::Param(p) = item {
+                // The schedule's own REDUCE_GRAD starts the reduction (after the last W/B).
+                let started = ready
+                    .get_mut(rank)
+                    .and_then(|r| r.iter_mut().find(|x| x.1 == p.stage));
+                if let (ParamOp::ReduceGrad, Some(x)) = (p.op, started) {
+                    x.0 = x.0.max(span.end);
+                }
+                continue;
+            }
+            if !item.is_compute() {
                 continue;
             }
             for a in item.actions() {

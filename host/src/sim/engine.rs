@@ -4,7 +4,9 @@
 //! schedule is simulated as its [lowering](crate::schedule::lower) would run, without building it: an
 //! input from another rank arrives `latency + bytes / bandwidth` after its producer ended. A schedule
 //! that carries its transfers is run as written: a send happens when its rank reaches it, a receive
-//! waits on its rank until the data sent has arrived, both take no time on the rank.
+//! waits on its rank until the data sent has arrived, a send's wait (`WAIT_SEND_*`) waits on the
+//! sender's rank until the peer's receive has taken the data (the sender may block there); all take
+//! no time on the rank.
 
 use crate::cost::{CostModel, StageCost};
 use crate::schedule::deps::{self, Edge, Flow, Footprint, InFlight, Need};
@@ -21,6 +23,8 @@ pub(super) enum Wanted {
     Grad(usize),
     /// The send of an edge from stage `s` (explicit transfers only).
     Sent(Flow, usize),
+    /// The receive of an edge from stage `s` (a send's wait waits for it).
+    Received(Flow, usize),
 }
 
 /// Which input of an item arrived last (for the critical path).
@@ -88,9 +92,10 @@ struct Tables {
     stages: usize,
     microbatches: usize,
     entries: Vec<Entry>,
-    /// Explicit transfers only: the sends of activations and gradients from each entry, and
-    /// whether the backward ran as a full `B` (for the producer named in transfers).
+    /// Explicit transfers only: the sends of activations and gradients from each entry, their
+    /// receives, and whether the backward ran as a full `B` (for the producer named in transfers).
     sent: Vec<[Mark; 2]>,
+    received: Vec<[Mark; 2]>,
     full_backward: Vec<bool>,
 }
 
@@ -173,10 +178,11 @@ impl<'a> Engine<'a> {
             timeline.transfers.reserve_exact(2 * m * crossings);
         }
         let n = s * m;
-        let (sent, full_backward) = if lowered {
-            (vec![[Mark { end: 0.0, at: 0 }; 2]; n], vec![false; n])
+        let unsent = [Mark { end: 0.0, at: 0 }; 2];
+        let (sent, received, full_backward) = if lowered {
+            (vec![unsent; n], vec![unsent; n], vec![false; n])
         } else {
-            (Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), Vec::new())
         };
         Engine {
             schedule,
@@ -190,6 +196,7 @@ impl<'a> Engine<'a> {
                 microbatches: m,
                 entries: vec![Entry::UNDONE; n],
                 sent,
+                received,
                 full_backward,
             },
             free_at: vec![0.0; p],
@@ -291,7 +298,8 @@ impl<'a> Engine<'a> {
                     other => other,
                 }
             }
-            Item::Comm(c) if !c.op.is_send() => self.received(r, c),
+            Item::Comm(c) if c.op.is_recv() => self.received(r, c),
+            Item::Comm(c) if c.op.is_wait() => self.taken(c),
             Item::Comm(_) | Item::Param(_) => Ready::At(0.0, Cause::Start),
         }
     }
@@ -368,6 +376,26 @@ impl<'a> Engine<'a> {
         )
     }
 
+    /// A send's wait: ready when the peer's receive has taken the data.
+    fn taken(&self, c: Comm) -> Ready {
+        let Some(e) = Edge::of(c, self.tables.stages) else {
+            return Ready::At(0.0, Cause::Start);
+        };
+        let j = self.tables.index(e.from, e.microbatch);
+        let mark = self.tables.received[j][flow_slot(e.flow)];
+        if mark.at == 0 {
+            return Ready::Wait(Wanted::Received(e.flow, j));
+        }
+        Ready::At(
+            mark.end,
+            Cause::Data {
+                rank: self.stage_rank[e.to()] as u32,
+                index: mark.at - 1,
+                transfer: 0.0,
+            },
+        )
+    }
+
     /// Records the completion of `a` at `end`, item `index` of rank `r`; without explicit
     /// transfers, also the transfer of its output and the wake-up of the rank waiting for it.
     #[inline]
@@ -403,15 +431,28 @@ impl<'a> Engine<'a> {
         self.hand_over(r, c, e, a.op, end, wanted);
     }
 
-    /// A send on rank `r` at `end`: records it and wakes the receiving rank.
+    /// A send on rank `r` at `end`: records it and wakes the receiving rank. A receive: records
+    /// it and wakes the sender if it waits for it.
     fn comm(&mut self, r: usize, index: usize, c: Comm, end: f64) {
-        if !c.op.is_send() {
+        if c.op.is_wait() {
             return;
         }
         let Some(e) = Edge::of(c, self.tables.stages) else {
             return;
         };
         let j = self.tables.index(e.from, e.microbatch);
+        if c.op.is_recv() {
+            self.tables.received[j][flow_slot(e.flow)] = Mark {
+                end,
+                at: index as u32 + 1,
+            };
+            let from = self.stage_rank[e.from];
+            if self.blocked[from] == Some(Wanted::Received(e.flow, j)) {
+                self.blocked[from] = None;
+                self.ready.push(from);
+            }
+            return;
+        }
         self.tables.sent[j][flow_slot(e.flow)] = Mark {
             end,
             at: index as u32 + 1,
@@ -446,6 +487,16 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The edge of `flow` from the stage and microbatch of index `j`.
+    fn edge(&self, flow: Flow, j: usize) -> Edge {
+        let (from, microbatch) = self.tables.split(j);
+        Edge {
+            flow,
+            from,
+            microbatch,
+        }
+    }
+
     /// The deadlock error: every unfinished rank, its next item and what it waits for.
     fn deadlock(&self) -> ScheduleError {
         let waiting: Vec<(usize, usize, Item)> = (0..self.schedule.ranks)
@@ -460,17 +511,8 @@ impl<'a> Engine<'a> {
                         let (s, k) = self.tables.split(j);
                         Item::One(Action::new(Op::I, s, k))
                     }
-                    Wanted::Sent(flow, j) => {
-                        let (from, microbatch) = self.tables.split(j);
-                        Item::Comm(
-                            Edge {
-                                flow,
-                                from,
-                                microbatch,
-                            }
-                            .send(),
-                        )
-                    }
+                    Wanted::Sent(flow, j) => Item::Comm(self.edge(flow, j).send()),
+                    Wanted::Received(flow, j) => Item::Comm(self.edge(flow, j).recv()),
                 };
                 Some((r, self.pos[r], needs))
             })

@@ -7,8 +7,6 @@
 use crate::schedule::{Action, Comm, CommOp, Item, Op, ParamAction, ParamOp};
 
 const OPS: [Op; 4] = [Op::F, Op::B, Op::I, Op::W];
-const COMM_OPS: [CommOp; 4] = [CommOp::SendF, CommOp::RecvF, CommOp::SendB, CommOp::RecvB];
-const PARAM_OPS: [ParamOp; 3] = [ParamOp::Unshard, ParamOp::Reshard, ParamOp::ReduceGrad];
 
 const ONE: u8 = 0;
 const OVERLAP: u8 = 1;
@@ -25,20 +23,11 @@ fn op_code(op: Op) -> u8 {
 }
 
 fn comm_code(op: CommOp) -> u8 {
-    match op {
-        CommOp::SendF => 0,
-        CommOp::RecvF => 1,
-        CommOp::SendB => 2,
-        CommOp::RecvB => 3,
-    }
+    op.code() as u8
 }
 
 fn param_code(op: ParamOp) -> u8 {
-    match op {
-        ParamOp::Unshard => 0,
-        ParamOp::Reshard => 1,
-        ParamOp::ReduceGrad => 2,
-    }
+    op.code() as u8
 }
 
 /// `x` as 32 bits; panics above (see the module docs).
@@ -51,7 +40,8 @@ pub(super) fn narrow(x: usize) -> u32 {
 }
 
 /// An [`Item`] in 17 bytes: `words` holds stage and microbatch (then the backward half's for a
-/// pair); `code` the variant (bits 0-1), the first op (bits 2-3) and a pair's backward op (bits 4-5).
+/// pair); `code` the variant (bits 0-1), the first op (bits 2-3) and a pair's backward op (bits 4-5);
+/// a transfer's or parameter operation's op takes bits 2-4.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct PackedItem {
     words: [u32; 4],
@@ -89,6 +79,7 @@ impl PackedItem {
     pub fn get(self) -> Item {
         let [s, k, s2, k2] = self.words.map(|w| w as usize);
         let op = usize::from((self.code >> 2) & 3);
+        let wide_op = usize::from((self.code >> 2) & 7);
         match self.code & 3 {
             ONE => Item::One(Action::new(OPS[op], s, k)),
             OVERLAP => Item::Overlap {
@@ -96,12 +87,12 @@ impl PackedItem {
                 backward: Action::new(OPS[usize::from((self.code >> 4) & 3)], s2, k2),
             },
             COMM => Item::Comm(Comm {
-                op: COMM_OPS[op],
+                op: CommOp::ALL[wide_op.min(CommOp::ALL.len() - 1)],
                 stage: s,
                 microbatch: k,
             }),
             _ => Item::Param(ParamAction {
-                op: PARAM_OPS[op.min(2)],
+                op: ParamOp::ALL[wide_op.min(ParamOp::ALL.len() - 1)],
                 stage: s,
             }),
         }
@@ -158,6 +149,9 @@ mod tests {
             "0UNSHARD",
             "1RESHARD",
             "4REDUCE_GRAD",
+            "2WAIT_SEND_F3",
+            "5WAIT_SEND_B0",
+            "4WAIT_REDUCE_GRAD",
         ] {
             let item: Item = text.parse().unwrap();
             assert_eq!(PackedItem::new(item).get(), item, "{text}");

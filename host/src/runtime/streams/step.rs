@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::{Device, Misplaced};
-use crate::runtime::worker::{grad_edge, input_edge};
+use crate::runtime::program::{grad_edge, input_edge};
 use crate::runtime::{Loss, Payload, RuntimeError, Stage};
 use crate::schedule::deps::{output, Edge};
 use crate::schedule::{Action, Op, Schedule};

@@ -18,6 +18,10 @@ struct Finish {
     sent_f: Vec<usize>,
     /// `SEND_B` from the stage.
     sent_b: Vec<usize>,
+    /// `RECV_F` of the stage's activation (indexed by the sending stage).
+    recv_f: Vec<usize>,
+    /// `RECV_B` of the stage's gradient (indexed by the sending stage).
+    recv_b: Vec<usize>,
 }
 
 /// The dry run's view of one schedule.
@@ -40,11 +44,15 @@ pub(super) fn dry_run(s: &Schedule) -> Result<(Vec<Vec<usize>>, usize), Schedule
             grad: vec![NOT_RUN; n],
             sent_f: Vec::new(),
             sent_b: Vec::new(),
+            recv_f: Vec::new(),
+            recv_b: Vec::new(),
         },
     };
     if dry.lowered {
         dry.done.sent_f = vec![NOT_RUN; n];
         dry.done.sent_b = vec![NOT_RUN; n];
+        dry.done.recv_f = vec![NOT_RUN; n];
+        dry.done.recv_b = vec![NOT_RUN; n];
     }
     let mut next = vec![0usize; s.ranks];
     let mut free_at = vec![0usize; s.ranks];
@@ -137,6 +145,8 @@ impl Dry<'_> {
         }
     }
 
+    /// A send: when its data was produced. A receive: when its send ran. A send's wait: when the
+    /// peer's receive ran (the wait is where the sender blocks until the peer took the data).
     fn comm_ready(&self, c: &Comm) -> Result<usize, Item> {
         let Some(e) = Edge::of(*c, self.s.stages()) else {
             return Ok(0);
@@ -145,14 +155,16 @@ impl Dry<'_> {
             return self.produced(&e);
         }
         let key = self.key(e.from, e.microbatch);
-        let sent = match e.flow {
-            Flow::Activation => self.done.sent_f[key],
-            Flow::Gradient => self.done.sent_b[key],
+        let (at, missing) = match (c.op.is_wait(), e.flow) {
+            (false, Flow::Activation) => (self.done.sent_f[key], e.send()),
+            (false, Flow::Gradient) => (self.done.sent_b[key], e.send()),
+            (true, Flow::Activation) => (self.done.recv_f[key], e.recv()),
+            (true, Flow::Gradient) => (self.done.recv_b[key], e.recv()),
         };
-        if sent == NOT_RUN {
-            Err(Item::Comm(e.send()))
+        if at == NOT_RUN {
+            Err(Item::Comm(missing))
         } else {
-            Ok(sent)
+            Ok(at)
         }
     }
 
@@ -174,13 +186,16 @@ impl Dry<'_> {
             }
         }
         if let Item::Comm(c) = item {
-            if let Some(e) = Edge::of(*c, stages).filter(|_| c.op.is_send()) {
+            if let Some(e) = Edge::of(*c, stages).filter(|_| !c.op.is_wait()) {
                 let key = self.key(e.from, e.microbatch);
-                match e.flow {
-                    Flow::Activation => self.done.sent_f[key] = end,
-                    Flow::Gradient => self.done.sent_b[key] = end,
-                }
-                woken[0] = Some(self.s.rank_of(e.to()));
+                let (table, peer) = match (c.op.is_send(), e.flow) {
+                    (true, Flow::Activation) => (&mut self.done.sent_f, e.to()),
+                    (true, Flow::Gradient) => (&mut self.done.sent_b, e.to()),
+                    (false, Flow::Activation) => (&mut self.done.recv_f, e.from),
+                    (false, Flow::Gradient) => (&mut self.done.recv_b, e.from),
+                };
+                table[key] = end;
+                woken[0] = Some(self.s.rank_of(peer));
             }
         }
         woken

@@ -18,6 +18,9 @@ impl Seen {
     const RECV_F: u16 = 32;
     const SEND_B: u16 = 64;
     const RECV_B: u16 = 128;
+    /// `WAIT_SEND_F` / `WAIT_SEND_B` of this stage's sends.
+    const WAIT_SEND_F: u16 = 256;
+    const WAIT_SEND_B: u16 = 512;
 
     fn op(op: Op) -> u16 {
         match op {
@@ -35,6 +38,8 @@ impl Seen {
             RecvF => Self::RECV_F,
             SendB => Self::SEND_B,
             RecvB => Self::RECV_B,
+            WaitSendF => Self::WAIT_SEND_F,
+            WaitSendB => Self::WAIT_SEND_B,
         }
     }
 
@@ -73,6 +78,17 @@ struct Lists<'s> {
     weight_grads: Vec<usize>,
     reduced: Vec<bool>,
     shard: Vec<Shard>,
+    /// The schedule has `WAIT_SEND_*` items: then every send needs its wait (PyTorch 2.15's rule);
+    /// without any, sends retire at the end of the step (the earlier PyTorch runtime's).
+    waited_sends: bool,
+    /// The schedule has `WAIT_REDUCE_GRAD` items: then every `REDUCE_GRAD` starts a reduction that
+    /// its wait ends, at most one pending per rank; without any, `REDUCE_GRAD` is the whole
+    /// reduction.
+    waited_reductions: bool,
+    /// On the rank being checked: its sends not yet waited for, with their positions.
+    pending_sends: Vec<(Comm, usize)>,
+    /// On the rank being checked: the pending reduction's stage and position.
+    pending_reduction: Option<(usize, usize)>,
 }
 
 /// Per-item checks in list order, then completeness; returns the peak in-flight per rank.
@@ -81,11 +97,18 @@ pub(super) fn check_lists(s: &Schedule, lowered: bool) -> Result<Vec<usize>, Sch
     let stages = s.stages();
     let mut shard = vec![Shard::Unused; stages];
     for p in s.actions.iter().flatten().filter_map(param) {
-        if p.op != ParamOp::ReduceGrad && p.stage < stages {
+        if matches!(p.op, ParamOp::Unshard | ParamOp::Reshard) && p.stage < stages {
             shard[p.stage] = Shard::Sharded;
         }
     }
     let mut st = Lists::new(s, lowered, shard);
+    for it in s.actions.iter().flatten() {
+        match it {
+            Item::Comm(c) if c.op.is_wait() => st.waited_sends = true,
+            Item::Param(p) if p.op == ParamOp::WaitReduceGrad => st.waited_reductions = true,
+            _ => {}
+        }
+    }
     let Pass::Done { peak, .. } = st.pass(false)? else {
         unreachable!("a full pass never stops early")
     };
@@ -137,6 +160,10 @@ impl<'s> Lists<'s> {
             weight_grads: vec![0; stages],
             reduced: vec![false; stages],
             shard,
+            waited_sends: false,
+            waited_reductions: false,
+            pending_sends: Vec::new(),
+            pending_reduction: None,
         }
     }
 
@@ -154,7 +181,7 @@ impl<'s> Lists<'s> {
                     Item::Comm(_) | Item::Param(_) if compute_only => return Ok(Pass::Stopped),
                     Item::Comm(_) | Item::Param(_) => 0,
                 };
-                self.check_item(rank, item)
+                self.check_item(rank, pos, item)
                     .map_err(|problem| bad_action(s, rank, pos, problem))?;
                 for a in item.actions() {
                     memory.start(rank, a, &Footprint::UNIT);
@@ -163,6 +190,7 @@ impl<'s> Lists<'s> {
                     memory.end(rank, a, &Footprint::UNIT);
                 }
             }
+            self.check_retired(rank)?;
         }
         let peak = memory.peak().iter().map(|&p| p as usize).collect();
         Ok(Pass::Done { peak, actions })
@@ -172,7 +200,7 @@ impl<'s> Lists<'s> {
         stage * self.s.microbatches + microbatch
     }
 
-    fn check_item(&mut self, rank: usize, item: &Item) -> Result<(), String> {
+    fn check_item(&mut self, rank: usize, pos: usize, item: &Item) -> Result<(), String> {
         match item {
             Item::One(a) => self.check_action(rank, *a),
             Item::Overlap { forward, backward } => {
@@ -186,9 +214,37 @@ impl<'s> Lists<'s> {
                 self.check_action(rank, *forward)?;
                 self.check_action(rank, *backward)
             }
-            Item::Comm(c) => self.check_comm(rank, c),
-            Item::Param(p) => self.check_param(rank, p),
+            Item::Comm(c) => self.check_comm(rank, pos, c),
+            Item::Param(p) => self.check_param(rank, pos, p),
         }
+    }
+
+    /// At the end of `rank`'s list: every send has had its wait (where the schedule waits for
+    /// sends) and no reduction is pending.
+    fn check_retired(&mut self, rank: usize) -> Result<(), ScheduleError> {
+        let s = self.s;
+        if let Some((send, pos)) = self.pending_sends.first().copied() {
+            let wait = Comm {
+                op: send.op.partner().unwrap_or(send.op),
+                ..send
+            };
+            let problem = format!(
+                "`{send}` has no matching `{wait}`: this schedule waits for its sends, so every \
+                 send needs one wait after it on its rank; add `{wait}` after the point where rank \
+                 {} posts the matching receive",
+                Edge::of(send, self.stages).map_or(rank, |e| s.rank_of(e.to()))
+            );
+            return Err(bad_action(s, rank, pos, problem));
+        }
+        if let Some((stage, pos)) = self.pending_reduction {
+            let problem = format!(
+                "`{stage}REDUCE_GRAD` has no matching `{stage}WAIT_REDUCE_GRAD`; add it after it \
+                 on rank {rank}"
+            );
+            return Err(bad_action(s, rank, pos, problem));
+        }
+        self.pending_sends.clear();
+        Ok(())
     }
 
     /// `stage` and `microbatch` in range and the stage on `rank`.
@@ -293,7 +349,7 @@ impl<'s> Lists<'s> {
         self.home[e.from] != self.home[e.to()]
     }
 
-    fn check_comm(&mut self, rank: usize, c: &Comm) -> Result<(), String> {
+    fn check_comm(&mut self, rank: usize, pos: usize, c: &Comm) -> Result<(), String> {
         let stages = self.stages;
         self.check_place(rank, c.stage, Some(c.microbatch))?;
         let e = Edge::of(*c, stages).ok_or_else(|| {
@@ -326,27 +382,55 @@ impl<'s> Lists<'s> {
                     "`{c}` sends before `{p}` computed the data; move it after `{p}`"
                 ));
             }
+            if self.waited_sends {
+                self.pending_sends.push((*c, pos));
+            }
+        }
+        if c.op.is_wait() {
+            let send = e.send();
+            let Some(at) = self.pending_sends.iter().position(|(p, _)| *p == send) else {
+                return Err(format!(
+                    "`{c}` waits for `{send}`, which is not before it on rank {rank}; move the \
+                     wait after `{send}`"
+                ));
+            };
+            self.pending_sends.swap_remove(at);
         }
         self.seen[key].0 |= Seen::comm(c);
         Ok(())
     }
 
-    fn check_param(&mut self, rank: usize, p: &ParamAction) -> Result<(), String> {
+    fn check_param(&mut self, rank: usize, pos: usize, p: &ParamAction) -> Result<(), String> {
         self.check_place(rank, p.stage, None)?;
         let s = p.stage;
         match p.op {
-            ParamOp::ReduceGrad if self.reduced[s] => Err(format!(
-                "duplicate: `{p}` already appears earlier; keep only one"
-            )),
-            ParamOp::ReduceGrad if self.weight_grads[s] < self.s.microbatches => Err(format!(
-                "`{p}` reduces the gradients of stage {s} after {} of its {} weight backwards \
-                 (W or B); move it after the last one",
-                self.weight_grads[s], self.s.microbatches
-            )),
-            ParamOp::ReduceGrad => {
-                self.reduced[s] = true;
+            ParamOp::ReduceGrad if self.waited_reductions => {
+                if let Some((other, _)) = self.pending_reduction {
+                    return Err(format!(
+                        "stage {s}'s reduction would start while stage {other}'s is pending (at \
+                         most one per rank); add `{other}WAIT_REDUCE_GRAD` before it"
+                    ));
+                }
+                self.check_reduce(p)?;
+                self.pending_reduction = Some((s, pos));
                 Ok(())
             }
+            ParamOp::WaitReduceGrad => match self.pending_reduction {
+                Some((pending, _)) if pending == s => {
+                    self.pending_reduction = None;
+                    Ok(())
+                }
+                Some((pending, _)) => Err(format!(
+                    "stage {pending}'s reduction is the one pending on rank {rank}, not stage \
+                     {s}'s; wait for `{pending}WAIT_REDUCE_GRAD` here or start `{s}REDUCE_GRAD` \
+                     before this wait"
+                )),
+                None => Err(format!(
+                    "no reduction of stage {s} is pending here; add `{s}REDUCE_GRAD` before this \
+                     `{p}` (or remove it)"
+                )),
+            },
+            ParamOp::ReduceGrad => self.check_reduce(p),
             ParamOp::Unshard if self.shard[s] == Shard::Unsharded => Err(format!(
                 "stage {s} is already unsharded; remove this `{p}` or add `{s}RESHARD` before it"
             )),
@@ -362,6 +446,25 @@ impl<'s> Lists<'s> {
                 Ok(())
             }
         }
+    }
+
+    /// A `REDUCE_GRAD`: once per stage, after the stage's last `W`/`B`.
+    fn check_reduce(&mut self, p: &ParamAction) -> Result<(), String> {
+        let s = p.stage;
+        if self.reduced[s] {
+            return Err(format!(
+                "duplicate: `{p}` already appears earlier; keep only one"
+            ));
+        }
+        if self.weight_grads[s] < self.s.microbatches {
+            return Err(format!(
+                "`{p}` reduces the gradients of stage {s} after {} of its {} weight backwards \
+                 (W or B); move it after the last one",
+                self.weight_grads[s], self.s.microbatches
+            ));
+        }
+        self.reduced[s] = true;
+        Ok(())
     }
 
     /// Every (stage, microbatch) has `F` and `B`, or `F`, `I` and `W`; with transfers, every crossing

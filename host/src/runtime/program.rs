@@ -1,0 +1,70 @@
+//! What a rank's runner executes: the schedule's lowered lists, and the edges its actions read.
+
+use crate::schedule::deps::{Edge, Flow};
+use crate::schedule::lower::lowered_items;
+use crate::schedule::validate::has_transfers;
+use crate::schedule::{Action, Item, ParamOp, Schedule};
+
+/// Each rank's list as the runners execute it: the schedule [lowered](crate::schedule::lower), with
+/// its sends and receives, and whether the schedule carried its transfers itself (then every item
+/// gets a span; otherwise only the schedule's own items do). Built once per schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankProgram {
+    lists: Vec<Vec<Item>>,
+    explicit: bool,
+}
+
+impl RankProgram {
+    /// The lowered lists of `schedule`.
+    pub fn of(schedule: &Schedule) -> Self {
+        RankProgram {
+            lists: (0..schedule.ranks)
+                .map(|r| lowered_items(schedule, r).collect())
+                .collect(),
+            explicit: has_transfers(schedule),
+        }
+    }
+
+    /// Rank `rank`'s lowered list.
+    pub fn list(&self, rank: usize) -> &[Item] {
+        self.lists.get(rank).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether the schedule carried its transfers itself.
+    pub(super) fn explicit(&self) -> bool {
+        self.explicit
+    }
+
+    /// Per global stage of `schedule`, whether rank `rank`'s list starts the stage's reduction with
+    /// a `REDUCE_GRAD` (else the runner reduces right after the stage's last `W`/`B`).
+    pub(super) fn reduces_at_item(&self, schedule: &Schedule, rank: usize) -> Vec<bool> {
+        let mut at = vec![false; schedule.stages()];
+        for it in self.list(rank) {
+            if let Item::Param(p) = it {
+                if let (ParamOp::ReduceGrad, Some(slot)) = (p.op, at.get_mut(p.stage)) {
+                    *slot = true;
+                }
+            }
+        }
+        at
+    }
+}
+
+/// The edge that delivers `F(s, k)`'s input (from `F(s-1, k)`).
+pub(crate) fn input_edge(a: Action) -> Edge {
+    Edge {
+        flow: Flow::Activation,
+        from: a.stage.wrapping_sub(1),
+        microbatch: a.microbatch,
+    }
+}
+
+/// The edge that delivers the output gradient of `I/B(s, k)`: from stage `s+1`, or, on the last
+/// stage, from the loss (named as a gradient from one stage past the last).
+pub(crate) fn grad_edge(a: Action) -> Edge {
+    Edge {
+        flow: Flow::Gradient,
+        from: a.stage + 1,
+        microbatch: a.microbatch,
+    }
+}
