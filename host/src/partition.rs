@@ -68,6 +68,10 @@ pub use problem::Problem;
 /// Nanoseconds per second: the partitioner works on integer nanoseconds so that ties are exact.
 pub const NANOS_PER_SECOND: f64 = 1e9;
 
+/// The largest sum of layer times (in nanoseconds) or of layer sizes (in bytes) the partitioner
+/// takes, 2^62 (about 4.6e9 s, or 4.6e18 bytes): every sum it forms then fits a `u64` exactly.
+pub const MAX_TOTAL: u64 = 1 << 62;
+
 /// How stages map onto ranks: `S = ranks * chunks` stages placed by `placement`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {

@@ -240,3 +240,30 @@ fn one_rank_lists_one_plan_per_batch_shape() {
         .collect();
     assert!(two.len() > 1, "P = 2 keeps its families: {two:?}");
 }
+
+#[test]
+fn times_past_the_partitioners_arithmetic_are_refused() {
+    // 1e11 s per layer overflows integer nanoseconds: refused with the total, not planned as
+    // "fits 0 bytes" (the saturated sums used to read as a memory refusal).
+    let mut costs = model();
+    for l in &mut costs.layers {
+        l.forward = 1e11;
+    }
+    let req = PlanRequest::new(costs.clone(), 1.0, 2, 16);
+    let e = plan(&req).unwrap_err().to_string();
+    assert!(
+        e.contains("add up to") && e.contains("seconds per microbatch"),
+        "{e}"
+    );
+    let p = pipefill_host::partition::Problem::from_layers(&costs.layers, &costs.transfer);
+    assert!(matches!(
+        p,
+        Err(pipefill_host::partition::PartitionError::TooLarge { .. })
+    ));
+    // Just under the bound still plans.
+    let mut fits = model();
+    for l in &mut fits.layers {
+        l.forward = 1e7;
+    }
+    assert!(plan(&PlanRequest::new(fits, 1.0, 2, 16)).is_ok());
+}

@@ -28,6 +28,22 @@ pub enum PartitionError {
         /// The offending value.
         value: f64,
     },
+    /// The layers' times or sizes, summed, do not fit the partitioner's integer arithmetic
+    /// ([`super::MAX_TOTAL`] nanoseconds or bytes).
+    #[error(
+        "the layers' {what} add up to {total:.3e} {unit}, more than the partitioner counts \
+         ({max:.2e} {unit}); check the cost file's values (times are seconds per microbatch)"
+    )]
+    TooLarge {
+        /// `times` or `sizes`.
+        what: &'static str,
+        /// The sum, in seconds or bytes.
+        total: f64,
+        /// The largest sum, in the same unit.
+        max: f64,
+        /// `s` or `bytes`.
+        unit: &'static str,
+    },
     /// The link has a negative or NaN latency or a non-positive bandwidth.
     #[error("transfer: {0}")]
     BadLink(String),

@@ -124,6 +124,34 @@ impl Problem {
             let out = bytes(i, &l.name, "output_bytes", l.output_bytes)?;
             transfer.push(nanos(i, &l.name, "transfer", link.time(out as f64))?);
         }
+        // Every sum the search forms stays below the total of all times (or all sizes), so a total
+        // under MAX_TOTAL keeps all of it exact (the sums saturate rather than wrap, but a
+        // saturated sum would read as "does not fit").
+        let max = super::MAX_TOTAL as f64;
+        let time_total = layers
+            .iter()
+            .map(|l| l.forward + l.backward_input + l.backward_weight + link.time(l.output_bytes))
+            .sum::<f64>();
+        if time_total * NANOS_PER_SECOND > max {
+            return Err(PartitionError::TooLarge {
+                what: "times (F + I + W and the transfers)",
+                total: time_total,
+                max: max / NANOS_PER_SECOND,
+                unit: "s",
+            });
+        }
+        let size_total = layers
+            .iter()
+            .map(|l| l.parameter_bytes + l.activation_bytes)
+            .sum::<f64>();
+        if size_total > max {
+            return Err(PartitionError::TooLarge {
+                what: "parameter and activation bytes",
+                total: size_total,
+                max,
+                unit: "bytes",
+            });
+        }
         Ok(Self::new(times, parameters, activations, transfer))
     }
 
