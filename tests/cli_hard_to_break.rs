@@ -260,6 +260,15 @@ fn refused_in_one_short_line(args: &[&str], needles: &[&str]) {
 }
 
 #[test]
+fn huge_numbers_are_shown_in_scientific_notation() {
+    // 1e308 used to be written out in its 309 digits.
+    refused_in_one_short_line(
+        &[&SIM[..], &["--cost", "F=1e308,I=1,W=1"]].concat(),
+        &["1e308 s", "more than 1e12"],
+    );
+}
+
+#[test]
 fn what_the_fuzzer_found_is_refused_in_one_short_line() {
     let dir = scratch("fuzz-found");
     let long = "a".repeat(100_000);

@@ -55,26 +55,31 @@ impl Quantity {
             return Some("is NaN".into());
         }
         if !v.is_finite() {
-            return Some(format!("is not finite ({v})"));
+            return Some(format!("is not finite ({})", num(v)));
         }
         match self {
-            Quantity::Seconds | Quantity::Bytes if v < 0.0 => Some(format!("is negative ({v})")),
+            Quantity::Seconds | Quantity::Bytes if v < 0.0 => {
+                Some(format!("is negative ({})", num(v)))
+            }
             Quantity::BytesPerSecond | Quantity::Scale if v <= 0.0 => {
-                Some(format!("must be positive, found {v}"))
+                Some(format!("must be positive, found {}", num(v)))
             }
             Quantity::Share if !(0.0..=1.0).contains(&v) => {
-                Some(format!("must lie between 0 and 1, found {v}"))
+                Some(format!("must lie between 0 and 1, found {}", num(v)))
             }
-            Quantity::Seconds if v > MAX_SECONDS => {
-                Some(format!("is too large ({v} s, more than {MAX_SECONDS:e})"))
-            }
-            Quantity::Bytes | Quantity::BytesPerSecond if v > MAX_BYTES => {
-                Some(format!("is too large ({v}, more than {MAX_BYTES:e})"))
-            }
-            Quantity::BytesPerSecond if v < MIN_BANDWIDTH => {
-                Some(format!("is below {MIN_BANDWIDTH} byte per second ({v})"))
-            }
-            Quantity::Scale if v > MAX_BYTES => Some(format!("is too large ({v})")),
+            Quantity::Seconds if v > MAX_SECONDS => Some(format!(
+                "is too large ({} s, more than {MAX_SECONDS:e})",
+                num(v)
+            )),
+            Quantity::Bytes | Quantity::BytesPerSecond if v > MAX_BYTES => Some(format!(
+                "is too large ({}, more than {MAX_BYTES:e})",
+                num(v)
+            )),
+            Quantity::BytesPerSecond if v < MIN_BANDWIDTH => Some(format!(
+                "is below {MIN_BANDWIDTH} byte per second ({})",
+                num(v)
+            )),
+            Quantity::Scale if v > MAX_BYTES => Some(format!("is too large ({})", num(v))),
             _ => None,
         }
     }
@@ -251,6 +256,17 @@ fn edit_distance(a: &str, b: &str) -> usize {
         prev = cur;
     }
     prev[b.len()]
+}
+
+/// `v` as an error shows it: plain when it is short, else in scientific notation (`1e308`, not
+/// its 309 digits).
+fn num(v: f64) -> String {
+    let a = v.abs();
+    if a != 0.0 && !(1e-4..1e6).contains(&a) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
 }
 
 #[cfg(test)]
