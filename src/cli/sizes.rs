@@ -195,8 +195,8 @@ pub fn work(what: &str, seconds: f64, fix: &str) -> Result<Progress, CliError> {
     Ok(Progress::start(what, seconds))
 }
 
-/// Progress of long work on standard error: a line every two seconds with the time so far and
-/// the estimate, from a thread that stops when this is dropped.
+/// Progress of long work on standard error: a line when it starts with the estimate, then one
+/// every two seconds with the time so far and the estimate, from a thread that stops when this is dropped.
 #[derive(Debug)]
 pub struct Progress {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -213,6 +213,9 @@ impl Progress {
         let show = seconds > PROGRESS_AFTER_SECONDS && (asked || std::io::stderr().is_terminal());
         let thread = show.then(|| {
             let (stop, what) = (stop.clone(), what.to_string());
+            // A first line at once: the estimate says the work is long, whatever the clock later
+            // says (a fast machine may finish before the first two-second line).
+            eprintln!("pipefill: {what}: started, an estimated {seconds:.0} s in all");
             std::thread::spawn(move || {
                 let start = std::time::Instant::now();
                 let mut shown = 0u64;
