@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit};
+use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit, SolverInfo};
 use pipefill_host::schedule::Placement;
 use serde::Serialize;
 
@@ -194,25 +194,13 @@ fn row(inst: &Instance, budget: f64, seed: u64) -> Result<GridRow, CliError> {
         .with_chunks(v, inst.placement)
         .with_limit(MemoryLimit::InFlight(inst.limit.1))
         .with_budget(budget, seed);
-    let start = Instant::now();
-    let out = solve(&req).map_err(|e| CliError::Failed(format!("bench auto: {e}")))?;
-    let seconds = start.elapsed().as_secs_f64();
-    let s = out.solver;
+    let Solved {
+        solver: s,
+        seconds,
+        families,
+        best_family,
+    } = solve_timed(&req)?;
     let lb = s.lower_bound;
-    let families: Vec<FamilyRatio> = s
-        .families
-        .iter()
-        .filter_map(|f| {
-            Some(FamilyRatio {
-                family: f.family.clone(),
-                ratio: f.value? / lb,
-            })
-        })
-        .collect();
-    let best_family = families
-        .iter()
-        .min_by(|a, b| a.ratio.total_cmp(&b.ratio))
-        .cloned();
     Ok(GridRow {
         ranks: inst.ranks,
         microbatches: inst.microbatches,
@@ -230,6 +218,43 @@ fn row(inst: &Instance, budget: f64, seed: u64) -> Result<GridRow, CliError> {
         families,
         best_family,
         seconds,
+    })
+}
+
+/// `auto` solved for one grid row: what the solver says, its wall time, and every fitting family's
+/// objective over the lower bound with the best of them.
+pub(super) struct Solved {
+    pub solver: SolverInfo,
+    pub seconds: f64,
+    pub families: Vec<FamilyRatio>,
+    pub best_family: Option<FamilyRatio>,
+}
+
+/// Solves `req`, timing it, and rates the families it tried against its lower bound.
+pub(super) fn solve_timed(req: &AutoRequest) -> Result<Solved, CliError> {
+    let start = Instant::now();
+    let out = solve(req).map_err(|e| CliError::Failed(format!("bench auto: {e}")))?;
+    let seconds = start.elapsed().as_secs_f64();
+    let solver = out.solver;
+    let families: Vec<FamilyRatio> = solver
+        .families
+        .iter()
+        .filter_map(|f| {
+            Some(FamilyRatio {
+                family: f.family.clone(),
+                ratio: f.value? / solver.lower_bound,
+            })
+        })
+        .collect();
+    let best_family = families
+        .iter()
+        .min_by(|a, b| a.ratio.total_cmp(&b.ratio))
+        .cloned();
+    Ok(Solved {
+        solver,
+        seconds,
+        families,
+        best_family,
     })
 }
 

@@ -2,13 +2,11 @@
 //! against every V-shape family that fits the same memory limit and against the lower bound, for
 //! both objectives, at the zero-bubble authors' three memory settings.
 
-use std::time::Instant;
-
-use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit, Objective};
+use pipefill_host::schedule::auto::{AutoRequest, MemoryLimit, Objective};
 use pipefill_host::schedule::Placement;
 use serde::Serialize;
 
-use super::grid::{costs, FamilyRatio, Instance, RATIOS};
+use super::grid::{costs, solve_timed, FamilyRatio, Instance, Solved, RATIOS};
 use crate::cli::CliError;
 
 /// One row: one instance and one objective.
@@ -112,25 +110,13 @@ fn row(inst: &Instance, objective: Objective, budget: f64, seed: u64) -> Result<
         .with_limit(MemoryLimit::InFlight(inst.limit.1))
         .with_objective(objective)
         .with_budget(budget, seed);
-    let start = Instant::now();
-    let out = solve(&req).map_err(|e| CliError::Failed(format!("bench auto: {e}")))?;
-    let seconds = start.elapsed().as_secs_f64();
-    let s = out.solver;
+    let Solved {
+        solver: s,
+        seconds,
+        families,
+        best_family,
+    } = solve_timed(&req)?;
     let lb = s.lower_bound;
-    let families: Vec<FamilyRatio> = s
-        .families
-        .iter()
-        .filter_map(|f| {
-            Some(FamilyRatio {
-                family: f.family.clone(),
-                ratio: f.value? / lb,
-            })
-        })
-        .collect();
-    let best_family = families
-        .iter()
-        .min_by(|a, b| a.ratio.total_cmp(&b.ratio))
-        .cloned();
     Ok(VRow {
         ranks: inst.ranks,
         microbatches: inst.microbatches,
