@@ -107,6 +107,40 @@ fn table_lists_every_schedule_and_a_text_gantt() {
     assert!(!quiet.contains("rank 1 |"));
 }
 
+/// Abstract costs (no time suffix, as the default `F=1,I=1,W=1`) are reported in "units", not
+/// seconds; one suffix makes every time seconds.
+#[test]
+fn unit_less_costs_are_not_called_seconds() {
+    let base = [
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+    ];
+    let (code, out, err) = pipefill(&base);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("(s)") && !out.contains(" s,"), "{out}");
+    assert!(out.contains("makespan 9 units"), "{out}");
+    let with = |cost: &str| {
+        let mut args = base.to_vec();
+        args.extend(["--cost", cost]);
+        json(&args)["results"][0]["time_unit"].clone()
+    };
+    assert_eq!(with("F=1,I=1,W=1,A=1MiB"), "units");
+    assert_eq!(with("F=1ms,I=1,W=1"), "s");
+    let mut args = base.to_vec();
+    args.extend(["--cost", "F=10ms,B=20ms"]);
+    let (code, out, err) = pipefill(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("makespan (s)") && out.contains("makespan 0.09 s"),
+        "{out}"
+    );
+}
+
 #[test]
 fn bubble_cost_matches_the_seed_example() {
     // 1F1B with P = 2, M = 1, F = 5 ms, B = 10 ms: makespan 30 ms, each GPU busy 15 ms: 15 ms of bubble

@@ -18,7 +18,7 @@ mod report;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
-use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time};
+use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time, times_in_seconds};
 use pipefill_host::cost::{parse_cost_flag, CostError, CostInput, CostSpec, LinkCost};
 use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
@@ -124,6 +124,9 @@ pub struct Args {
     pub shared_device: bool,
 }
 
+/// `--cost` when neither it nor `--costs` is given: abstract time units.
+const DEFAULT_COST: &str = "F=1,I=1,W=1";
+
 /// Runs `pipefill simulate`.
 pub fn run(args: Args) -> Result<(), CliError> {
     for (flag, path) in [("--trace", &args.trace), ("--svg", &args.svg)] {
@@ -134,6 +137,9 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let spec = cost_spec(&args)?;
     let schedules = schedules(&args, &spec)?;
     let money = bubble_money(&args)?;
+    let abstract_times =
+        args.costs.is_none() && !times_in_seconds(args.cost.as_deref().unwrap_or(DEFAULT_COST));
+    let time_unit = if abstract_times { "units" } else { "s" };
     let mut rows = Vec::with_capacity(schedules.len());
     let mut sims = Vec::with_capacity(schedules.len());
     for (schedule, from_file) in &schedules {
@@ -150,7 +156,9 @@ pub fn run(args: Args) -> Result<(), CliError> {
             (simulate(schedule, &model), DeviceSharing::PerRank)
         };
         let sim = sim.map_err(|e| sim_error(e, *from_file))?;
-        rows.push(Row::new(schedule, &model, &sim, money.as_ref(), device));
+        let mut row = Row::new(schedule, &model, &sim, money.as_ref(), device);
+        row.time_unit = time_unit;
+        rows.push(row);
         sims.push(sim);
     }
     let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -167,6 +175,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if let Some(path) = &args.svg {
         let opts = SvgOptions {
             title: "pipefill simulate: predicted timelines, best first".into(),
+            unit: time_unit.into(),
             ..SvgOptions::default()
         };
         write_atomic("--svg", path, svg_gantt(&timelines, &opts))?;
@@ -181,7 +190,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 .all(|t| t.ranks() <= 16 && t.spans.iter().all(|l| l.len() <= 64));
             if args.gantt == Gantt::Always || (args.gantt == Gantt::Auto && small) {
                 println!();
-                print!("{}", text_gantt(&timelines, 100));
+                print!("{}", text_gantt(&timelines, 100, time_unit));
             }
         }
     }
@@ -254,7 +263,7 @@ pub fn cost_spec_of(args: CostFlags) -> Result<CostSpec, CliError> {
             CostInput::Stages(model) => CostSpec::Stages(model),
         },
         (text, None) => CostSpec::Uniform {
-            rank: parse_cost_flag(text.unwrap_or("F=1,I=1,W=1"))
+            rank: parse_cost_flag(text.unwrap_or(DEFAULT_COST))
                 .map_err(|e| usage(format!("--cost: {e}")))?,
             link: LinkCost::default(),
             overlap_share: 0.0,

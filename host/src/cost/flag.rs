@@ -117,6 +117,31 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
     })
 }
 
+/// Whether a `--cost` text gives its times in seconds: some time key (`F`, `I`, `W`, `B`) carries
+/// a unit suffix (`s`, `ms`, `us`, `ns`). When none does, the times are abstract units (the
+/// default `F=1,I=1,W=1`), and reports say "units", not "s".
+///
+/// ```
+/// use pipefill_host::cost::flag::times_in_seconds;
+/// assert!(!times_in_seconds("F=1,I=1,W=1,A=64MiB"));
+/// assert!(times_in_seconds("F=2ms,B=4ms"));
+/// assert!(times_in_seconds("forward=1s,backward=2"));
+/// ```
+pub fn times_in_seconds(text: &str) -> bool {
+    text.split(',')
+        .filter_map(|part| part.split_once('='))
+        .any(|(key, value)| {
+            let key = key.trim();
+            let time = KEYS.iter().any(|(short, long, q)| {
+                *q == Quantity::Seconds && (*short == key || long.contains(&key))
+            });
+            time && value
+                .trim()
+                .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+                .is_some()
+        })
+}
+
 /// Parses a time for a command-line flag (`0.5`, `20us`, `1.5ms`; plain numbers are seconds):
 /// finite and `>= 0`. The error says what would be accepted.
 ///

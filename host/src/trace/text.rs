@@ -14,6 +14,8 @@ use crate::schedule::Item;
 use crate::timeline::Timeline;
 
 /// The text chart of `timelines` (one block each, on one time scale), at most `width` cells wide.
+/// `unit` is the timelines' time unit: `"s"` shows times in s, ms or us as fits; anything else
+/// (`"units"` for abstract costs) is shown as given.
 ///
 /// ```
 /// use pipefill_host::timeline::{Source, Timeline};
@@ -21,11 +23,13 @@ use crate::timeline::Timeline;
 /// let mut t = Timeline::new("demo", Source::Predicted, 2);
 /// t.push(0, "0F0".parse().unwrap(), 0.0, 1.0);
 /// t.push(1, "1F0".parse().unwrap(), 1.0, 2.0);
-/// let text = text_gantt(&[&t], 80);
+/// let text = text_gantt(&[&t], 80, "s");
+/// assert!(text.contains("makespan 2 s"), "{text}");
+/// assert!(text_gantt(&[&t], 80, "units").contains("makespan 2 units"));
 /// assert!(text.contains("rank 0 |F0..|"), "{text}");
 /// assert!(text.contains("rank 1 |..F0|"), "{text}");
 /// ```
-pub fn text_gantt(timelines: &[&Timeline], width: usize) -> String {
+pub fn text_gantt(timelines: &[&Timeline], width: usize, unit: &str) -> String {
     let width = width.max(8);
     let horizon = timelines.iter().map(|t| t.makespan()).fold(0.0, f64::max);
     let mut out = String::new();
@@ -45,11 +49,12 @@ pub fn text_gantt(timelines: &[&Timeline], width: usize) -> String {
         .saturating_sub(1)
         .to_string()
         .len();
-    let (scale, unit) = axis_unit(q, "s");
+    let base = unit;
+    let (scale, unit) = axis_unit(q, base);
     for t in timelines {
         let _ = writeln!(
             out,
-            "{} ({}): makespan {} s, bubble {:.1}%   [1 cell = {} {unit}]",
+            "{} ({}): makespan {} {base}, bubble {:.1}%   [1 cell = {} {unit}]",
             t.name,
             match t.source {
                 crate::timeline::Source::Predicted => "predicted",

@@ -57,8 +57,11 @@ pub struct Row {
     pub microbatches: usize,
     /// Single actions (a pair counts two).
     pub actions: usize,
-    /// Predicted step time.
+    /// Predicted step time, in `time_unit`.
     pub makespan: f64,
+    /// `s`, or `units` when the costs are abstract (`--cost` with no time suffix, as the default
+    /// `F=1,I=1,W=1`): every time in the row is in this unit.
+    pub time_unit: &'static str,
     /// `1 - sum(busy) / (P * makespan)`.
     pub bubble_fraction: f64,
     /// No schedule can be faster with these costs, P, V and placement.
@@ -131,6 +134,7 @@ impl Row {
             microbatches: s.microbatches,
             actions: s.action_count(),
             makespan,
+            time_unit: "s",
             bubble_fraction,
             lower_bound: sim.lower_bound,
             ratio_to_lower_bound: sim.ratio_to_bound(),
@@ -199,6 +203,10 @@ pub fn table(rows: &[&Row]) -> String {
         .iter()
         .any(|r| r.bubble.as_ref().is_some_and(|b| b.cost.is_some()));
     let unit = rows.first().map_or("bytes", |r| r.peak_activations_unit);
+    let makespan = match rows.first().map(|r| r.time_unit) {
+        Some("units") => "makespan",
+        _ => "makespan (s)",
+    };
     let name_w = rows
         .iter()
         .map(|r| r.schedule.len())
@@ -207,7 +215,7 @@ pub fn table(rows: &[&Row]) -> String {
         .max(8);
     let mut out = format!(
         "{:<name_w$} {:>3} {:>2} {:>5} {:>12} {:>7} {:>11} {:>6}",
-        "schedule", "P", "V", "M", "makespan (s)", "bubble", "lower bound", "ratio"
+        "schedule", "P", "V", "M", makespan, "bubble", "lower bound", "ratio"
     );
     if money {
         out.push_str("  bubble GPU-h");
