@@ -129,7 +129,7 @@ build() {
         cp "$exe" "$dir/benches/${name%-*}"
     done < <(cargo bench --no-run --message-format=json "${args[@]}" | executables)
     local ptx
-    ptx=$(ls -t target/release/build/pipefill-*/out/kernels.ptx 2>/dev/null | while read -r f; do
+    ptx=$(ls -t target/release/build/pipefill-cuda-*/out/kernels.ptx 2>/dev/null | while read -r f; do
         [[ -s "$f" ]] && { echo "$f"; break; }; done)
     [[ -n "$ptx" ]] || { echo "error: no built PTX under target/release/build (is rust-src installed?)" >&2; exit 1; }
     cp "$ptx" "$dir/kernels.ptx"

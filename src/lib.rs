@@ -1,17 +1,20 @@
 #![warn(missing_docs)]
 //! # pipefill
 //!
-//! The root crate: built-in layers (Linear + bias + fused activation) on the CPU, the PTX compiled
-//! from `kernels/` by `build.rs` (embedded, checked with `ptxas`), the CUDA backend that runs it
-//! ([`cuda`], driver loaded at run time), the model description, and the `pipefill` command line.
-//! The engine itself (schedules, simulator, partitioner, runtime, traces) is [`pipefill_host`].
+//! The root crate: the `pipefill` command line ([`cli`]) and MPI ranks (`mpi`, with the feature `mpi`),
+//! over the workspace's libraries, re-exported here under their short names:
+//!
+//! | crate | here | what |
+//! | --- | --- | --- |
+//! | `pipefill-host` | [`pipefill_host`] | the engine: schedules, simulator, partitioner, planner, runtime, traces |
+//! | `pipefill-model` | [`layers`], [`model`], [`checkpoint`], [`alloc`] | the built-in model on the CPU and its checkpoints |
+//! | `pipefill-cuda` | [`cuda`], [`ptx`] | the CUDA backend and the PTX its build script compiles from `kernels/` |
+//! | `pipefill-kernels` | - | the kernels: PTX for the GPU, reference math on the host |
 
-pub mod alloc;
-pub mod checkpoint;
 pub mod cli;
-pub mod cuda;
-pub mod layers;
-pub mod model;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-pub mod ptx;
+
+pub use pipefill_cuda as cuda;
+pub use pipefill_cuda::ptx;
+pub use pipefill_model::{alloc, checkpoint, layers, model};

@@ -44,6 +44,7 @@ use crate::runtime::{Stage, StageError, Tensor};
 
 /// Why profiling failed.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ProfileError {
     /// A layer failed while being profiled.
     #[error("profiling layer {index} (`{name}`): {source}")]

@@ -4,7 +4,7 @@
     python3 kernels/scripts/gpu_check.py KERNELS_PTX [--time] [--size N]
     python3 kernels/scripts/gpu_check.py --self-test      # no GPU: checks this script's own helpers
 
-KERNELS_PTX is the PTX `build.rs` writes (`target/release/build/pipefill-*/out/kernels.ptx`; the newest one).
+KERNELS_PTX is the PTX `build.rs` writes (`target/release/build/pipefill-cuda-*/out/kernels.ptx`; the newest one).
 Needs NumPy and CuPy (and PyTorch for `--time`), all on the lent GPU machine.
 
 1. Correctness: each of the six entries (`pf_linear_{forward,backward_input,backward_weight}_{tf32,bf16}`)

@@ -5,7 +5,7 @@
 //!
 //! - **for the host** (this crate as an ordinary dependency): the reference math the CPU path calls per
 //!   row or per element, and that the tests compare against `f64`;
-//! - **for the GPU** (`nvptx64-nvidia-cuda`, compiled to PTX by the root crate's `build.rs`): the
+//! - **for the GPU** (`nvptx64-nvidia-cuda`, compiled to PTX by `pipefill-cuda`'s `build.rs`): the
 //!   `extern "ptx-kernel"` entry points in the `gpu` module (only present in that build), which call the same
 //!   scalar functions, so both paths compute the same formulas.
 //!

@@ -3,7 +3,7 @@
 
 Nothing here uses Rust: every kernel of kernels/src/entry.rs is launched from Python with the argument
 list of its `extern "ptx-kernel"` signature (kernels/src/gpu/mod.rs, kernels/src/gpu/tc.rs) and the launch
-shape the host uses (src/cuda/launch.rs, src/cuda/tc_launch.rs), on odd sizes and seeded random data, and
+shape the host uses (cuda/src/launch.rs, cuda/src/tc_launch.rs), on odd sizes and seeded random data, and
 its results are compared with a float64 reference of what the kernel documents (kernels/src/device/).
 
     python3 ptx_check.py --module PATH [--only simt|tc|all] [--seed N]

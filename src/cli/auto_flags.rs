@@ -206,6 +206,8 @@ fn auto_error(e: AutoError, limit: Option<MemoryLimit>) -> CliError {
             usage("--cost/--costs", "give one cost per stage (P x V stages)")
         }
         AutoError::Internal(_) => CliError::Failed(e.to_string()),
+        // A variant added later: the message names its cause.
+        _ => CliError::Failed(e.to_string()),
     }
 }
 

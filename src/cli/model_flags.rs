@@ -177,6 +177,7 @@ fn refuse_if_too_large(
         MemoryError::Absurd { footprint, .. } | MemoryError::TooLarge { footprint, .. } => {
             fix_for(footprint, names)
         }
+        _ => "make the model or the batch smaller".to_string(),
     };
     let whose = match e {
         MemoryError::TooLarge { .. } => {

@@ -45,7 +45,7 @@ pub fn unique_id(rank: usize, id_file: &Path) -> UniqueId {
 pub fn open_or_refuse(gpu: &Arc<Gpu>, rank: usize, id: UniqueId) -> NcclPeer {
     NcclPeer::open(gpu, rank, 2, id).unwrap_or_else(|e| match e {
         PeerOpenError::Nccl(e) => refused(&e),
-        PeerOpenError::Cuda(e) => panic!("rank {rank}: {e}"),
+        other => panic!("rank {rank}: {other}"),
     })
 }
 

@@ -5,6 +5,7 @@ use thiserror::Error;
 /// Everything that can go wrong reading or building costs. Every variant names what was wrong
 /// (a field path such as `layers[3].forward`, or the flag text) and how to fix it.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum CostError {
     /// The cost file could not be read.
     #[error("cannot read cost file `{path}`: {reason}")]

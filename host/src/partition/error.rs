@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// What can go wrong while partitioning.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum PartitionError {
     /// Fewer layers than stages: every stage needs at least one layer.
     #[error("cannot split {layers} layers into {stages} stages: every stage needs at least one layer; use at most {layers} stages (ranks x chunks)")]

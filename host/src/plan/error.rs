@@ -11,6 +11,7 @@ use crate::sim::SimError;
 /// Why planning failed altogether. Messages name the quantity and the fix in the library's words
 /// (ranks, global batch, ...); a command line adds its own flag names.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum PlanError {
     /// Zero ranks asked for.
     #[error("ranks must be at least 1")]

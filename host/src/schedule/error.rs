@@ -8,6 +8,7 @@ use super::Item;
 
 /// Everything that can go wrong building, reading or checking a schedule.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ScheduleError {
     /// A generator refused its parameters; `reason` names the constraint and values that would work.
     #[error("{family}: {reason}")]

@@ -7,6 +7,7 @@ use crate::schedule::ScheduleError;
 
 /// Why a schedule could not be simulated.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum SimError {
     /// The cost model is unusable (a field is NaN, negative, ...).
     #[error("cost model: {0}")]

@@ -92,6 +92,7 @@ fn refuse(flag: &str, dir: &Path, e: CheckpointError) -> CliError {
         CheckpointError::Busy { .. } => {
             "wait for that run to end, or give another --checkpoint folder".into()
         }
+        _ => "check the folder, or train afresh without --resume".into(),
     };
     CliError::Usage(format!("{flag} `{}`: {e}; {fix}", dir.display()))
 }

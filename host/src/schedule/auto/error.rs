@@ -9,6 +9,7 @@ use crate::sim::SimError;
 /// An error of [`solve`](super::solve). The variants a caller may act on carry the numbers; none
 /// names a command-line flag (the CLI adds those).
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum AutoError {
     /// `P`, `V`, `M` or the placement cannot make a schedule (e.g. `P = 0`, `vshape` with `V != 2`).
     #[error("{0}")]

@@ -80,6 +80,7 @@ use jackson::Job;
 
 /// Why [`bound_with_limit`] refused its limits.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum BoundError {
     /// One limit per rank is needed.
     #[error("{got} in-flight limits given for {ranks} ranks. Fix: give one limit per rank")]

@@ -1,4 +1,4 @@
-//! Compiles the `kernels/` crate to PTX and hands it to `src/ptx.rs`.
+//! Compiles the workspace's `kernels/` crate to PTX and hands it to `src/ptx.rs`.
 //!
 //! The nested build uses rustc's own NVPTX backend on the stable toolchain (docs/gpu.md, "Kernels and PTX"):
 //! `RUSTC_BOOTSTRAP=1 cargo rustc --release --target nvptx64-nvidia-cuda -Zbuild-std=core -- --emit=asm
@@ -33,15 +33,17 @@ const NOTE_FILE: &str = "kernels-ptx-note.txt";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=kernels/src");
-    println!("cargo:rerun-if-changed=kernels/Cargo.toml");
+    println!("cargo:rerun-if-changed=../kernels/src");
+    println!("cargo:rerun-if-changed=../kernels/Cargo.toml");
     println!("cargo:rerun-if-env-changed=PIPEFILL_SKIP_PTX");
 
     let out_dir =
         PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR for build scripts"));
+    // The workspace root (this crate is `cuda/` in it): `kernels/` sits beside this crate.
     let manifest_dir = PathBuf::from(
         env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR for build scripts"),
-    );
+    )
+    .join("..");
 
     let (ptx, note) = match build_ptx(&manifest_dir, &out_dir) {
         Ok(ptx) => (ptx, String::new()),

@@ -9,6 +9,7 @@ use crate::ptx::PtxError;
 /// The first two are the "not here" answers a caller turns into "use the CPU" (`--backend auto`) or
 /// into a usage error (`--backend cuda` on a machine without a GPU): see [`CudaError::is_unavailable`].
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum CudaError {
     /// The NVIDIA driver library (`libcuda.so.1`) cannot be loaded.
     #[error("no CUDA driver found: libcuda.so.1 cannot be loaded (install the NVIDIA driver)")]

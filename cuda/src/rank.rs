@@ -18,10 +18,11 @@ use super::precision::Precision;
 use super::stage::CudaStage;
 use super::streams::{CudaLoss, CudaStreams, OnCudaStreams};
 use super::tensor::DeviceTensor;
-use crate::layers::{LinearStage, LossKind};
+use pipefill_model::layers::{LinearStage, LossKind};
 
 /// Why a [`CudaRank`] could not be built.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CudaRankError {
     /// Copying the stages to the device failed.
     #[error(transparent)]
@@ -171,9 +172,9 @@ mod tests {
     use pipefill_kernels::Activation;
 
     use super::*;
-    use crate::layers::gemm::GemmBackend;
-    use crate::layers::Optimizer;
-    use crate::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
+    use pipefill_model::layers::gemm::GemmBackend;
+    use pipefill_model::layers::Optimizer;
+    use pipefill_model::model::{stage_ranges, LayerSpec, ModelSpec, Teacher};
 
     fn spec(layers: usize, loss: LossKind) -> ModelSpec {
         ModelSpec {

@@ -9,7 +9,7 @@
 //! the device stages unchanged.
 //!
 //! A stage made from a host stage that stores BF16 activations
-//! ([`LinearStage::with_activations`](crate::layers::LinearStage::with_activations)) keeps its stash
+//! ([`LinearStage::with_activations`](pipefill_model::layers::LinearStage::with_activations)) keeps its stash
 //! on the device as BF16 buffers ([`DeviceStored::Bf16`]: `X`, `Z`, `dZ`), rounded where the CPU layers
 //! round them; [`Stage::held_bytes`] reports 2 bytes a value. The tensors it hands on (its output and
 //! its input gradient) are BF16 too, 2 bytes a value: BF16 [`Tensor`]s through the host-tensor path
@@ -29,7 +29,7 @@ use super::launch::Launcher;
 use super::layer::DeviceLinear;
 use super::precision::Precision;
 use super::tensor::{DeviceStored, DeviceTensor};
-use crate::layers::{LinearStage, Optimizer};
+use pipefill_model::layers::{LinearStage, Optimizer};
 
 /// A stage of the built-in model on a device.
 #[derive(Debug)]

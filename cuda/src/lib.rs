@@ -1,5 +1,9 @@
-//! The CUDA backend: the built-in layers run by the Rust kernels (`kernels/`, compiled to PTX by
-//! `build.rs`) on an NVIDIA GPU, through cudarc with the driver loaded at run time.
+#![warn(missing_docs)]
+//! # pipefill-cuda
+//!
+//! The CUDA backend: the built-in layers (`pipefill-model`) run by the Rust kernels (`kernels/`,
+//! compiled to PTX by this crate's `build.rs`, embedded as [`ptx`]) on an NVIDIA GPU, through
+//! cudarc with the driver loaded at run time.
 //!
 //! Nothing here needs CUDA to build: the driver is loaded when first used, after checking it is
 //! there ([`driver_present`]), and a machine without it gets [`CudaError::NoDriver`] or
@@ -26,6 +30,7 @@
 //! | [`profile`](mod@profile) | the per-layer F/I/W profile timed with events (`pipefill profile --backend cuda`) |
 //! | [`overlap`] | one stage's F and another's B on two streams, alone and together (`pipefill bench overlap`) |
 //! | [`skip`] | [`gpu_or_skip`]: how GPU tests and benches skip on machines without a GPU |
+//! | [`ptx`] | the PTX `build.rs` compiled from `kernels/`, embedded, with its entry points |
 
 pub mod device;
 pub mod error;
@@ -40,6 +45,7 @@ pub mod peer;
 pub mod precision;
 pub mod products;
 pub mod profile;
+pub mod ptx;
 pub mod rank;
 pub mod skip;
 pub mod stage;

@@ -21,7 +21,7 @@ use super::launch::{Launcher, LinearDims};
 use super::precision::Precision;
 use super::products::{self, Weights};
 use super::tensor::DeviceStored;
-use crate::layers::{Linear, Optimizer};
+use pipefill_model::layers::{Linear, Optimizer};
 
 /// One parameter buffer with its gradient and optimizer state on the device.
 #[derive(Debug)]

@@ -45,6 +45,7 @@ pub struct NcclPeer {
 
 /// Why an [`NcclPeer`] could not be opened.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PeerOpenError {
     /// The communication stream could not be made.
     #[error(transparent)]

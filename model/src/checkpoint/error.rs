@@ -57,6 +57,7 @@ impl fmt::Display for Field {
 
 /// An error saving, finding or loading a checkpoint.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CheckpointError {
     /// A file or folder could not be read, written, synced or renamed.
     #[error("cannot {action} `{}`: {source}", path.display())]
@@ -111,7 +112,7 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     /// A [`CheckpointError::Io`] for `action` on `path`.
-    pub(crate) fn io(
+    pub fn io(
         action: &'static str,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> Self {

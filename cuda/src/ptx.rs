@@ -19,6 +19,7 @@ pub const PTX: Option<&str> = if RAW.is_empty() { None } else { Some(RAW) };
 
 /// The PTX could not be provided.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PtxError {
     /// `build.rs` did not build the PTX; `reason` is what it reported (for example that `rust-src` is missing).
     #[error("PTX not built: run `rustup component add rust-src` and rebuild (build.rs reported: {reason})")]

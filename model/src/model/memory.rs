@@ -169,6 +169,7 @@ impl fmt::Display for Bytes {
 
 /// Why a run's sizes cannot be allocated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MemoryError {
     /// A product or sum of the sizes does not fit 64 bits: far beyond any machine.
     #[error("the {part} of these sizes overflow a 64-bit byte count")]

@@ -29,9 +29,9 @@ use cudarc::driver::{
 use pipefill_host::runtime::streams::StreamId;
 
 use super::{CudaStreams, Link};
-use crate::cuda::error::CudaError;
-use crate::cuda::tensor::{DeviceStored, DeviceTensor};
-use crate::cuda::Gpu;
+use crate::error::CudaError;
+use crate::tensor::{DeviceStored, DeviceTensor};
+use crate::Gpu;
 
 impl CudaStreams {
     /// Streams over several devices: rank `r`'s streams on `gpus[rank_devices[r]]` (for example one

@@ -23,6 +23,7 @@ pub const ID_BYTES: usize = 128;
 
 /// Why an NCCL operation could not be done.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NcclError {
     /// libnccl cannot be loaded on this machine.
     #[error("no NCCL library found: libnccl.so cannot be loaded (install NCCL, e.g. the nvidia-nccl-cu12 wheel, and put it on LD_LIBRARY_PATH)")]

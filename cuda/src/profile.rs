@@ -17,7 +17,7 @@ use super::launch::Launcher;
 use super::stage::{CudaStage, CudaStash};
 use super::tensor::DeviceTensor;
 use super::timing::Span;
-use crate::layers::LinearStage;
+use pipefill_model::layers::LinearStage;
 
 /// A layer to profile on the device: its name, the layer (as a one-layer stage) and its
 /// parameter bytes.

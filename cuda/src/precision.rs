@@ -10,7 +10,7 @@ use pipefill_kernels::tc;
 /// Parameters, gradients and optimizer state stay `f32` in every precision. With [`Precision::Bf16`] a
 /// layer's GEMM operands are BF16 (weights rounded once per optimizer step, into a BF16 copy). How the
 /// activations are *stored* is a separate choice, `--activations`
-/// ([`LinearStage::activations`](crate::layers::LinearStage::activations)): with `f32` storage a BF16
+/// ([`LinearStage::activations`](pipefill_model::layers::LinearStage::activations)): with `f32` storage a BF16
 /// layer rounds its `f32` operands with a conversion kernel just before each product and widens the
 /// BF16 results back (exactly) after it; with BF16 storage the stash and the tensors between layers are
 /// BF16 buffers, which the BF16 kernels read and write as they are (no conversion, half the memory).

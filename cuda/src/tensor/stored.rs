@@ -9,12 +9,12 @@ use pipefill_host::cost::ActivationDtype;
 use pipefill_host::runtime::Tensor;
 
 use super::rehome;
-use crate::cuda::error::CudaError;
-use crate::cuda::launch::Launcher;
+use crate::error::CudaError;
+use crate::launch::Launcher;
 
 /// An activation a device stage keeps or hands on: `f32`, or BF16 bits under `--activations bf16`
 /// (2 bytes a value; made by the conversion kernel, `pf_f32_to_bf16`, which rounds to nearest, ties
-/// to even, as the CPU layers' [`crate::layers::store`] does).
+/// to even, as the CPU layers' [`pipefill_model::layers::store`] does).
 #[derive(Debug)]
 pub enum DeviceStored {
     /// 4 bytes a value.

@@ -22,7 +22,7 @@
 /// mapped (for the built-in model, a few MiB per thread).
 ///
 /// ```
-/// let applied = pipefill::alloc::keep_freed_memory();
+/// let applied = pipefill_model::alloc::keep_freed_memory();
 /// assert_eq!(applied, cfg!(all(target_os = "linux", target_env = "gnu")));
 /// ```
 pub fn keep_freed_memory() -> bool {

@@ -28,7 +28,7 @@ use super::error::CudaError;
 use super::launch::Launcher;
 use super::stage::{CudaStage, CudaStash};
 use super::tensor::{DeviceStored, DeviceTensor};
-use crate::layers::LossKind;
+use pipefill_model::layers::LossKind;
 
 /// The streams and the one bound now, shared by the device and the stage and loss wrappers.
 #[derive(Debug)]

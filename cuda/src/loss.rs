@@ -8,7 +8,7 @@ use pipefill_host::runtime::Tensor;
 use super::error::CudaError;
 use super::launch::Launcher;
 use super::tensor::{zeros, DeviceTensor};
-use crate::layers::LossKind;
+use pipefill_model::layers::LossKind;
 
 /// A microbatch's target on the device, in the form its loss needs.
 #[derive(Debug)]

@@ -19,8 +19,8 @@ use super::launch::Launcher;
 use super::stage::{CudaStage, CudaStash};
 use super::tensor::DeviceTensor;
 use super::timing::{mark, Span};
-use crate::layers::gemm::GemmBackend;
-use crate::layers::{Linear, LinearStage, Optimizer};
+use pipefill_model::layers::gemm::GemmBackend;
+use pipefill_model::layers::{Linear, LinearStage, Optimizer};
 
 /// The shape of the two stages measured: `layers` square layers of width `hidden` each, on
 /// microbatches of `rows` rows.
