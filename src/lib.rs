@@ -15,3 +15,4 @@ pub mod model;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod ptx;
+pub mod trainer;

@@ -271,33 +271,33 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     Ok(setup)
 }
 
-/// What the CUDA path does not do yet, refused before anything runs (`--launcher mpi` runs one GPU
-/// rank per process over NCCL, without replicas, checkpoints or graphs).
+/// What the CUDA path cannot do, refused before anything runs: a whole-step graph and data
+/// parallelism for GPU ranks in separate processes (`--launcher mpi`: one GPU rank per process
+/// over NCCL).
 fn check_cuda_run(args: &Args) -> Result<(), CliError> {
-    if args.launcher == Launcher::Mpi && args.graph {
+    if args.launcher != Launcher::Mpi {
+        return Ok(());
+    }
+    if args.graph {
         return Err(usage(
             "--graph is not built for GPU ranks in separate processes (--launcher mpi): drop \
              --graph, or drop --launcher mpi"
                 .to_string(),
         ));
     }
-    let with = if args.data_parallel > 1 {
-        Some("--data-parallel")
-    } else if args.checkpoint.checkpoint.is_some() || args.checkpoint.resume.is_some() {
-        Some("--checkpoint/--resume")
-    } else {
-        None
-    };
-    match with {
-        Some(flag) => Err(usage(format!(
-            "{flag} runs on the CPU path only for now: give it with --backend cpu, or drop it"
-        ))),
-        None => Ok(()),
+    if args.data_parallel > 1 {
+        return Err(usage(
+            "--data-parallel is not built for GPU ranks in separate processes (--launcher mpi \
+             --backend cuda): drop --launcher mpi (one process runs the replicas on its GPUs), or \
+             give it with --backend cpu"
+                .to_string(),
+        ));
     }
+    Ok(())
 }
 
 /// The steps before the captured one with `--graph`: a warm-up and a plain, measured step.
-pub const GRAPH_PLAIN_STEPS: usize = 2;
+pub use crate::trainer::streams::GRAPH_PLAIN_STEPS;
 
 /// `--graph`: only on the CUDA backend, and with a step left to replay after the capture.
 fn check_graph(args: &Args, backend: Backend) -> Result<(), CliError> {
