@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use pipefill_host::runtime::{StageError, Tensor};
 
+use super::stage::GradientsFn;
 use super::{Trainable, Upload};
 use crate::checkpoint::{LayerState, StageState};
 use crate::cuda::{CudaError, DeviceTensor, OnCudaStreams};
@@ -45,10 +46,7 @@ impl Trainable for OnCudaStreams {
         })
     }
 
-    fn with_gradients(
-        &mut self,
-        f: &mut dyn FnMut(Vec<&mut [f32]>) -> Result<(), StageError>,
-    ) -> Result<(), StageError> {
+    fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
         let stage = self.inner_mut();
         let la = stage.launcher().clone();
         let mut host = Vec::with_capacity(stage.layers.len());

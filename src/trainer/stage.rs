@@ -10,6 +10,9 @@ use super::TrainError;
 use crate::checkpoint::StageState;
 use crate::layers::LinearStage;
 
+/// What [`Trainable::with_gradients`] calls with a stage's gradient buffers.
+pub type GradientsFn<'a> = dyn FnMut(Vec<&mut [f32]>) -> Result<(), StageError> + 'a;
+
 /// A stage the trainer can checkpoint and average over replicas.
 pub trait Trainable {
     /// The stage's checkpoint state (weights, optimizer moments, steps), global index `index`.
@@ -19,10 +22,7 @@ pub trait Trainable {
     /// Calls `f` with the stage's accumulated gradient buffers (in [`Stage::gradients`]' order, a
     /// gradient nothing accumulated into written out as zeros), keeping what `f` leaves in them.
     /// On a device: copied to the host, then back.
-    fn with_gradients(
-        &mut self,
-        f: &mut dyn FnMut(Vec<&mut [f32]>) -> Result<(), StageError>,
-    ) -> Result<(), StageError>;
+    fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError>;
 }
 
 impl Trainable for LinearStage {
@@ -30,10 +30,7 @@ impl Trainable for LinearStage {
         Ok(StageState::of(index, self))
     }
 
-    fn with_gradients(
-        &mut self,
-        f: &mut dyn FnMut(Vec<&mut [f32]>) -> Result<(), StageError>,
-    ) -> Result<(), StageError> {
+    fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
         f(self.gradients())
     }
 }
@@ -45,10 +42,7 @@ impl<S: Trainable> Trainable for OnStreams<S> {
         self.inner().state(index)
     }
 
-    fn with_gradients(
-        &mut self,
-        f: &mut dyn FnMut(Vec<&mut [f32]>) -> Result<(), StageError>,
-    ) -> Result<(), StageError> {
+    fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
         self.inner().with_gradients(f)
     }
 }
@@ -83,10 +77,7 @@ impl<S: Trainable> Trainable for Deferred<S> {
         self.inner.state(index)
     }
 
-    fn with_gradients(
-        &mut self,
-        f: &mut dyn FnMut(Vec<&mut [f32]>) -> Result<(), StageError>,
-    ) -> Result<(), StageError> {
+    fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
         self.inner.with_gradients(f)
     }
 }

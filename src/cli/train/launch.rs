@@ -344,7 +344,7 @@ impl Wire {
 /// replicas, the time the slowest process's, the timeline replica 0's (as the threaded run).
 fn gather(job: &Job<'_>, out: RankOutcome, seconds: f64) -> Result<Option<StepReport>, TrainError> {
     let (world, place) = (job.world, job.place);
-    let failed = |e: String| TrainError::Runner(e);
+    let failed = TrainError::Runner;
     if place.world != 0 {
         let bytes =
             serde_json::to_vec(&Wire::of(out, seconds)).map_err(|e| failed(e.to_string()))?;
