@@ -11,8 +11,9 @@
 //!    `--plan uniform`: equal layer counts) simulated under the profile
 //!    ([`pipefill_host::plan::plan_families`], [`pipefill_host::plan::plan_schedule`]); the best
 //!    predicted step time is chosen;
-//! 4. [`train`]: run the steps with the executor (CPU: one thread per rank; `--backend cuda`: the
-//!    stream runtime on GPU 0, one host thread enqueuing per-rank streams), showing progress;
+//! 4. [`train`]: build the backend's step runner (CPU: one thread per rank; `--backend cuda`: the
+//!    stream runtime, one host thread enqueuing per-rank streams; `D` replicas of either) and run
+//!    [the one training loop](crate::trainer::train) over it: batches, steps, progress, checkpoints;
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
 mod checkpoint;

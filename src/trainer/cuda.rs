@@ -8,6 +8,7 @@ use cudarc::driver::CudaStream;
 use pipefill_host::runtime::{StageError, Tensor};
 
 use super::stage::GradientsFn;
+use super::streams::Uploaded;
 use super::{Trainable, Upload};
 use crate::checkpoint::{LayerState, StageState};
 use crate::cuda::{CudaError, DeviceTensor, OnCudaStreams};
@@ -78,19 +79,13 @@ pub struct CudaUpload {
 }
 
 impl Upload<DeviceTensor> for CudaUpload {
-    fn upload(
-        &self,
-        x: &[Tensor],
-        t: &[Tensor],
-        first: usize,
-        last: usize,
-    ) -> Result<(Vec<DeviceTensor>, Vec<DeviceTensor>), String> {
+    fn upload(&self, x: &[Tensor], t: &[Tensor], on: (usize, usize)) -> Uploaded<DeviceTensor> {
         let stream = |d: usize| {
             self.streams
                 .get(d)
                 .ok_or_else(|| format!("no upload stream for GPU {d}"))
         };
-        upload_batch((stream(first)?, stream(last)?), self.loss, x, t).map_err(|e| e.to_string())
+        upload_batch((stream(on.0)?, stream(on.1)?), self.loss, x, t).map_err(|e| e.to_string())
     }
 }
 

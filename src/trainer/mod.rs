@@ -91,18 +91,19 @@ pub struct Run<'a> {
     pub replay: bool,
 }
 
+/// A step's global batch on the host: the microbatches' inputs and targets.
+pub type HostBatch = (Vec<Tensor>, Vec<Tensor>);
+
+/// What [`StepRunner::step`] returns: the step's report where this process reports.
+pub type StepResult = Result<Option<StepReport>, TrainError>;
+
 /// One training step's work, on whatever backend and launcher: implemented by every runner.
 pub trait StepRunner {
-    /// Runs step `step` on its global batch (`x`, `t`: the `M x D` microbatches, replica `d`
-    /// taking `d*M .. (d+1)*M`); the step's report where this process reports (`None` on the
-    /// other processes of a multi-process run). The report's loss is the mean over replicas, its
-    /// time the slowest replica's, its timeline replica 0's.
-    fn step(
-        &mut self,
-        step: usize,
-        x: Vec<Tensor>,
-        t: Vec<Tensor>,
-    ) -> Result<Option<StepReport>, TrainError>;
+    /// Runs step `step` on its global batch (inputs and targets of the `M x D` microbatches,
+    /// replica `d` taking `d*M .. (d+1)*M`); the step's report where this process reports
+    /// (`None` on the other processes of a multi-process run). The report's loss is the mean over
+    /// replicas, its time the slowest replica's, its timeline replica 0's.
+    fn step(&mut self, step: usize, batch: HostBatch) -> StepResult;
 
     /// Saves the checkpoint after `done` steps (replica 0's stages: every replica holds the same).
     fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError>;
@@ -138,8 +139,8 @@ pub fn train(
     let mut reports: Vec<StepReport> = Vec::new();
     let mut reporting = false;
     for step in run.first_step..run.steps {
-        let (x, t) = run.teacher.batch(step as u64, run.batch, run.microbatches);
-        if let Some(r) = runner.step(step, x, t)? {
+        let batch = run.teacher.batch(step as u64, run.batch, run.microbatches);
+        if let Some(r) = runner.step(step, batch)? {
             progress.step(step, r.loss, r.seconds);
             reports.push(r);
             reporting = true;

@@ -17,8 +17,8 @@ use pipefill_host::runtime::{Loss, RuntimeError, Stage, StepReport, Tensor};
 use pipefill_host::schedule::Schedule;
 
 use super::{
-    by_replica, combine, mean_over_replicas, states_of, Deferred, Saver, StepRunner, TrainError,
-    Trainable,
+    by_replica, combine, mean_over_replicas, states_of, Deferred, HostBatch, Saver, StepResult,
+    StepRunner, TrainError, Trainable,
 };
 
 /// Steps run plain before the captured one with a graph: a warm-up and a plain, measured step.
@@ -41,33 +41,24 @@ pub struct HostEnqueue {
     pub captured_at: Option<usize>,
 }
 
+/// A step's inputs and targets on the device, or why they are not.
+pub type Uploaded<P> = Result<(Vec<P>, Vec<P>), String>;
+
 /// Puts a step's host microbatches on the device.
 pub trait Upload<P> {
-    /// `x` on device `first` (stage 0's) and `t` on device `last` (the last stage's), ready for a
+    /// `x` on device `on.0` (stage 0's) and `t` on device `on.1` (the last stage's), ready for a
     /// step (the copies are done when this returns).
-    fn upload(
-        &self,
-        x: &[Tensor],
-        t: &[Tensor],
-        first: usize,
-        last: usize,
-    ) -> Result<(Vec<P>, Vec<P>), String>;
+    fn upload(&self, x: &[Tensor], t: &[Tensor], on: (usize, usize)) -> Uploaded<P>;
 }
 
 /// The upload of the CPU twin: the host tensors themselves, tagged with their device.
 pub struct CpuUpload;
 
 impl Upload<Pending<Tensor>> for CpuUpload {
-    fn upload(
-        &self,
-        x: &[Tensor],
-        t: &[Tensor],
-        first: usize,
-        last: usize,
-    ) -> Result<(Vec<Pending<Tensor>>, Vec<Pending<Tensor>>), String> {
-        let on =
+    fn upload(&self, x: &[Tensor], t: &[Tensor], on: (usize, usize)) -> Uploaded<Pending<Tensor>> {
+        let put =
             |d: usize, v: &[Tensor]| v.iter().map(|x| Pending::ready_on(d, x.clone())).collect();
-        Ok((on(first, x), on(last, t)))
+        Ok((put(on.0, x), put(on.1, t)))
     }
 }
 
@@ -174,7 +165,7 @@ where
         let (ex, loss) = &mut self.replicas[d];
         let last = self.schedule.stages() - 1;
         let on = |s: usize| ex.stage_device(s).unwrap_or(0);
-        let (inputs, targets) = self.upload.upload(x, t, on(0), on(last))?;
+        let (inputs, targets) = self.upload.upload(x, t, (on(0), on(last)))?;
         let r: Result<StepReport, RuntimeError> = match mode {
             Mode::Plain => ex.step(inputs, &targets, loss),
             Mode::Capture => ex.capture(inputs, targets, loss),
@@ -210,12 +201,7 @@ where
     L: Loss<D::Payload>,
     U: Upload<D::Payload>,
 {
-    fn step(
-        &mut self,
-        step: usize,
-        x: Vec<Tensor>,
-        t: Vec<Tensor>,
-    ) -> Result<Option<StepReport>, TrainError> {
+    fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
         let failed = |message: String| TrainError::Step { step, message };
         let wall = Instant::now();
         let m = mode(self.graph, self.ran);

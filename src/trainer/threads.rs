@@ -2,9 +2,11 @@
 //! replicas the runtime's [`Replicas`] (each stage's gradients averaged over the replicas as soon
 //! as its last backward is done, on its rank's thread).
 
-use pipefill_host::runtime::{Executor, Loss, Replicas, Stage, StepReport, Tensor};
+use pipefill_host::runtime::{Executor, Loss, Replicas, Stage};
 
-use super::{by_replica, combine, states_of, Saver, StepRunner, TrainError, Trainable};
+use super::{
+    by_replica, combine, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError, Trainable,
+};
 
 /// One executor, or `D` replicas of it.
 enum Pipes<S: Stage> {
@@ -51,12 +53,7 @@ impl<S: Stage + Trainable, L: Loss> Threads<S, L> {
 }
 
 impl<S: Stage + Trainable, L: Loss> StepRunner for Threads<S, L> {
-    fn step(
-        &mut self,
-        step: usize,
-        x: Vec<Tensor>,
-        t: Vec<Tensor>,
-    ) -> Result<Option<StepReport>, TrainError> {
+    fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
         let failed = |e: pipefill_host::runtime::RuntimeError| TrainError::Step {
             step,
             message: e.to_string(),

@@ -36,7 +36,7 @@ use crate::checkpoint::{store, RankFile, RankState, StageState};
 use crate::cli::CliError;
 use crate::layers::LinearStage;
 use crate::mpi::{GradientMean, MpiError, MpiTransport, Place, World};
-use crate::trainer::{combine, states_of, Saver, StepRunner, TrainError};
+use crate::trainer::{combine, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError};
 
 /// Tag of the plans process 0 sends.
 const PLANS: i32 = 21;
@@ -168,8 +168,7 @@ fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliE
         return cuda::train_rank(world, setup, place, &plans, &chosen);
     }
     let schedule = &chosen.plan.schedule;
-    let program = RankProgram::of(schedule);
-    world.reserve_send_buffer(send_buffer(setup, &program, place.rank));
+    world.reserve_send_buffer(send_buffer(setup, &RankProgram::of(schedule), place.rank));
     let (pipe, grads) = world.split(&place).map_err(failed)?;
     let reducer = grads
         .map(GradientMean::new)
@@ -177,20 +176,25 @@ fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliE
     let me = place.rank;
     let (stages, first_step) = build_where(setup, &chosen.plan, |s| schedule.rank_of(s) == me)?;
     let mut runner = CpuRank {
-        job: Job {
-            world,
-            setup,
-            place,
-            plan: &chosen.plan,
-            program: &program,
-            reduce: reducer.as_ref().map(|r| r as &Reducer),
-        },
+        job: Job::new(world, setup, place, &chosen.plan)
+            .reducing(reducer.as_ref().map(|r| r as &Reducer)),
         stages,
         transport: MpiTransport::new(&pipe),
     };
+    train_job(setup, (&plans, &chosen), first_step, &mut runner, place)
+}
+
+/// The loop over this process's `runner`; process 0 reports.
+fn train_job(
+    setup: &Setup,
+    (plans, chosen): (&[Plan], &super::Chosen),
+    first_step: usize,
+    runner: &mut dyn StepRunner,
+    place: Place,
+) -> Result<(), CliError> {
     let reporting = place.world == 0;
-    if let Some(o) = run_loop(setup, &chosen.plan, first_step, &mut runner, reporting)? {
-        report(setup, &plans, &chosen, &o)?;
+    if let Some(o) = run_loop(setup, &chosen.plan, first_step, runner, reporting)? {
+        report(setup, plans, chosen, &o)?;
     }
     Ok(())
 }
@@ -203,12 +207,7 @@ struct CpuRank<'a> {
 }
 
 impl StepRunner for CpuRank<'_> {
-    fn step(
-        &mut self,
-        step: usize,
-        x: Vec<Tensor>,
-        t: Vec<Tensor>,
-    ) -> Result<Option<StepReport>, TrainError> {
+    fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
         let (out, seconds) = self
             .job
             .step(step, &mut self.stages, x, t, &mut self.transport)?;
@@ -227,12 +226,29 @@ struct Job<'a> {
     setup: &'a Setup,
     place: Place,
     plan: &'a Plan,
-    program: &'a RankProgram,
+    program: RankProgram,
     /// The gradient mean over replicas, with more than one.
     reduce: Option<&'a Reducer>,
 }
 
-impl Job<'_> {
+impl<'a> Job<'a> {
+    /// The job of this process (`place`) in `world`, running `plan`.
+    fn new(world: &'a World, setup: &'a Setup, place: Place, plan: &'a Plan) -> Self {
+        Job {
+            world,
+            setup,
+            place,
+            plan,
+            program: RankProgram::of(&plan.schedule),
+            reduce: None,
+        }
+    }
+
+    /// With the gradient mean over replicas `reduce`.
+    fn reducing(self, reduce: Option<&'a Reducer>) -> Self {
+        Job { reduce, ..self }
+    }
+
     /// Runs this rank's part of step `step` on this replica's microbatches of the global batch
     /// `x`, `t` (`M * D` microbatches); its outcome and wall seconds.
     fn step(
@@ -257,7 +273,7 @@ impl Job<'_> {
         let epoch = Instant::now();
         let rank_step = RankStep {
             schedule,
-            program: self.program,
+            program: &self.program,
             rank: me,
             stages: stages.iter_mut().map(|(s, stage)| (*s, stage)).collect(),
             inputs,

@@ -522,3 +522,49 @@ fn check_model(args: &Args, spec: &ModelSpec, file: Option<&Schedule>) -> Result
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{check_cuda_run, Args};
+    use crate::cli::{Cli, Command};
+
+    fn train(flags: &[&str]) -> Args {
+        let argv = ["pipefill", "train", "--backend", "cuda"]
+            .iter()
+            .chain(flags);
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Train(a)) => a,
+            other => panic!("{flags:?}: {other:?}"),
+        }
+    }
+
+    /// One process takes replicas and checkpoints on the GPU; GPU ranks in separate processes
+    /// refuse replicas and graphs, naming the flag.
+    #[test]
+    fn the_cuda_path_refuses_only_what_separate_gpu_processes_cannot_do() {
+        let one = [
+            "--data-parallel",
+            "2",
+            "--checkpoint",
+            "ck",
+            "--resume",
+            "ck",
+        ];
+        assert!(check_cuda_run(&train(&one)).is_ok());
+        assert!(check_cuda_run(&train(&["--graph", "--data-parallel", "2"])).is_ok());
+        let mpi = ["--launcher", "mpi", "--checkpoint", "ck", "--resume", "ck"];
+        assert!(check_cuda_run(&train(&mpi)).is_ok());
+        for (flag, refused) in [
+            (
+                "--data-parallel",
+                ["--launcher", "mpi", "--data-parallel", "2"],
+            ),
+            ("--graph", ["--launcher", "mpi", "--graph", "--steps=4"]),
+        ] {
+            let e = check_cuda_run(&train(&refused)).unwrap_err().to_string();
+            assert!(e.starts_with(flag) && e.contains("--launcher mpi"), "{e}");
+        }
+    }
+}

@@ -11,17 +11,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::CudaStream;
-use pipefill_host::runtime::{RankProgram, StepReport, Tensor};
 
-use super::{gather, save, stopped, Job};
-use crate::cli::train::{build_where, report, run_loop, Chosen, Setup};
+use super::{gather, save, stopped, train_job, Job};
+use crate::cli::train::{build_where, Chosen, Setup};
 use crate::cli::CliError;
 use crate::cuda::nccl::{UniqueId, ID_BYTES};
 use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer, RankModel};
 use crate::model::stage_ranges;
 use crate::mpi::{Place, World};
 use crate::trainer::cuda::upload_batch;
-use crate::trainer::{states_of, Saver, StepRunner, TrainError};
+use crate::trainer::{states_of, HostBatch, Saver, StepResult, StepRunner, TrainError};
 
 fn cuda_failed(e: impl std::fmt::Display) -> CliError {
     CliError::Failed(format!("--backend cuda: {e}"))
@@ -86,24 +85,12 @@ pub(super) fn train_rank(
     let me = CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
     drop(stages);
     let upload = gpu.new_stream().map_err(cuda_failed)?;
-    let program = RankProgram::of(schedule);
     let mut runner = GpuRank {
-        job: Job {
-            world,
-            setup,
-            place,
-            plan: &chosen.plan,
-            program: &program,
-            reduce: None,
-        },
+        job: Job::new(world, setup, place, &chosen.plan),
         me,
         upload,
     };
-    let reporting = place.world == 0;
-    if let Some(o) = run_loop(setup, &chosen.plan, first_step, &mut runner, reporting)? {
-        report(setup, plans, chosen, &o)?;
-    }
-    Ok(())
+    train_job(setup, (plans, chosen), first_step, &mut runner, place)
 }
 
 /// A GPU rank of an MPI job: its stages on its GPU, the data crossing ranks over NCCL.
@@ -116,12 +103,7 @@ struct GpuRank<'a> {
 impl StepRunner for GpuRank<'_> {
     /// One step of this rank on its GPU: stage 0's inputs uploaded on its rank, the targets on
     /// the last stage's.
-    fn step(
-        &mut self,
-        step: usize,
-        x: Vec<Tensor>,
-        t: Vec<Tensor>,
-    ) -> Result<Option<StepReport>, TrainError> {
+    fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
         let job = &self.job;
         let (schedule, rank) = (&job.plan.schedule, job.place.rank);
         let first = schedule.rank_of(0) == rank;
