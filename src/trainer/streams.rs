@@ -1,12 +1,13 @@
 //! [`Streams`]: the stream executor as a [`StepRunner`], on any [`Device`]: CUDA streams (with or
-//! without a captured whole-step graph) or their CPU twin [`CpuStreams`].
+//! without a captured whole-step graph) or their CPU twin
+//! [`CpuStreams`](pipefill_host::runtime::streams::CpuStreams).
 //!
 //! One host thread enqueues each step of each replica and waits for it. With `D > 1` replicas, the
 //! replicas run one after the other (each with its own streams and its own copy of the stages, on
 //! the same devices), their optimizer steps held back ([`Deferred`]); then each stage's gradients
 //! are averaged over the replicas ([`mean_over_replicas`]: the runtime's `AllReduce`, through the
 //! host on a GPU) and every replica steps its optimizer. The step's time is the wall time of all
-//! of it. With `graph`, the first [`GRAPH_PLAIN_STEPS`] steps run plain, the next is captured and
+//! of it (the host enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`] steps run plain, the next is captured and
 //! the later ones replay it; a captured or replayed step has no per-action timing (nothing is
 //! marked inside a graph), so its report carries the last plain step's timeline and action times.
 
