@@ -7,9 +7,10 @@
 //! the same devices), their optimizer steps held back ([`Deferred`]); then each stage's gradients
 //! are averaged over the replicas ([`mean_over_replicas`]: the runtime's `AllReduce`, through the
 //! host on a GPU) and every replica steps its optimizer. The step's time is the wall time of all
-//! of it (the host enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`] steps run plain, the next is captured and
-//! the later ones replay it; a captured or replayed step has no per-action timing (nothing is
-//! marked inside a graph), so its report carries the last plain step's timeline and action times.
+//! of it (the host enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`]
+//! steps run plain, the next is captured and the later ones replay it; a captured or replayed step
+//! has no per-action timing (nothing is marked inside a graph), so its report carries the last
+//! plain step's timeline and action times.
 
 use std::time::Instant;
 
