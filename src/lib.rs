@@ -1,7 +1,8 @@
 #![warn(missing_docs)]
 //! # pipefill
 //!
-//! The root crate: the `pipefill` command line ([`cli`]) and MPI ranks (`mpi`, with the feature `mpi`),
+//! The root crate: the training loop ([`trainer`]), the `pipefill` command line ([`cli`]) and MPI
+//! ranks (`mpi`, with the feature `mpi`),
 //! over the workspace's libraries, re-exported here under their short names:
 //!
 //! | crate | here | what |
@@ -14,6 +15,7 @@
 pub mod cli;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod trainer;
 
 pub use pipefill_cuda as cuda;
 pub use pipefill_cuda::ptx;

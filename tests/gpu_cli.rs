@@ -107,3 +107,79 @@ fn train_and_profile_run_on_the_gpu() {
         "{text}"
     );
 }
+
+/// The losses of a `train --format json` run.
+fn losses(out: &str) -> Vec<f64> {
+    let v: serde_json::Value = serde_json::from_str(out).expect("train's JSON");
+    v["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|l| l.as_f64().expect("a loss"))
+        .collect()
+}
+
+/// `train --backend cuda` with `--data-parallel 2`, `--checkpoint` and `--resume`, through the same
+/// training loop as the CPU: the replicas' losses match the CPU's (`--precision fp32`: the same
+/// math, summed in another order, so within 1e-4 relative), and a run resumed from its step-2
+/// checkpoint continues the uninterrupted run's losses (the same kernels on the same data from the
+/// same state: within 1e-6 relative, allowing for a reduction order that is not fixed).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored (scripts/gpu-check.sh does, with PIPEFILL_REQUIRE_GPU=1)"]
+fn train_on_the_gpu_with_replicas_and_checkpoints() {
+    let Some(_gpu) = gpu_or_skip("train_on_the_gpu_with_replicas_and_checkpoints") else {
+        return;
+    };
+    let dir = scratch("gpu-cli-dp");
+    let svg = dir.join("t.svg");
+    let ck = dir.join("ck");
+    let _ = std::fs::remove_dir_all(&ck);
+    let run = |backend: &str, steps: &str, extra: &[&str]| {
+        let mut a = args(&[
+            "train",
+            "--backend",
+            backend,
+            "--data-parallel",
+            "2",
+            "--schedule",
+            "1f1b",
+            "--plan",
+            "uniform",
+            "--steps",
+            steps,
+            "--format",
+            "json",
+            "--svg",
+        ]);
+        a.push(svg.to_str().unwrap());
+        if backend == "cuda" {
+            a.extend(["--precision", "fp32", "--devices", "one"]);
+        }
+        a.extend(extra);
+        let (code, out, err) = pipefill(&a);
+        assert_eq!(code, 0, "{a:?}: {err}");
+        losses(&out)
+    };
+    let close = |a: &[f64], b: &[f64], tol: f64| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| (x - y).abs() <= tol * y.abs().max(1e-6))
+    };
+    let cpu = run("cpu", "4", &[]);
+    let gpu = run("cuda", "4", &[]);
+    assert!(close(&gpu, &cpu, 1e-4), "cuda {gpu:?}\ncpu  {cpu:?}");
+    let ck_s = ck.to_str().unwrap();
+    let first = run("cuda", "2", &["--checkpoint", ck_s]);
+    assert!(
+        close(&first, &gpu[..2], 1e-6),
+        "first {first:?}\nwhole {gpu:?}"
+    );
+    assert!(ck.join("step-00000002/manifest.json").exists());
+    let resumed = run("cuda", "4", &["--resume", ck_s]);
+    assert!(
+        close(&resumed, &gpu[2..], 1e-6),
+        "resumed {resumed:?}\nwhole   {gpu:?}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

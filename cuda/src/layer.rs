@@ -40,17 +40,32 @@ fn alloc(la: &Launcher, n: usize) -> Result<CudaSlice<f32>, CudaError> {
 }
 
 impl DeviceParam {
-    fn new(la: &Launcher, values: &[f32]) -> Result<Self, CudaError> {
-        let value = la
-            .stream()
-            .clone_htod(values)
-            .map_err(CudaError::driver("memcpy parameters to device"))?;
+    /// `values` with the optimizer `moments` (each empty, or one value per parameter).
+    fn new(la: &Launcher, values: &[f32], moments: (&[f32], &[f32])) -> Result<Self, CudaError> {
+        let up = |v: &[f32]| {
+            la.stream()
+                .clone_htod(v)
+                .map_err(CudaError::driver("memcpy parameters to device"))
+        };
+        let moment = |v: &[f32]| (!v.is_empty()).then(|| up(v)).transpose();
         Ok(DeviceParam {
             grad: alloc(la, values.len())?,
-            value,
-            first: None,
-            second: None,
+            value: up(values)?,
+            first: moment(moments.0)?,
+            second: moment(moments.1)?,
         })
+    }
+
+    /// The optimizer moments on the host (empty where none is allocated yet).
+    fn moments_to_host(&self, la: &Launcher) -> Result<[Vec<f32>; 2], CudaError> {
+        let get = |m: &Option<CudaSlice<f32>>| match m {
+            Some(s) => la
+                .stream()
+                .clone_dtoh(s)
+                .map_err(CudaError::driver("memcpy optimizer state to host")),
+            None => Ok(Vec::new()),
+        };
+        Ok([get(&self.first)?, get(&self.second)?])
     }
 
     /// Step `t` of `opt` from the accumulated gradient.
@@ -114,8 +129,8 @@ pub struct InputGrad {
 }
 
 impl DeviceLinear {
-    /// The host layer's weights and biases copied to the device (gradients zero, no optimizer
-    /// state yet), computing in exact `f32` ([`Precision::Fp32`]).
+    /// The host layer's weights, biases and optimizer state copied to the device (gradients
+    /// zero), computing in exact `f32` ([`Precision::Fp32`]).
     pub fn from_host(la: &Launcher, layer: &Linear) -> Result<Self, CudaError> {
         Self::from_host_in(la, layer, Precision::Fp32)
     }
@@ -126,14 +141,15 @@ impl DeviceLinear {
         layer: &Linear,
         precision: Precision,
     ) -> Result<Self, CudaError> {
+        let (w, b) = layer.optimizer_state();
         let mut l = DeviceLinear {
             inputs: layer.inputs,
             outputs: layer.outputs,
             activation: layer.activation,
             precision,
-            weight: DeviceParam::new(la, &layer.weight)?,
+            weight: DeviceParam::new(la, &layer.weight, w.moments())?,
             weight_bf16: None,
-            bias: DeviceParam::new(la, &layer.bias)?,
+            bias: DeviceParam::new(la, &layer.bias, b.moments())?,
             fresh: true,
         };
         l.refresh_bf16(la)?;
@@ -391,6 +407,31 @@ impl DeviceLinear {
                 .map_err(CudaError::driver("memcpy parameters to host"))
         };
         Ok((get(&self.weight.value)?, get(&self.bias.value)?))
+    }
+
+    /// Copies the optimizer moments back to the host: the weight's `[first, second]`, then the
+    /// bias's (each empty where the optimizer has not stepped or has no such moment; waits for
+    /// the stream).
+    pub fn moments_to_host(&self, la: &Launcher) -> Result<[[Vec<f32>; 2]; 2], CudaError> {
+        Ok([
+            self.weight.moments_to_host(la)?,
+            self.bias.moments_to_host(la)?,
+        ])
+    }
+
+    /// Overwrites the accumulated `(dW, db)` with host values of their sizes (a data-parallel
+    /// mean made on the host), enqueued on the stream.
+    pub fn grads_from_host(
+        &mut self,
+        la: &Launcher,
+        (w, b): (&[f32], &[f32]),
+    ) -> Result<(), CudaError> {
+        let s = la.stream();
+        s.memcpy_htod(w, &mut self.weight.grad)
+            .and_then(|_| s.memcpy_htod(b, &mut self.bias.grad))
+            .map_err(CudaError::driver("memcpy gradients to device"))?;
+        self.fresh = false;
+        Ok(())
     }
 
     /// Copies the accumulated `(dW, db)` back to the host, or `None` when nothing accumulated since

@@ -120,7 +120,8 @@ impl CudaStage {
         Self::on_stream_in(launcher, stage, precision)
     }
 
-    /// The host stage's layers copied to the device of `launcher`, running on its stream, in exact
+    /// The host stage's layers (weights, optimizer state, step count) copied to the device of
+    /// `launcher`, running on its stream, in exact
     /// `f32` ([`CudaStage::on_stream_in`] chooses).
     pub fn on_stream(launcher: Launcher, stage: &LinearStage) -> Result<Self, CudaError> {
         Self::on_stream_in(launcher, stage, Precision::Fp32)
@@ -143,7 +144,7 @@ impl CudaStage {
             optimizer: stage.optimizer,
             first: stage.first,
             activations: stage.activations,
-            steps: 0,
+            steps: stage.steps(),
         })
     }
 

@@ -405,6 +405,11 @@ impl OnCudaStreams {
         &self.stage
     }
 
+    /// The stage, for changes between steps (a data-parallel gradient mean).
+    pub fn inner_mut(&mut self) -> &mut CudaStage {
+        &mut self.stage
+    }
+
     /// The stage on the bound stream; refused when that stream is on another device than the one
     /// the stage's parameters live on.
     fn bound(&mut self) -> Result<&mut CudaStage, StageError> {

@@ -11,8 +11,9 @@
 //!    `--plan uniform`: equal layer counts) simulated under the profile
 //!    ([`pipefill_host::plan::plan_families`], [`pipefill_host::plan::plan_schedule`]); the best
 //!    predicted step time is chosen;
-//! 4. [`train`]: run the steps with the executor (CPU: one thread per rank; `--backend cuda`: the
-//!    stream runtime on GPU 0, one host thread enqueuing per-rank streams), showing progress;
+//! 4. [`train`]: build the backend's step runner (CPU: one thread per rank; `--backend cuda`: the
+//!    stream runtime, one host thread enqueuing per-rank streams; `D` replicas of either) and run
+//!    [the one training loop](crate::trainer::train) over it: batches, steps, progress, checkpoints;
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
 
 mod checkpoint;
@@ -21,7 +22,6 @@ mod devices;
 #[cfg(feature = "mpi")]
 mod launch;
 mod output;
-mod replicas;
 mod setup;
 
 use std::io::IsTerminal;
@@ -31,13 +31,14 @@ use pipefill_host::plan::{
     plan_families, plan_schedule, Plan, PlanError, PlanReport, Skipped, Split,
 };
 use pipefill_host::profile::{ProfileOptions, TimeSource};
-use pipefill_host::runtime::{Executor, StepReport};
+use pipefill_host::runtime::Executor;
 use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::Placement;
 use pipefill_host::schedule::{families, Params};
-use pipefill_host::sim::{simulate, simulate_with, DeviceSharing, SimOptions};
+use pipefill_host::sim::{simulate_with, DeviceSharing, SimOptions};
 use pipefill_host::timeline::Timeline;
 
+pub use crate::trainer::Outcome;
 pub use checkpoint::{CheckpointArgs, Resume};
 pub use setup::{setup, Args, Format, Launcher, Setup, TrainPlan};
 
@@ -47,6 +48,7 @@ use super::profile::{pool_same_shape, profile_model, Backend, Measure};
 use super::CliError;
 use crate::layers::LinearStage;
 use crate::model::{stage_ranges, Teacher};
+use crate::trainer::{self, Run, Silent, StepRunner, Threads, TrainError};
 
 /// The plan trained with, and its predicted timeline.
 #[derive(Debug, Clone)]
@@ -55,28 +57,6 @@ pub struct Chosen {
     pub plan: Plan,
     /// The simulator's timeline of the plan under those costs.
     pub predicted: Timeline,
-}
-
-/// What the training phase produced.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    /// Steps trained before this run (from `--resume`; 0 otherwise): `losses[i]` is step
-    /// `first_step + i` (from 0).
-    pub first_step: usize,
-    /// One loss per step run here.
-    pub losses: Vec<f32>,
-    /// Wall seconds per step.
-    pub step_seconds: Vec<f64>,
-    /// The measured timeline of the median step (rebuilt by the simulator with `--replay`).
-    pub measured: Timeline,
-    /// The simulator's timeline from the median step's own action durations (mean per stage and
-    /// op): what the schedule would take if the runtime added nothing to the layers' time. Set
-    /// apart from the profile-based prediction, it tells profile error from runtime overhead.
-    pub resimulated: Timeline,
-    /// Sequential step time estimate: the sum of the median step's layer seconds.
-    pub work_seconds: f64,
-    /// `--backend cuda`: host enqueue time per action, plain and with `--graph`.
-    pub host_enqueue: Option<cuda::HostEnqueue>,
 }
 
 /// Runs `pipefill train`.
@@ -384,96 +364,81 @@ pub fn build_where(
 /// The progress display of this run.
 fn progress(setup: &Setup, first_step: usize) -> output::Progress {
     let a = &setup.args;
-    let mut p = output::Progress::new(
-        a.steps,
-        a.format == Format::Text && std::io::stderr().is_terminal(),
-    );
+    let text = a.format == Format::Text;
+    let mut p = output::Progress::new(a.steps, text && std::io::stderr().is_terminal(), text);
     p.skip(first_step);
     p
 }
 
-/// Trains `--steps` steps with the chosen schedule.
+/// Trains `--steps` steps with the chosen schedule: the runner of the run's backend (threads, or
+/// the stream runtime with `--backend cuda`), driven by [the loop](crate::trainer::train).
 pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
-    let a = &setup.args;
-    if a.data_parallel > 1 {
-        return replicas::train(setup, chosen);
-    }
-    let failed = |e: String| CliError::Failed(e);
     let plan = &chosen.plan;
-    let (stages, first_step) = build(setup, plan)?;
-    if setup.backend == Backend::Cuda {
-        let (reports, host) = cuda::run_steps(setup, plan, &stages)?;
-        let mut o = outcome(setup, plan, first_step, &reports)?;
-        o.host_enqueue = Some(host);
-        return Ok(o);
-    }
-    let saver = checkpoint::Saver::new(setup, plan);
-    let mut ex = Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
-    ex.set_exclusive(a.replay);
-    let teacher = Teacher::new(&setup.spec, a.seed);
-    let loss = setup.spec.loss;
-    let mut progress = progress(setup, first_step);
-    let mut reports: Vec<StepReport> = Vec::new();
-    for step in first_step..a.steps {
-        // The data of a step depends on (seed, step) only, so a resumed run sees what an
-        // uninterrupted one would.
-        let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
-        let r = ex
-            .step(x, &t, &loss)
-            .map_err(|e| failed(format!("step {step}: {e}")))?;
-        progress.step(step, r.loss, r.seconds, a.format == Format::Text);
-        reports.push(r);
-        if let Some(s) = saver.as_ref().filter(|s| s.due(step + 1)) {
-            s.save(step + 1, ex.schedule(), ex.stages())?;
-        }
-    }
-    progress.finish();
-    outcome(setup, plan, first_step, &reports)
+    let (mut runner, first_step): (Box<dyn StepRunner>, usize) = match setup.backend {
+        Backend::Cuda => cuda::runner(setup, plan)?,
+        Backend::Cpu => threads(setup, plan)?,
+    };
+    run_loop(setup, plan, first_step, runner.as_mut(), true)?
+        .ok_or_else(|| CliError::Failed(TrainError::NoStep.to_string()))
 }
 
-/// What the steps' reports add up to: losses, step times, the median step's measured timeline and
-/// its resimulation from its own action durations.
-pub fn outcome(
+/// The threaded runner: one executor per replica (`--data-parallel`), each with the model's
+/// stages (the seed's weights or `--resume`'s); the steps already trained.
+fn threads(setup: &Setup, plan: &Plan) -> Result<(Box<dyn StepRunner>, usize), CliError> {
+    let a = &setup.args;
+    let failed = |e: String| CliError::Failed(e);
+    let mut executors = Vec::with_capacity(a.data_parallel.max(1));
+    let mut first_step = 0;
+    for _ in 0..a.data_parallel.max(1) {
+        let (stages, first) = build(setup, plan)?;
+        first_step = first;
+        let mut ex =
+            Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
+        ex.set_exclusive(a.replay);
+        executors.push(ex);
+    }
+    let runner = Threads::new(executors, setup.spec.loss, a.microbatches)?;
+    Ok((Box::new(runner), first_step))
+}
+
+/// [The loop](crate::trainer::train) over `runner` for this run's steps, data and checkpoints;
+/// `reporting`: this process shows the progress (and gets the outcome).
+pub fn run_loop(
     setup: &Setup,
     plan: &Plan,
     first_step: usize,
-    reports: &[StepReport],
-) -> Result<Outcome, CliError> {
-    let failed = |e: String| CliError::Failed(e);
-    let losses = reports.iter().map(|r| r.loss).collect();
-    let step_seconds: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
-    let r = reports
-        .get(median_index(&step_seconds))
-        .ok_or_else(|| failed("no step was trained".into()))?;
-    let work_seconds = r.action_seconds.iter().map(|(_, t)| t).sum();
-    // The run's own action durations, simulated: what the schedule takes if the runtime adds
-    // nothing to the layers' time.
-    let resimulated = simulate(&plan.schedule, &plan.cost.with_durations(&r.action_seconds))
-        .map_err(|e| failed(e.to_string()))?
-        .timeline;
-    let measured = if setup.args.replay {
-        let mut t = resimulated.clone();
-        t.source = pipefill_host::timeline::Source::Measured;
-        t
-    } else {
-        r.timeline.clone()
-    };
-    Ok(Outcome {
+    runner: &mut dyn StepRunner,
+    reporting: bool,
+) -> Result<Option<Outcome>, CliError> {
+    let a = &setup.args;
+    let saver = checkpoint::saver(setup, plan);
+    let teacher = Teacher::new(&setup.spec, a.seed);
+    let run = Run {
+        plan,
+        teacher: &teacher,
+        batch: setup.spec.batch,
+        microbatches: a.microbatches * a.data_parallel.max(1),
         first_step,
-        losses,
-        step_seconds,
-        measured,
-        resimulated,
-        work_seconds,
-        host_enqueue: None,
-    })
+        steps: a.steps,
+        saver: saver.as_ref(),
+        replay: a.replay,
+    };
+    let outcome = if reporting {
+        trainer::train(&run, runner, &mut progress(setup, first_step))
+    } else {
+        trainer::train(&run, runner, &mut Silent)
+    };
+    Ok(outcome?)
 }
 
-/// Index of the median of `v`.
-fn median_index(v: &[f64]) -> usize {
-    let mut idx: Vec<usize> = (0..v.len()).collect();
-    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
-    idx.get(v.len() / 2).copied().unwrap_or(0)
+impl From<TrainError> for CliError {
+    fn from(e: TrainError) -> Self {
+        match e {
+            // The flag the folder came from.
+            TrainError::Save { .. } => CliError::Failed(format!("--{e}")),
+            e => CliError::Failed(e.to_string()),
+        }
+    }
 }
 
 /// Prints the summary (text or JSON) and writes the SVG and trace.

@@ -33,6 +33,17 @@ pub const FORMAT_VERSION: u32 = 1;
 
 /// Each rank's state after `step` steps: the stages the schedule places on it, in stage order.
 pub fn rank_states(step: u64, schedule: &Schedule, stages: &[LinearStage]) -> Vec<RankState> {
+    let states = stages
+        .iter()
+        .enumerate()
+        .map(|(s, stage)| StageState::of(s, stage))
+        .collect();
+    ranks_of(step, schedule, states)
+}
+
+/// Each rank's state after `step` steps from the stages' states (any order): each goes to the rank
+/// the schedule places it on, in the order given.
+pub fn ranks_of(step: u64, schedule: &Schedule, states: Vec<StageState>) -> Vec<RankState> {
     let mut ranks: Vec<RankState> = (0..schedule.ranks)
         .map(|rank| RankState {
             rank,
@@ -40,9 +51,9 @@ pub fn rank_states(step: u64, schedule: &Schedule, stages: &[LinearStage]) -> Ve
             stages: Vec::new(),
         })
         .collect();
-    for (s, stage) in stages.iter().enumerate() {
-        if let Some(r) = ranks.get_mut(schedule.rank_of(s)) {
-            r.stages.push(StageState::of(s, stage));
+    for state in states {
+        if let Some(r) = ranks.get_mut(schedule.rank_of(state.stage)) {
+            r.stages.push(state);
         }
     }
     ranks

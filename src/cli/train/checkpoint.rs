@@ -1,20 +1,20 @@
 //! `--checkpoint`, `--checkpoint-every` and `--resume` of `pipefill train`: the flags, their checks
 //! (a checkpoint that does not fit the run is refused here, before any work, with exit code 2), and
-//! the saving during the step loop. The format and the files are [`crate::checkpoint`].
+//! the run's [`Saver`] (the loop saves). The format and the files are [`crate::checkpoint`].
 
 use std::path::{Path, PathBuf};
 
 use pipefill_host::plan::Plan;
-use pipefill_host::schedule::Schedule;
 
 use super::{Args, Setup, TrainPlan};
 use crate::checkpoint::{
-    self, learning_rate, store, CheckpointError, Field, Manifest, ModelShape, RankFile, RankState,
+    self, learning_rate, store, CheckpointError, Field, Manifest, ModelShape, RankState,
     RunIdentity, FORMAT, FORMAT_VERSION,
 };
 use crate::cli::CliError;
 use crate::layers::{LinearStage, Optimizer};
 use crate::model::ModelSpec;
+use crate::trainer::Saver;
 
 /// The checkpoint flags of `pipefill train`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -213,67 +213,18 @@ pub fn lock_folder(dir: &Path) -> Result<store::FolderLock, CliError> {
     store::FolderLock::take(dir).map_err(|e| refuse("--checkpoint", dir, e))
 }
 
-/// Saves checkpoints during the step loop (its run holds the folder's lock: [`lock_folder`]).
-pub struct Saver {
-    dir: PathBuf,
-    every: Option<usize>,
-    steps: usize,
-    base: Manifest,
-}
-
-impl Saver {
-    /// The saver for this run, or `None` without `--checkpoint`.
-    pub fn new(setup: &Setup, plan: &Plan) -> Option<Self> {
-        let a = &setup.args;
-        let dir = a.checkpoint.checkpoint.clone()?;
-        Some(Saver {
-            dir,
-            every: a.checkpoint.checkpoint_every,
-            steps: a.steps,
-            base: base_manifest(&setup.spec, a, setup.optimizer, plan),
-        })
-    }
-
-    /// Whether a checkpoint is due after step `done` (counted from 1): a multiple of
-    /// `--checkpoint-every`, or the last step.
-    pub fn due(&self, done: usize) -> bool {
-        self.every.is_some_and(|n| done % n == 0) || done == self.steps
-    }
-
-    /// Saves every rank's state after step `done` from one process (`stages`: all of them, in
-    /// global order, placed by `schedule`).
-    pub fn save(
-        &self,
-        done: usize,
-        schedule: &Schedule,
-        stages: &[LinearStage],
-    ) -> Result<(), CliError> {
-        let ranks = checkpoint::rank_states(done as u64, schedule, stages);
-        let manifest = self.manifest(done, Vec::new());
-        store::save(&self.dir, manifest, &ranks).map_err(|e| self.failed(done, e))
-    }
-
-    /// The `--checkpoint` folder.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The manifest of the checkpoint after step `done` with these rank `files`.
-    pub fn manifest(&self, done: usize, files: Vec<RankFile>) -> Manifest {
-        let mut m = self.base.clone();
-        m.step = done as u64;
-        m.files = files;
-        m
-    }
-
-    /// A failed save after step `done`, as the CLI reports it (exit code 1).
-    pub fn failed(&self, done: usize, e: CheckpointError) -> CliError {
-        CliError::Failed(format!(
-            "--checkpoint `{}`: saving step {done}: {e}",
-            self.dir.display()
-        ))
-    }
+/// The saver of this run's checkpoints ([`crate::trainer::Saver`]), or `None` without
+/// `--checkpoint` (the run holds the folder's lock: [`lock_folder`]).
+pub fn saver(setup: &Setup, plan: &Plan) -> Option<Saver> {
+    let a = &setup.args;
+    let dir = a.checkpoint.checkpoint.clone()?;
+    let base = base_manifest(&setup.spec, a, setup.optimizer, plan);
+    Some(Saver::new(
+        dir,
+        a.checkpoint.checkpoint_every,
+        a.steps,
+        base,
+    ))
 }
 
 /// The manifest of this run, without step and files.

@@ -1,194 +1,85 @@
-//! `pipefill train --backend cuda`: the steps run by the stream runtime
-//! ([`pipefill_host::runtime::streams::StreamExecutor`]) on [`CudaStreams`]: one host thread enqueues
-//! each whole step (stage calls, event records and waits, timing marks) on per-rank CUDA streams,
-//! then waits once; the measured timeline comes from the timing events. The ranks' streams are all
-//! on GPU 0 or each on its rank's GPU (`--devices`, [`super::devices`]): each stage is built on its
-//! rank's GPU, the inputs go to stage 0's GPU and the targets to the last stage's. With `--graph`
-//! the whole step is captured once as a CUDA graph and replayed ([`StreamExecutor::capture`]; one
-//! GPU only).
+//! `pipefill train --backend cuda`: the [stream runner](crate::trainer::Streams) on
+//! [`CudaStreams`]: one host thread enqueues each whole step (stage calls, event records and waits,
+//! timing marks) on per-rank CUDA streams, then waits once; the measured timeline comes from the
+//! timing events. The ranks' streams are all on GPU 0 or each on its rank's GPU (`--devices`,
+//! [`super::devices`]): each stage is built on its rank's GPU, the inputs go to stage 0's GPU and
+//! the targets to the last stage's. With `--graph` the whole step is captured once as a CUDA graph
+//! and replayed (one GPU only). With `--data-parallel D`, `D` replicas of the stages and streams on
+//! the same GPUs, their gradients averaged before each optimizer step; `--resume` starts from the
+//! checkpoint's weights and optimizer state, and checkpoints copy them back to the host.
 
-use std::io::IsTerminal;
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
 use pipefill_host::plan::Plan;
-use pipefill_host::runtime::streams::StreamExecutor;
-use pipefill_host::runtime::{StepReport, Tensor};
 
-use super::setup::GRAPH_PLAIN_STEPS;
-use super::{output, Format, Setup};
+use super::{build, Setup};
 use crate::cli::CliError;
-use crate::cuda::{CudaError, CudaStage, CudaStreams, DeviceTensor, Gpu};
-use crate::layers::{LinearStage, LossKind};
-use crate::model::Teacher;
+use crate::cuda::{CudaError, CudaStage, CudaStreams, Gpu};
+use crate::trainer::cuda::CudaUpload;
+use crate::trainer::{StepRunner, Streams};
 
 fn failed(e: CudaError) -> CliError {
     CliError::Failed(format!("--backend cuda: {e}"))
 }
 
-/// A microbatch's target on the device: values (MSE) or class labels (cross-entropy).
-fn target(stream: &Arc<CudaStream>, kind: LossKind, t: &Tensor) -> Result<DeviceTensor, CudaError> {
-    match kind {
-        LossKind::Mse => DeviceTensor::from_host(stream, t),
-        LossKind::CrossEntropy => {
-            // The teacher's classes are whole numbers in range; the loss kernel checks the range.
-            let classes: Vec<u32> = t.data().iter().map(|&c| c.max(0.0) as u32).collect();
-            DeviceTensor::labels(stream, &classes)
-        }
+/// The GPUs of the run: one [`Gpu`] per GPU used (GPU 0 alone without a per-rank choice).
+fn open_gpus(setup: &Setup) -> Result<Vec<Arc<Gpu>>, CudaError> {
+    let used = setup
+        .devices
+        .as_ref()
+        .filter(|d| !d.shared())
+        .map_or(1, |d| d.gpus_used());
+    (0..used).map(Gpu::open).collect()
+}
+
+/// Streams over `gpus` for the run's ranks (all on GPU 0 without a per-rank choice).
+fn streams(setup: &Setup, gpus: &[Arc<Gpu>]) -> Result<CudaStreams, CudaError> {
+    match setup.devices.as_ref().filter(|d| !d.shared()) {
+        Some(choice) => CudaStreams::on_devices(gpus.to_vec(), choice.rank_gpus.clone()),
+        None => Ok(CudaStreams::new(gpus[0].clone())),
     }
 }
 
-/// Host seconds spent enqueuing each step, per action (`--backend cuda`): what `--graph` saves.
-#[derive(Debug, Clone, Default)]
-pub struct HostEnqueue {
-    /// Actions per step (the host's per-action divisor).
-    pub actions: usize,
-    /// Per plain step after the warm-up (step 0): enqueue seconds / actions.
-    pub plain: Vec<f64>,
-    /// Per replayed step (`--graph`): seconds to refresh the inputs and launch the graph / actions.
-    pub graph: Vec<f64>,
-    /// Wall seconds of the same plain steps.
-    pub plain_steps: Vec<f64>,
-    /// Wall seconds of the same replayed steps.
-    pub graph_steps: Vec<f64>,
-    /// The step captured as a graph (`None` without `--graph`).
-    pub captured_at: Option<usize>,
-}
-
-/// How step `step` runs: plain, captured, or replayed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Plain,
-    Capture,
-    Replay,
-}
-
-fn mode(graph: bool, step: usize) -> Mode {
-    if !graph || step < GRAPH_PLAIN_STEPS {
-        Mode::Plain
-    } else if step == GRAPH_PLAIN_STEPS {
-        Mode::Capture
-    } else {
-        Mode::Replay
-    }
-}
-
-/// The devices of the run: one [`Gpu`] per GPU used and the streams over them (all ranks on GPU 0
-/// without a per-rank choice).
-fn open_devices(setup: &Setup) -> Result<(Vec<Arc<Gpu>>, CudaStreams), CudaError> {
-    let Some(choice) = setup.devices.as_ref().filter(|d| !d.shared()) else {
-        let gpu = Gpu::open(0)?;
-        return Ok((vec![gpu.clone()], CudaStreams::new(gpu)));
-    };
-    let gpus = (0..choice.gpus_used())
-        .map(Gpu::open)
-        .collect::<Result<Vec<_>, _>>()?;
-    let device = CudaStreams::on_devices(gpus.clone(), choice.rank_gpus.clone())?;
-    Ok((gpus, device))
-}
-
-/// Runs `--steps` steps of `stages` (each copied to its rank's GPU) with the stream runtime, showing progress;
-/// with `--graph`, steps from [`GRAPH_PLAIN_STEPS`] on are captured once and replayed. A captured or
-/// replayed step has no per-action timing (nothing is marked inside a graph): its report carries
-/// the last plain step's timeline and action times, and its own losses and wall time.
-pub fn run_steps(
-    setup: &Setup,
-    plan: &Plan,
-    stages: &[LinearStage],
-) -> Result<(Vec<StepReport>, HostEnqueue), CliError> {
+/// The stream runner of the run: per replica, the model's stages (the seed's weights or
+/// `--resume`'s state) each copied to its rank's GPU, its streams and its loss; the steps already
+/// trained.
+pub fn runner(setup: &Setup, plan: &Plan) -> Result<(Box<dyn StepRunner>, usize), CliError> {
     let a = &setup.args;
-    let (gpus, device) = open_devices(setup).map_err(failed)?;
+    let gpus = open_gpus(setup).map_err(failed)?;
     let rank_gpu = |rank: usize| {
         let choice = setup.devices.as_ref().filter(|d| !d.shared());
         &gpus[choice.map_or(0, |c| c.rank_gpus.get(rank).copied().unwrap_or(0))]
     };
-    let on_gpu = stages
-        .iter()
-        .enumerate()
-        .map(|(s, st)| {
-            let gpu = rank_gpu(plan.schedule.rank_of(s));
-            CudaStage::from_host_in(gpu, st, setup.precision).map(|c| device.stage(c))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(failed)?;
-    // The weights were copied on each stage's own stream; the step runs on the program's streams.
+    let mut replicas = Vec::with_capacity(a.data_parallel.max(1));
+    let mut first_step = 0;
+    for _ in 0..a.data_parallel.max(1) {
+        let (stages, first) = build(setup, plan)?;
+        first_step = first;
+        let device = streams(setup, &gpus).map_err(failed)?;
+        let on_gpu = stages
+            .iter()
+            .enumerate()
+            .map(|(s, st)| {
+                let gpu = rank_gpu(plan.schedule.rank_of(s));
+                CudaStage::from_host_in(gpu, st, setup.precision).map(|c| device.stage(c))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        let loss = device.loss(setup.spec.loss);
+        replicas.push((on_gpu, device, loss));
+    }
+    // The weights were copied on each stage's own stream; the steps run on the program's streams.
     for gpu in &gpus {
         gpu.synchronize().map_err(failed)?;
     }
-    let mut ex = StreamExecutor::new(plan.schedule.clone(), on_gpu, device.clone())
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-    let loss = device.loss(setup.spec.loss);
-    let last = plan.schedule.stages() - 1;
-    let on = |stage: usize| &gpus[ex.stage_device(stage).unwrap_or(0)];
-    let upload = (
-        on(0).new_stream().map_err(failed)?,
-        on(last).new_stream().map_err(failed)?,
-    );
-    let teacher = Teacher::new(&setup.spec, a.seed);
-    let mut progress = output::Progress::new(
-        a.steps,
-        a.format == Format::Text && std::io::stderr().is_terminal(),
-    );
-    let mut host = HostEnqueue {
-        actions: ex.actions(),
-        ..HostEnqueue::default()
+    let upload = CudaUpload {
+        streams: gpus
+            .iter()
+            .map(|g| g.new_stream())
+            .collect::<Result<_, _>>()
+            .map_err(failed)?,
+        loss: setup.spec.loss,
     };
-    let mut reports: Vec<StepReport> = Vec::new();
-    for step in 0..a.steps {
-        let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
-        let (inputs, targets) = upload_batch(&upload, setup.spec.loss, &x, &t).map_err(failed)?;
-        let m = mode(a.graph, step);
-        let r = match m {
-            Mode::Plain => ex.step(inputs, &targets, &loss),
-            Mode::Capture => ex.capture(inputs, targets, &loss),
-            Mode::Replay => ex.replay(inputs, targets),
-        };
-        let mut r = r.map_err(|e| CliError::Failed(format!("step {step}: {e}")))?;
-        let per_action = ex.enqueue_seconds() / host.actions.max(1) as f64;
-        match m {
-            Mode::Plain if step > 0 || a.steps == 1 => {
-                host.plain.push(per_action);
-                host.plain_steps.push(r.seconds);
-            }
-            Mode::Replay => {
-                host.graph.push(per_action);
-                host.graph_steps.push(r.seconds);
-            }
-            Mode::Capture => host.captured_at = Some(step),
-            Mode::Plain => {}
-        }
-        if m != Mode::Plain {
-            if let Some(last) = reports.last() {
-                r.timeline = last.timeline.clone();
-                r.action_seconds = last.action_seconds.clone();
-            }
-        }
-        progress.step(step, r.loss, r.seconds, a.format == Format::Text);
-        reports.push(r);
-    }
-    progress.finish();
-    Ok((reports, host))
-}
-
-/// A step's inputs copied to stage 0's device on `upload.0` and its targets to the last stage's
-/// on `upload.1` (waits for the copies).
-pub(super) fn upload_batch(
-    upload: &(Arc<CudaStream>, Arc<CudaStream>),
-    kind: LossKind,
-    x: &[Tensor],
-    t: &[Tensor],
-) -> Result<(Vec<DeviceTensor>, Vec<DeviceTensor>), CudaError> {
-    let inputs = x
-        .iter()
-        .map(|x| DeviceTensor::from_host(&upload.0, x))
-        .collect::<Result<Vec<_>, _>>()?;
-    let targets = t
-        .iter()
-        .map(|t| target(&upload.1, kind, t))
-        .collect::<Result<Vec<_>, _>>()?;
-    for s in [&upload.0, &upload.1] {
-        s.synchronize()
-            .map_err(CudaError::driver("cuStreamSynchronize"))?;
-    }
-    Ok((inputs, targets))
+    let runner = Streams::new(&plan.schedule, replicas, upload, a.microbatches, a.graph)?;
+    Ok((Box::new(runner), first_step))
 }

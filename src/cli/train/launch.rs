@@ -24,21 +24,19 @@ use std::time::Instant;
 
 use pipefill_host::plan::Plan;
 use pipefill_host::runtime::{
-    assemble, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer, StepReport,
+    assemble, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer, StepReport, Tensor,
 };
-use pipefill_host::schedule::{Action, Item, Schedule};
+use pipefill_host::schedule::{Action, Item};
 use pipefill_host::timeline::{Span, Transfer};
 use serde::{Deserialize, Serialize};
 
-use super::checkpoint::{lock_folder, Saver};
-use super::{
-    build_where, candidates, choose, outcome, progress, report, setup, Args, Format, Setup,
-};
+use super::checkpoint::lock_folder;
+use super::{build_where, candidates, choose, report, run_loop, setup, Args, Setup};
 use crate::checkpoint::{store, RankFile, RankState, StageState};
 use crate::cli::CliError;
 use crate::layers::LinearStage;
-use crate::model::Teacher;
 use crate::mpi::{GradientMean, MpiError, MpiTransport, Place, World};
+use crate::trainer::{combine, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError};
 
 /// Tag of the plans process 0 sends.
 const PLANS: i32 = 21;
@@ -164,57 +162,62 @@ fn send_buffer(setup: &Setup, program: &RankProgram, rank: usize) -> usize {
 
 /// This process's rank through every step; process 0 reports.
 fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliError> {
-    let a = &setup.args;
     let plans = agree_on_plans(world, setup)?;
     let chosen = choose(&plans)?;
     if setup.backend == super::Backend::Cuda {
         return cuda::train_rank(world, setup, place, &plans, &chosen);
     }
     let schedule = &chosen.plan.schedule;
-    let program = RankProgram::of(schedule);
-    world.reserve_send_buffer(send_buffer(setup, &program, place.rank));
+    world.reserve_send_buffer(send_buffer(setup, &RankProgram::of(schedule), place.rank));
     let (pipe, grads) = world.split(&place).map_err(failed)?;
     let reducer = grads
         .map(GradientMean::new)
         .map(|mean| move |_stage: usize, g: Vec<&mut [f32]>| mean.reduce(g));
     let me = place.rank;
-    let (mut stages, first_step) = build_where(setup, &chosen.plan, |s| schedule.rank_of(s) == me)?;
-    let saver = Saver::new(setup, &chosen.plan).filter(|_| place.replica == 0);
-    let teacher = Teacher::new(&setup.spec, a.seed);
-    let mut transport = MpiTransport::new(&pipe);
-    let job = Job {
-        world,
-        setup,
-        place,
-        schedule,
-        program: &program,
-        reduce: reducer.as_ref().map(|r| r as &Reducer),
+    let (stages, first_step) = build_where(setup, &chosen.plan, |s| schedule.rank_of(s) == me)?;
+    let mut runner = CpuRank {
+        job: Job::new(world, setup, place, &chosen.plan)
+            .reducing(reducer.as_ref().map(|r| r as &Reducer)),
+        stages,
+        transport: MpiTransport::new(&pipe),
     };
-    let mut progress = (place.world == 0).then(|| progress(setup, first_step));
-    let mut reports = Vec::new();
-    for step in first_step..a.steps {
-        let (x, t) = teacher.batch(
-            step as u64,
-            setup.spec.batch,
-            a.microbatches * place.replicas,
-        );
-        let (out, seconds) = job.step(step, &mut stages, x, t, &mut transport)?;
-        if let Some(r) = gather(&job, &chosen.plan, out, seconds)? {
-            if let Some(p) = progress.as_mut() {
-                p.step(step, r.loss, r.seconds, a.format == Format::Text);
-            }
-            reports.push(r);
-        }
-        if let Some(s) = saver.as_ref().filter(|s| s.due(step + 1)) {
-            save(&job, s, step + 1, &stages)?;
-        }
-    }
-    if let Some(mut p) = progress {
-        p.finish();
-        let outcome = outcome(setup, &chosen.plan, first_step, &reports)?;
-        report(setup, &plans, &chosen, &outcome)?;
+    train_job(setup, (&plans, &chosen), first_step, &mut runner, place)
+}
+
+/// The loop over this process's `runner`; process 0 reports.
+fn train_job(
+    setup: &Setup,
+    (plans, chosen): (&[Plan], &super::Chosen),
+    first_step: usize,
+    runner: &mut dyn StepRunner,
+    place: Place,
+) -> Result<(), CliError> {
+    let reporting = place.world == 0;
+    if let Some(o) = run_loop(setup, &chosen.plan, first_step, runner, reporting)? {
+        report(setup, plans, chosen, &o)?;
     }
     Ok(())
+}
+
+/// A CPU rank of an MPI job: its stages, run by the runtime's per-rank runner over MPI.
+struct CpuRank<'a> {
+    job: Job<'a>,
+    stages: Vec<(usize, LinearStage)>,
+    transport: MpiTransport<'a>,
+}
+
+impl StepRunner for CpuRank<'_> {
+    fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
+        let (out, seconds) = self
+            .job
+            .step(step, &mut self.stages, x, t, &mut self.transport)?;
+        gather(&self.job, out, seconds)
+    }
+
+    fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError> {
+        let states = states_of(self.stages.iter().map(|(s, st)| (*s, st)), done)?;
+        save(&self.job, saver, done, states)
+    }
 }
 
 /// What every step of this process shares.
@@ -222,38 +225,55 @@ struct Job<'a> {
     world: &'a World,
     setup: &'a Setup,
     place: Place,
-    schedule: &'a Schedule,
-    program: &'a RankProgram,
+    plan: &'a Plan,
+    program: RankProgram,
     /// The gradient mean over replicas, with more than one.
     reduce: Option<&'a Reducer>,
 }
 
-impl Job<'_> {
+impl<'a> Job<'a> {
+    /// The job of this process (`place`) in `world`, running `plan`.
+    fn new(world: &'a World, setup: &'a Setup, place: Place, plan: &'a Plan) -> Self {
+        Job {
+            world,
+            setup,
+            place,
+            plan,
+            program: RankProgram::of(&plan.schedule),
+            reduce: None,
+        }
+    }
+
+    /// With the gradient mean over replicas `reduce`.
+    fn reducing(self, reduce: Option<&'a Reducer>) -> Self {
+        Job { reduce, ..self }
+    }
+
     /// Runs this rank's part of step `step` on this replica's microbatches of the global batch
     /// `x`, `t` (`M * D` microbatches); its outcome and wall seconds.
     fn step(
         &self,
         step: usize,
         stages: &mut [(usize, LinearStage)],
-        x: Vec<pipefill_host::runtime::Tensor>,
-        t: Vec<pipefill_host::runtime::Tensor>,
+        x: Vec<Tensor>,
+        t: Vec<Tensor>,
         transport: &mut MpiTransport<'_>,
-    ) -> Result<(RankOutcome, f64), CliError> {
+    ) -> Result<(RankOutcome, f64), TrainError> {
         let (me, m) = (self.place.rank, self.setup.args.microbatches);
         let mine =
             |v: Vec<_>| -> Vec<_> { v.into_iter().skip(self.place.replica * m).take(m).collect() };
         let (x, t) = (mine(x), mine(t));
-        let inputs = if self.schedule.rank_of(0) == me {
+        let inputs = if self.plan.schedule.rank_of(0) == me {
             x
         } else {
             Vec::new()
         };
-        let schedule = self.schedule;
+        let schedule = &self.plan.schedule;
         self.world.barrier();
         let epoch = Instant::now();
         let rank_step = RankStep {
             schedule,
-            program: self.program,
+            program: &self.program,
             rank: me,
             stages: stages.iter_mut().map(|(s, stage)| (*s, stage)).collect(),
             inputs,
@@ -266,12 +286,18 @@ impl Job<'_> {
         };
         let out = run_rank(rank_step, transport);
         let seconds = epoch.elapsed().as_secs_f64();
-        match &out.result {
-            Ok(()) => Ok((out, seconds)),
-            Err(RankStop::Failed(e)) => Err(failed(format!("step {step}: {e}"))),
-            Err(RankStop::Aborted) => Err(failed(format!("step {step}: aborted"))),
-        }
+        stopped(step, out, seconds)
     }
+}
+
+/// A rank's outcome of step `step` and its wall seconds, or why it stopped.
+fn stopped(step: usize, out: RankOutcome, seconds: f64) -> Result<(RankOutcome, f64), TrainError> {
+    let message = match &out.result {
+        Ok(()) => return Ok((out, seconds)),
+        Err(RankStop::Failed(e)) => e.to_string(),
+        Err(RankStop::Aborted) => "aborted".to_string(),
+    };
+    Err(TrainError::Step { step, message })
 }
 
 /// A [`RankOutcome`] of a rank that succeeded, as it travels to process 0.
@@ -332,15 +358,12 @@ impl Wire {
 /// Sends this process's outcome to process 0; on process 0, gathers every process's into the
 /// step report (`None` elsewhere): each replica's ranks assembled, the loss the mean over
 /// replicas, the time the slowest process's, the timeline replica 0's (as the threaded run).
-fn gather(
-    job: &Job<'_>,
-    plan: &Plan,
-    out: RankOutcome,
-    seconds: f64,
-) -> Result<Option<StepReport>, CliError> {
+fn gather(job: &Job<'_>, out: RankOutcome, seconds: f64) -> Result<Option<StepReport>, TrainError> {
     let (world, place) = (job.world, job.place);
+    let failed = TrainError::Runner;
     if place.world != 0 {
-        let bytes = serde_json::to_vec(&Wire::of(out, seconds)).map_err(failed)?;
+        let bytes =
+            serde_json::to_vec(&Wire::of(out, seconds)).map_err(|e| failed(e.to_string()))?;
         world.send_slice(0, OUTCOME, &bytes[..]);
         return Ok(None);
     }
@@ -358,20 +381,16 @@ fn gather(
         }
         replicas
             .last_mut()
-            .ok_or_else(|| failed("no replica"))?
+            .ok_or_else(|| failed("no replica".into()))?
             .push(o);
     }
-    let mut reports = replicas
+    let reports = replicas
         .into_iter()
-        .map(|outcomes| assemble(&plan.schedule, outcomes, slowest).map_err(failed))
+        .map(|outcomes| {
+            assemble(&job.plan.schedule, outcomes, slowest).map_err(|e| failed(e.to_string()))
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    let d = reports.len();
-    let mean = reports.iter().map(|r| r.loss).sum::<f32>() / d as f32;
-    let mut first = reports.swap_remove(0);
-    if d > 1 {
-        first.loss = mean;
-    }
-    Ok(Some(first))
+    combine(reports).map(Some)
 }
 
 /// Writes this rank's file of the checkpoint after step `done` (replica 0's processes only);
@@ -380,16 +399,16 @@ fn save(
     job: &Job<'_>,
     saver: &Saver,
     done: usize,
-    stages: &[(usize, LinearStage)],
-) -> Result<(), CliError> {
+    stages: Vec<StageState>,
+) -> Result<(), TrainError> {
     let (world, me) = (job.world, job.place.rank);
+    if job.place.replica != 0 {
+        return Ok(());
+    }
     let state = RankState {
         rank: me,
         step: done as u64,
-        stages: stages
-            .iter()
-            .map(|(s, stage)| StageState::of(*s, stage))
-            .collect(),
+        stages,
     };
     let file = store::write_rank(saver.dir(), &state).map_err(|e| saver.failed(done, e))?;
     if me != 0 {
@@ -401,7 +420,7 @@ fn save(
     for r in 1..job.place.ranks {
         let v: Vec<u64> = world.recv_vec(r, SAVED);
         let [bytes, checksum] = v[..] else {
-            return Err(failed(format!(
+            return Err(TrainError::Runner(format!(
                 "rank {r} sent {} values for its file",
                 v.len()
             )));

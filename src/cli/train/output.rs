@@ -10,19 +10,20 @@ use pipefill_host::profile::median;
 
 use pipefill_host::plan::Plan;
 
-use super::cuda::HostEnqueue;
 use super::{Chosen, CliError, Outcome, Setup};
 use crate::cli::output::{write_atomic, write_atomic_with};
+use crate::trainer::HostEnqueue;
 
 /// Progress: a bar on a terminal, plain lines otherwise (on stderr, so stdout stays the result).
 pub struct Progress {
     bar: Option<ProgressBar>,
     steps: usize,
+    lines: bool,
 }
 
 impl Progress {
-    /// A progress display for `steps` steps; a bar only if `bar`.
-    pub fn new(steps: usize, bar: bool) -> Self {
+    /// A progress display for `steps` steps; a bar only if `bar`, else a line a step if `lines`.
+    pub fn new(steps: usize, bar: bool, lines: bool) -> Self {
         let bar = bar.then(|| {
             let b = ProgressBar::new(steps as u64);
             if let Ok(style) =
@@ -32,18 +33,25 @@ impl Progress {
             }
             b
         });
-        Progress { bar, steps }
+        Progress { bar, steps, lines }
     }
 
-    /// Step `step` (from 0) finished with `loss` in `seconds`; `lines` prints plain lines when
-    /// there is no bar.
-    pub fn step(&mut self, step: usize, loss: f32, seconds: f64, lines: bool) {
+    /// Starts the count at `done` steps (a resumed run).
+    pub fn skip(&mut self, done: usize) {
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+        }
+    }
+}
+
+impl crate::trainer::Progress for Progress {
+    fn step(&mut self, step: usize, loss: f32, seconds: f64) {
         match &self.bar {
             Some(b) => {
                 b.set_message(format!("loss {loss:.5}  {:.1} ms/step", seconds * 1e3));
                 b.inc(1);
             }
-            None if lines => eprintln!(
+            None if self.lines => eprintln!(
                 "step {:>3}/{}  loss {loss:.6}  {:.2} ms",
                 step + 1,
                 self.steps,
@@ -53,15 +61,8 @@ impl Progress {
         }
     }
 
-    /// Starts the count at `done` steps (a resumed run).
-    pub fn skip(&mut self, done: usize) {
-        if let Some(b) = &self.bar {
-            b.set_position(done as u64);
-        }
-    }
-
     /// Removes the bar.
-    pub fn finish(&mut self) {
+    fn finish(&mut self) {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
@@ -266,7 +267,7 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
     }
 }
 
-/// `--backend cuda`: the host's enqueue time per action, plain and replayed (`--graph`).
+/// The stream runner (`--backend cuda`): the host's enqueue time per action, plain and replayed (`--graph`).
 fn print_host_enqueue(h: &HostEnqueue) {
     let us = |v: &[f64]| median(&mut v.to_vec()) * 1e6;
     let ms = |v: &[f64]| median(&mut v.to_vec()) * 1e3;

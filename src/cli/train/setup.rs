@@ -271,33 +271,33 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     Ok(setup)
 }
 
-/// What the CUDA path does not do yet, refused before anything runs (`--launcher mpi` runs one GPU
-/// rank per process over NCCL, without replicas, checkpoints or graphs).
+/// What the CUDA path cannot do, refused before anything runs: a whole-step graph and data
+/// parallelism for GPU ranks in separate processes (`--launcher mpi`: one GPU rank per process
+/// over NCCL).
 fn check_cuda_run(args: &Args) -> Result<(), CliError> {
-    if args.launcher == Launcher::Mpi && args.graph {
+    if args.launcher != Launcher::Mpi {
+        return Ok(());
+    }
+    if args.graph {
         return Err(usage(
             "--graph is not built for GPU ranks in separate processes (--launcher mpi): drop \
              --graph, or drop --launcher mpi"
                 .to_string(),
         ));
     }
-    let with = if args.data_parallel > 1 {
-        Some("--data-parallel")
-    } else if args.checkpoint.checkpoint.is_some() || args.checkpoint.resume.is_some() {
-        Some("--checkpoint/--resume")
-    } else {
-        None
-    };
-    match with {
-        Some(flag) => Err(usage(format!(
-            "{flag} runs on the CPU path only for now: give it with --backend cpu, or drop it"
-        ))),
-        None => Ok(()),
+    if args.data_parallel > 1 {
+        return Err(usage(
+            "--data-parallel is not built for GPU ranks in separate processes (--launcher mpi \
+             --backend cuda): drop --launcher mpi (one process runs the replicas on its GPUs), or \
+             give it with --backend cpu"
+                .to_string(),
+        ));
     }
+    Ok(())
 }
 
 /// The steps before the captured one with `--graph`: a warm-up and a plain, measured step.
-pub const GRAPH_PLAIN_STEPS: usize = 2;
+pub use crate::trainer::streams::GRAPH_PLAIN_STEPS;
 
 /// `--graph`: only on the CUDA backend, and with a step left to replay after the capture.
 fn check_graph(args: &Args, backend: Backend) -> Result<(), CliError> {
@@ -521,4 +521,50 @@ fn check_model(args: &Args, spec: &ModelSpec, file: Option<&Schedule>) -> Result
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{check_cuda_run, Args};
+    use crate::cli::{Cli, Command};
+
+    fn train(flags: &[&str]) -> Args {
+        let argv = ["pipefill", "train", "--backend", "cuda"]
+            .iter()
+            .chain(flags);
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Train(a)) => a,
+            other => panic!("{flags:?}: {other:?}"),
+        }
+    }
+
+    /// One process takes replicas and checkpoints on the GPU; GPU ranks in separate processes
+    /// refuse replicas and graphs, naming the flag.
+    #[test]
+    fn the_cuda_path_refuses_only_what_separate_gpu_processes_cannot_do() {
+        let one = [
+            "--data-parallel",
+            "2",
+            "--checkpoint",
+            "ck",
+            "--resume",
+            "ck",
+        ];
+        assert!(check_cuda_run(&train(&one)).is_ok());
+        assert!(check_cuda_run(&train(&["--graph", "--data-parallel", "2"])).is_ok());
+        let mpi = ["--launcher", "mpi", "--checkpoint", "ck", "--resume", "ck"];
+        assert!(check_cuda_run(&train(&mpi)).is_ok());
+        for (flag, refused) in [
+            (
+                "--data-parallel",
+                ["--launcher", "mpi", "--data-parallel", "2"],
+            ),
+            ("--graph", ["--launcher", "mpi", "--graph", "--steps=4"]),
+        ] {
+            let e = check_cuda_run(&train(&refused)).unwrap_err().to_string();
+            assert!(e.starts_with(flag) && e.contains("--launcher mpi"), "{e}");
+        }
+    }
 }

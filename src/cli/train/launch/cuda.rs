@@ -3,23 +3,24 @@
 //! broadcasts its bytes, every process joins the NCCL communicator and copies only its own stages
 //! to its GPU ([`CudaRank`]), then runs its rank of each step with the per-rank stream runner, the
 //! activations and gradients crossing ranks over NCCL. The outcomes go to process 0 over MPI as on
-//! the CPU path, which prints what the threaded run prints. Without replicas, checkpoints or graphs
-//! (refused at the flags).
+//! the CPU path, which prints what the threaded run prints. Checkpoints copy each rank's stages back
+//! to the host and save them as the CPU ranks do; `--resume` copies the saved state to the GPU.
+//! Without replicas or graphs (refused at the flags).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::CudaStream;
-use pipefill_host::runtime::{RankOutcome, RankProgram, RankStop, Tensor};
 
-use super::{failed, gather, Job};
-use crate::cli::train::cuda::upload_batch;
-use crate::cli::train::{build_where, outcome, progress, report, Chosen, Format, Setup};
+use super::{gather, save, stopped, train_job, Job};
+use crate::cli::train::{build_where, Chosen, Setup};
 use crate::cli::CliError;
 use crate::cuda::nccl::{UniqueId, ID_BYTES};
 use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer, RankModel};
-use crate::model::{stage_ranges, Teacher};
+use crate::model::stage_ranges;
 use crate::mpi::{Place, World};
+use crate::trainer::cuda::upload_batch;
+use crate::trainer::{states_of, HostBatch, Saver, StepResult, StepRunner, TrainError};
 
 fn cuda_failed(e: impl std::fmt::Display) -> CliError {
     CliError::Failed(format!("--backend cuda: {e}"))
@@ -69,7 +70,6 @@ pub(super) fn train_rank(
     plans: &[pipefill_host::plan::Plan],
     chosen: &Chosen,
 ) -> Result<(), CliError> {
-    let a = &setup.args;
     let schedule = &chosen.plan.schedule;
     let gpu = local_gpu(world)?;
     let id = shared_id(world)?;
@@ -82,71 +82,54 @@ pub(super) fn train_rank(
         precision: setup.precision,
         loss: setup.spec.loss,
     };
-    let mut me =
-        CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
+    let me = CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
     drop(stages);
     let upload = gpu.new_stream().map_err(cuda_failed)?;
-    let program = RankProgram::of(schedule);
-    let job = Job {
-        world,
-        setup,
-        place,
-        schedule,
-        program: &program,
-        reduce: None,
+    let mut runner = GpuRank {
+        job: Job::new(world, setup, place, &chosen.plan),
+        me,
+        upload,
     };
-    let teacher = Teacher::new(&setup.spec, a.seed);
-    let mut shown = (place.world == 0).then(|| progress(setup, first_step));
-    let mut reports = Vec::new();
-    for step in first_step..a.steps {
-        let (x, t) = teacher.batch(step as u64, setup.spec.batch, a.microbatches);
-        let (out, seconds) = gpu_step(&job, &mut me, &upload, step, (&x, &t))?;
-        if let Some(r) = gather(&job, &chosen.plan, out, seconds)? {
-            if let Some(p) = shown.as_mut() {
-                p.step(step, r.loss, r.seconds, a.format == Format::Text);
-            }
-            reports.push(r);
-        }
-    }
-    if let Some(mut p) = shown {
-        p.finish();
-        let o = outcome(setup, &chosen.plan, first_step, &reports)?;
-        report(setup, plans, chosen, &o)?;
-    }
-    Ok(())
+    train_job(setup, (plans, chosen), first_step, &mut runner, place)
 }
 
-/// One step of this rank on its GPU: stage 0's inputs uploaded on its rank, the targets on the
-/// last stage's; its outcome and wall seconds.
-fn gpu_step(
-    job: &Job<'_>,
-    me: &mut CudaRank,
-    upload: &Arc<CudaStream>,
-    step: usize,
-    (x, t): (&[Tensor], &[Tensor]),
-) -> Result<(RankOutcome, f64), CliError> {
-    let (schedule, rank) = (job.schedule, job.place.rank);
-    let first = schedule.rank_of(0) == rank;
-    let last = schedule.rank_of(schedule.stages() - 1) == rank;
-    let rows: Vec<usize> = x
-        .iter()
-        .map(|x| x.shape().first().copied().unwrap_or(0))
-        .collect();
-    // One GPU per process: inputs and targets both go up on this rank's upload stream.
-    let (inputs, targets) = upload_batch(
-        &(upload.clone(), upload.clone()),
-        job.setup.spec.loss,
-        if first { x } else { &[] },
-        if last { t } else { &[] },
-    )
-    .map_err(cuda_failed)?;
-    job.world.barrier();
-    let epoch = Instant::now();
-    let out = me.step(inputs, &targets, &rows);
-    let seconds = epoch.elapsed().as_secs_f64();
-    match &out.result {
-        Ok(()) => Ok((out, seconds)),
-        Err(RankStop::Failed(e)) => Err(failed(format!("step {step}: {e}"))),
-        Err(RankStop::Aborted) => Err(failed(format!("step {step}: aborted"))),
+/// A GPU rank of an MPI job: its stages on its GPU, the data crossing ranks over NCCL.
+struct GpuRank<'a> {
+    job: Job<'a>,
+    me: CudaRank,
+    upload: Arc<CudaStream>,
+}
+
+impl StepRunner for GpuRank<'_> {
+    /// One step of this rank on its GPU: stage 0's inputs uploaded on its rank, the targets on
+    /// the last stage's.
+    fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
+        let job = &self.job;
+        let (schedule, rank) = (&job.plan.schedule, job.place.rank);
+        let first = schedule.rank_of(0) == rank;
+        let last = schedule.rank_of(schedule.stages() - 1) == rank;
+        let rows: Vec<usize> = x
+            .iter()
+            .map(|x| x.shape().first().copied().unwrap_or(0))
+            .collect();
+        // One GPU per process: inputs and targets both go up on this rank's upload stream.
+        let (inputs, targets) = upload_batch(
+            (&self.upload, &self.upload),
+            job.setup.spec.loss,
+            if first { &x } else { &[] },
+            if last { &t } else { &[] },
+        )
+        .map_err(|e| TrainError::Runner(cuda_failed(e).to_string()))?;
+        job.world.barrier();
+        let epoch = Instant::now();
+        let out = self.me.step(inputs, &targets, &rows);
+        let (out, seconds) = stopped(step, out, epoch.elapsed().as_secs_f64())?;
+        gather(job, out, seconds)
+    }
+
+    /// This rank's stages copied back to the host and written as its file of the checkpoint.
+    fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError> {
+        let states = states_of(self.me.stages().iter().map(|(s, st)| (*s, st)), done)?;
+        save(&self.job, saver, done, states)
     }
 }

@@ -1,0 +1,76 @@
+//! [`Outcome`]: what the steps' reports add up to (the loop's "report" phase).
+
+use pipefill_host::plan::Plan;
+use pipefill_host::runtime::StepReport;
+use pipefill_host::sim::simulate;
+use pipefill_host::timeline::{Source, Timeline};
+
+use super::{HostEnqueue, TrainError};
+
+/// What the training phase produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Steps trained before this run (from a checkpoint; 0 otherwise): `losses[i]` is step
+    /// `first_step + i` (from 0).
+    pub first_step: usize,
+    /// One loss per step run here.
+    pub losses: Vec<f32>,
+    /// Wall seconds per step.
+    pub step_seconds: Vec<f64>,
+    /// The measured timeline of the median step (rebuilt by the simulator with `replay`).
+    pub measured: Timeline,
+    /// The simulator's timeline from the median step's own action durations (mean per stage and
+    /// op): what the schedule would take if the runtime added nothing to the layers' time. Set
+    /// apart from the profile-based prediction, it tells profile error from runtime overhead.
+    pub resimulated: Timeline,
+    /// Sequential step time estimate: the sum of the median step's layer seconds.
+    pub work_seconds: f64,
+    /// The stream runner's host enqueue time per action, plain and with a captured graph.
+    pub host_enqueue: Option<HostEnqueue>,
+}
+
+impl Outcome {
+    /// Losses, step times, the median step's measured timeline and its resimulation from its own
+    /// action durations (`replay`: the resimulation is the measured timeline too).
+    pub fn of(
+        plan: &Plan,
+        first_step: usize,
+        reports: &[StepReport],
+        replay: bool,
+    ) -> Result<Self, TrainError> {
+        let losses = reports.iter().map(|r| r.loss).collect();
+        let step_seconds: Vec<f64> = reports.iter().map(|r| r.seconds).collect();
+        let r = reports
+            .get(median_index(&step_seconds))
+            .ok_or(TrainError::NoStep)?;
+        let work_seconds = r.action_seconds.iter().map(|(_, t)| t).sum();
+        // The run's own action durations, simulated: what the schedule takes if the runtime adds
+        // nothing to the layers' time.
+        let resimulated = simulate(&plan.schedule, &plan.cost.with_durations(&r.action_seconds))
+            .map_err(|e| TrainError::Runner(e.to_string()))?
+            .timeline;
+        let measured = if replay {
+            let mut t = resimulated.clone();
+            t.source = Source::Measured;
+            t
+        } else {
+            r.timeline.clone()
+        };
+        Ok(Outcome {
+            first_step,
+            losses,
+            step_seconds,
+            measured,
+            resimulated,
+            work_seconds,
+            host_enqueue: None,
+        })
+    }
+}
+
+/// Index of the median of `v`.
+pub fn median_index(v: &[f64]) -> usize {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    idx.get(v.len() / 2).copied().unwrap_or(0)
+}

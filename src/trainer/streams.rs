@@ -1,0 +1,263 @@
+//! [`Streams`]: the stream executor as a [`StepRunner`], on any [`Device`]: CUDA streams (with or
+//! without a captured whole-step graph) or their CPU twin
+//! [`CpuStreams`](pipefill_host::runtime::streams::CpuStreams).
+//!
+//! One host thread enqueues each step of each replica and waits for it. With `D > 1` replicas, the
+//! replicas run one after the other (each with its own streams and its own copy of the stages, on
+//! the same devices), their optimizer steps held back ([`Deferred`]); then each stage's gradients
+//! are averaged over the replicas ([`mean_over_replicas`]: the runtime's `AllReduce`, through the
+//! host on a GPU) and every replica steps its optimizer. The step's time is the wall time of all
+//! of it (the host enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`]
+//! steps run plain, the next is captured and the later ones replay it; a captured or replayed step
+//! has no per-action timing (nothing is marked inside a graph), so its report carries the last
+//! plain step's timeline and action times.
+
+use std::time::Instant;
+
+use pipefill_host::runtime::streams::{Device, Pending, StreamExecutor};
+use pipefill_host::runtime::{Loss, RuntimeError, Stage, StepReport, Tensor};
+use pipefill_host::schedule::Schedule;
+
+use super::{
+    by_replica, combine, mean_over_replicas, states_of, Deferred, HostBatch, Saver, StepResult,
+    StepRunner, TrainError, Trainable,
+};
+
+/// Steps run plain before the captured one with a graph: a warm-up and a plain, measured step.
+pub const GRAPH_PLAIN_STEPS: usize = 2;
+
+/// Host seconds spent enqueuing each step, per action: what a captured graph saves.
+#[derive(Debug, Clone, Default)]
+pub struct HostEnqueue {
+    /// Actions per step (the host's per-action divisor).
+    pub actions: usize,
+    /// Per plain step after the warm-up (the first step run): enqueue seconds / actions.
+    pub plain: Vec<f64>,
+    /// Per replayed step: seconds to refresh the inputs and launch the graph / actions.
+    pub graph: Vec<f64>,
+    /// Wall seconds of the same plain steps.
+    pub plain_steps: Vec<f64>,
+    /// Wall seconds of the same replayed steps.
+    pub graph_steps: Vec<f64>,
+    /// The step captured as a graph (`None` without a graph).
+    pub captured_at: Option<usize>,
+}
+
+/// A step's inputs and targets on the device, or why they are not.
+pub type Uploaded<P> = Result<(Vec<P>, Vec<P>), String>;
+
+/// Puts a step's host microbatches on the device.
+pub trait Upload<P> {
+    /// `x` on device `on.0` (stage 0's) and `t` on device `on.1` (the last stage's), ready for a
+    /// step (the copies are done when this returns).
+    fn upload(&self, x: &[Tensor], t: &[Tensor], on: (usize, usize)) -> Uploaded<P>;
+}
+
+/// The upload of the CPU twin: the host tensors themselves, tagged with their device.
+pub struct CpuUpload;
+
+impl Upload<Pending<Tensor>> for CpuUpload {
+    fn upload(&self, x: &[Tensor], t: &[Tensor], on: (usize, usize)) -> Uploaded<Pending<Tensor>> {
+        let put =
+            |d: usize, v: &[Tensor]| v.iter().map(|x| Pending::ready_on(d, x.clone())).collect();
+        Ok((put(on.0, x), put(on.1, t)))
+    }
+}
+
+/// How a step runs: plain, captured, or replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Capture,
+    Replay,
+}
+
+/// The mode of the `ran`-th step run here (from 0).
+fn mode(graph: bool, ran: usize) -> Mode {
+    if !graph || ran < GRAPH_PLAIN_STEPS {
+        Mode::Plain
+    } else if ran == GRAPH_PLAIN_STEPS {
+        Mode::Capture
+    } else {
+        Mode::Replay
+    }
+}
+
+/// One replica: its executor and its loss (on its device).
+type Replica<D, S, L> = (StreamExecutor<D, Deferred<S>>, L);
+
+/// The stream runner: `D` replicas of stages `S` on devices `D` with losses `L`, batches put on
+/// the device by `U`.
+pub struct Streams<D: Device, S: Stage<D::Payload>, L, U> {
+    schedule: Schedule,
+    replicas: Vec<Replica<D, S, L>>,
+    upload: U,
+    microbatches: usize,
+    graph: bool,
+    ran: usize,
+    host: HostEnqueue,
+    /// The last plain step's report (for the graph steps' timeline).
+    last_plain: Option<StepReport>,
+    /// The first step's enqueue time per action and wall time (counted only when it is the
+    /// only step: it warms up).
+    warmup: Option<(f64, f64)>,
+}
+
+impl<D, S, L, U> Streams<D, S, L, U>
+where
+    D: Device,
+    S: Stage<D::Payload> + Trainable + Send,
+    L: Loss<D::Payload>,
+    U: Upload<D::Payload>,
+{
+    /// The runner for `schedule` over `replicas` (each: its stages in global order, its device,
+    /// its loss on that device), `microbatches` (`M`) per replica, capturing a graph when `graph`.
+    pub fn new(
+        schedule: &Schedule,
+        replicas: Vec<(Vec<S>, D, L)>,
+        upload: U,
+        microbatches: usize,
+        graph: bool,
+    ) -> Result<Self, TrainError> {
+        let defer = replicas.len() > 1;
+        let replicas = replicas
+            .into_iter()
+            .map(|(stages, device, loss)| {
+                let stages = stages
+                    .into_iter()
+                    .map(|s| Deferred::new(s, defer))
+                    .collect();
+                StreamExecutor::new(schedule.clone(), stages, device).map(|ex| (ex, loss))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TrainError::Runner(e.to_string()))?;
+        if replicas.is_empty() {
+            return Err(TrainError::Runner("no replica".into()));
+        }
+        let actions = replicas[0].0.actions();
+        Ok(Streams {
+            schedule: schedule.clone(),
+            replicas,
+            upload,
+            microbatches,
+            graph,
+            ran: 0,
+            host: HostEnqueue {
+                actions,
+                ..HostEnqueue::default()
+            },
+            last_plain: None,
+            warmup: None,
+        })
+    }
+
+    /// Each replica's executor.
+    pub fn executors(&self) -> impl Iterator<Item = &StreamExecutor<D, Deferred<S>>> {
+        self.replicas.iter().map(|(ex, _)| ex)
+    }
+
+    /// One step of replica `d` on its microbatches.
+    fn replica_step(
+        &mut self,
+        d: usize,
+        mode: Mode,
+        x: &[Tensor],
+        t: &[Tensor],
+    ) -> Result<StepReport, String> {
+        let (ex, loss) = &mut self.replicas[d];
+        let last = self.schedule.stages() - 1;
+        let on = |s: usize| ex.stage_device(s).unwrap_or(0);
+        let (inputs, targets) = self.upload.upload(x, t, (on(0), on(last)))?;
+        let r: Result<StepReport, RuntimeError> = match mode {
+            Mode::Plain => ex.step(inputs, &targets, loss),
+            Mode::Capture => ex.capture(inputs, targets, loss),
+            Mode::Replay => ex.replay(inputs, targets),
+        };
+        r.map_err(|e| e.to_string())
+    }
+
+    /// The replicas' gradient mean, then every replica's optimizer step (replicas only).
+    fn reduce_and_update(&mut self) -> Result<(), String> {
+        let stages = self
+            .replicas
+            .iter_mut()
+            .map(|(ex, _)| ex.stages_mut())
+            .collect();
+        mean_over_replicas(stages).map_err(|e| e.to_string())?;
+        for (ex, _) in &mut self.replicas {
+            for (s, stage) in ex.stages_mut().iter_mut().enumerate() {
+                stage
+                    .inner_mut()
+                    .optimizer_step()
+                    .map_err(|e| format!("optimizer step of stage {s}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D, S, L, U> StepRunner for Streams<D, S, L, U>
+where
+    D: Device,
+    S: Stage<D::Payload> + Trainable + Send,
+    L: Loss<D::Payload>,
+    U: Upload<D::Payload>,
+{
+    fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
+        let failed = |message: String| TrainError::Step { step, message };
+        let wall = Instant::now();
+        let m = mode(self.graph, self.ran);
+        let n = self.replicas.len();
+        let (xs, ts) = (
+            by_replica(x, self.microbatches),
+            by_replica(t, self.microbatches),
+        );
+        let mut reports = Vec::with_capacity(n);
+        for (d, (x, t)) in xs.iter().zip(&ts).enumerate() {
+            reports.push(self.replica_step(d, m, x, t).map_err(failed)?);
+        }
+        let enqueue = self.replicas[0].0.enqueue_seconds();
+        let mut r = combine(reports)?;
+        if n > 1 {
+            self.reduce_and_update().map_err(failed)?;
+            // The replicas ran one after the other: the step took all of it.
+            r.seconds = wall.elapsed().as_secs_f64();
+        }
+        let per_action = enqueue / self.host.actions.max(1) as f64;
+        match m {
+            Mode::Plain if self.ran > 0 => {
+                self.host.plain.push(per_action);
+                self.host.plain_steps.push(r.seconds);
+            }
+            Mode::Replay => {
+                self.host.graph.push(per_action);
+                self.host.graph_steps.push(r.seconds);
+            }
+            Mode::Capture => self.host.captured_at = Some(step),
+            Mode::Plain => self.warmup = Some((per_action, r.seconds)),
+        }
+        if m == Mode::Plain {
+            self.last_plain = Some(r.clone());
+        } else if let Some(last) = &self.last_plain {
+            r.timeline = last.timeline.clone();
+            r.action_seconds = last.action_seconds.clone();
+        }
+        self.ran += 1;
+        Ok(Some(r))
+    }
+
+    fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError> {
+        let ex = &self.replicas[0].0;
+        let states = states_of(ex.stages().iter().enumerate(), done)?;
+        saver.save(done, &self.schedule, states)
+    }
+
+    fn host_enqueue(&self) -> Option<HostEnqueue> {
+        let mut host = self.host.clone();
+        if let (Some((per_action, seconds)), 1) = (self.warmup, self.ran) {
+            host.plain.push(per_action);
+            host.plain_steps.push(seconds);
+        }
+        Some(host)
+    }
+}
