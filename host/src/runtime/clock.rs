@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::worker::RankStop;
+use super::machine::{Calls, RankStop};
 use super::{RuntimeError, StageError};
 use crate::schedule::Action;
 
@@ -62,6 +62,27 @@ impl<'c> Clock<'c> {
         self.last_end = end;
         times.push((action, end - start));
         result
+    }
+}
+
+/// The worker's layer calls for the [`Machine`](super::machine::Machine): timed by `clock`
+/// (`seconds` gets each call's duration), guarded against errors and panics.
+pub(super) struct Timed<'r, 'c> {
+    pub clock: &'r mut Clock<'c>,
+    pub rank: usize,
+    pub seconds: &'r mut Vec<(Action, f64)>,
+}
+
+impl<P> Calls<P> for Timed<'_, '_> {
+    type Stop = RankStop;
+
+    #[inline]
+    fn call<R>(
+        &mut self,
+        action: Action,
+        f: impl FnOnce() -> Result<R, StageError>,
+    ) -> Result<R, RankStop> {
+        self.clock.call(self.rank, action, self.seconds, f)
     }
 }
 
