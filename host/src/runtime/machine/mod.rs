@@ -19,6 +19,8 @@ use crate::timeline::Transfer;
 
 mod end;
 mod mailbox;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use end::{end_of_step, optimizer_steps, zero_grads};
 pub use end::{RankOutcome, RankStop};
