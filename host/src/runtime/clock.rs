@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::machine::{Calls, RankStop};
+use super::machine::{action_failed, Calls, RankStop};
 use super::{RuntimeError, StageError};
 use crate::schedule::Action;
 
@@ -76,6 +76,10 @@ pub(super) struct Timed<'r, 'c> {
 impl<P> Calls<P> for Timed<'_, '_> {
     type Stop = RankStop;
 
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
     #[inline]
     fn call<R>(
         &mut self,
@@ -95,11 +99,7 @@ pub(super) fn guarded<T>(
 ) -> Result<T, RankStop> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(RankStop::Failed(RuntimeError::ActionFailed {
-            rank,
-            action,
-            message: e.to_string(),
-        })),
+        Ok(Err(e)) => Err(RankStop::Failed(action_failed(rank, action, e))),
         Err(p) => Err(RankStop::Failed(RuntimeError::ActionPanicked {
             rank,
             action,

@@ -43,7 +43,7 @@ impl<P> Default for Mailbox<P> {
 }
 
 impl<P> Mailbox<P> {
-    #[inline]
+    #[inline(always)]
     pub(super) fn put(&mut self, edge: Edge, data: P) {
         self.waiting.insert(
             edge,
@@ -54,6 +54,7 @@ impl<P> Mailbox<P> {
         );
     }
 
+    #[inline(always)]
     pub(super) fn arrived(&mut self, edge: Edge, data: P, arrival: Arrival) {
         let arrival = Some(arrival);
         self.waiting.insert(edge, Mail { data, arrival });
@@ -69,7 +70,7 @@ impl<P> Mailbox<P> {
 
     /// Takes the data of `edge` for `consumer` on rank `rank`, recording its transfer if it
     /// crossed ranks.
-    #[inline]
+    #[inline(always)]
     pub(super) fn take(&mut self, edge: Edge, rank: usize, consumer: Action) -> Option<P> {
         let mail = self.waiting.remove(&edge)?;
         if let Some(a) = mail.arrival {

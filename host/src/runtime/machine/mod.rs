@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use super::{Loss, Payload, RuntimeError, Stage, StageError};
-use crate::schedule::deps::{output, Edge};
+use crate::schedule::deps::{output, Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::Transfer;
 
@@ -32,18 +32,35 @@ pub(crate) trait Calls<P> {
     /// What a failed action stops the runner with.
     type Stop: From<RuntimeError>;
 
-    /// Makes one layer call of `action` (the stage's method, or the loss after the last stage).
+    /// The rank the actions run on (named by a failure).
+    fn rank(&self) -> usize;
+
+    /// Makes one layer call of `action` (the stage's method, or the loss after the last stage);
+    /// by default plainly, its error the action's failure.
+    #[inline(always)]
     fn call<R>(
         &mut self,
         action: Action,
         f: impl FnOnce() -> Result<R, StageError>,
-    ) -> Result<R, Self::Stop>;
+    ) -> Result<R, Self::Stop> {
+        f().map_err(|e| action_failed(self.rank(), action, e).into())
+    }
 
     /// Refuses a payload `action` reads when it cannot be read where the action runs (a device
     /// checks the payload's device; the host accepts everything).
-    #[inline]
+    #[inline(always)]
     fn placed(&self, _action: Action, _payload: &P) -> Result<(), Self::Stop> {
         Ok(())
+    }
+}
+
+/// The failure of `action` on rank `rank`, saying `message` (a failed check, or the error of one
+/// of its layer calls).
+pub(crate) fn action_failed(rank: usize, action: Action, message: impl ToString) -> RuntimeError {
+    RuntimeError::ActionFailed {
+        rank,
+        action,
+        message: message.to_string(),
     }
 }
 
@@ -95,7 +112,7 @@ impl<P: Payload, T> Machine<P, T> {
     /// (its gradient, scaled by `1 / M`, waits in the mailbox for the stage's backward). Returns
     /// the output to hand on to a neighbour stage, with its edge (`None` for `W`, the last
     /// forward and stage 0's input gradient).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn run<S, L, C>(
         &mut self,
         a: Action,
@@ -109,31 +126,41 @@ impl<P: Payload, T> Machine<P, T> {
         L: Loss<P>,
         C: Calls<P>,
     {
-        let handed = match a.op {
-            Op::F => self.forward(a, stage, targets, loss, calls)?,
-            Op::I => Some(self.backward_input(a, stage, calls)?),
-            Op::B => Some(self.backward(a, stage, calls)?),
-            Op::W => {
-                self.backward_weight(a, stage, calls)?;
-                None
+        let (flow, data) = match a.op {
+            Op::F => {
+                let out = self.forward(a, stage, calls)?;
+                if a.stage + 1 < self.stages {
+                    (Flow::Activation, out)
+                } else {
+                    self.loss(a, out, targets, loss, calls)?;
+                    return Ok(None);
+                }
             }
+            Op::I => (Flow::Gradient, self.backward_input(a, stage, calls)?),
+            Op::B => (Flow::Gradient, self.backward(a, stage, calls)?),
+            Op::W => return self.backward_weight(a, stage, calls).map(|()| None),
         };
-        Ok(handed.and_then(|data| output(a, self.stages).map(|edge| (edge, data))))
+        // Stage 0's input gradient goes nowhere (the one case `forward` leaves to this line).
+        if flow == Flow::Gradient && a.stage == 0 {
+            return Ok(None);
+        }
+        let edge = Edge {
+            flow,
+            from: a.stage,
+            microbatch: a.microbatch,
+        };
+        debug_assert_eq!(output(a, self.stages), Some(edge));
+        Ok(Some((edge, data)))
     }
 
-    fn forward<S, L, C>(
+    /// `F`: the output; the stash is held until `W` (or `B`).
+    #[inline(always)]
+    fn forward<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
         a: Action,
         stage: &mut S,
-        targets: &[P],
-        loss: &L,
         calls: &mut C,
-    ) -> Result<Option<P>, C::Stop>
-    where
-        S: Stage<P, Stash = T>,
-        L: Loss<P>,
-        C: Calls<P>,
-    {
+    ) -> Result<P, C::Stop> {
         let input = match Edge::input_of(a) {
             None => self
                 .inputs
@@ -159,9 +186,20 @@ impl<P: Payload, T> Machine<P, T> {
             bytes,
         };
         self.stashes.insert(key, stashed);
-        if a.stage + 1 < self.stages {
-            return Ok(Some(out));
-        }
+        Ok(out)
+    }
+
+    /// After the last stage's forward: the loss of its output `out`; the loss gradient, scaled by
+    /// `1 / M`, waits in the mailbox for the stage's backward.
+    #[inline(always)]
+    fn loss<L: Loss<P>, C: Calls<P>>(
+        &mut self,
+        a: Action,
+        out: P,
+        targets: &[P],
+        loss: &L,
+        calls: &mut C,
+    ) -> Result<(), C::Stop> {
         let target = targets
             .get(a.microbatch)
             .ok_or_else(|| self.fail(a, "no target for this microbatch"))?;
@@ -170,10 +208,11 @@ impl<P: Payload, T> Machine<P, T> {
         grad.scale_by(self.scale).map_err(|e| self.fail(a, e))?;
         self.losses.push((a.microbatch, value));
         self.mailbox.put(Edge::gradient_of(a), grad);
-        Ok(None)
+        Ok(())
     }
 
     /// `I`: the input gradient; the stash stays for `W`, holding what the stage says it holds now.
+    #[inline(always)]
     fn backward_input<S, C>(
         &mut self,
         a: Action,
@@ -204,6 +243,7 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     /// `W`: consumes the stash `I` left.
+    #[inline(always)]
     fn backward_weight<S, C>(
         &mut self,
         a: Action,
@@ -223,6 +263,7 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     /// `B`: the input gradient; consumes the stash of a forward no `I` ran on.
+    #[inline(always)]
     fn backward<S, C>(&mut self, a: Action, stage: &mut S, calls: &mut C) -> Result<P, C::Stop>
     where
         S: Stage<P, Stash = T>,
@@ -239,6 +280,7 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     /// Removes the stash of `a`'s stage and microbatch.
+    #[inline(always)]
     fn unstash<E: From<RuntimeError>>(&mut self, a: Action) -> Result<Stashed<T>, E> {
         match self.stashes.remove(&(a.stage, a.microbatch)) {
             Some(slot) => Ok(slot),
@@ -247,13 +289,14 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     /// Accounts for a stash that now holds `add` bytes instead of `remove`.
-    #[inline]
+    #[inline(always)]
     fn hold(&mut self, add: usize, remove: usize) {
         self.held = (self.held + add).saturating_sub(remove);
         self.peak = self.peak.max(self.held);
     }
 
     /// Takes the data of `edge` for `consumer`, recording its transfer if it crossed ranks.
+    #[inline(always)]
     fn take<E: From<RuntimeError>>(&mut self, edge: Edge, consumer: Action) -> Result<P, E> {
         match self.mailbox.take(edge, self.rank, consumer) {
             Some(data) => Ok(data),
@@ -262,11 +305,7 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     fn fail<E: From<RuntimeError>>(&self, action: Action, message: impl ToString) -> E {
-        E::from(RuntimeError::ActionFailed {
-            rank: self.rank,
-            action,
-            message: message.to_string(),
-        })
+        E::from(action_failed(self.rank, action, message))
     }
 
     fn no_stash<E: From<RuntimeError>>(&self, a: Action) -> E {
@@ -277,7 +316,7 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     /// Puts data produced on this rank (or made usable here) in the mailbox under `edge`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn put(&mut self, edge: Edge, data: P) {
         self.mailbox.put(edge, data);
     }

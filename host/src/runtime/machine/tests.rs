@@ -61,16 +61,8 @@ struct Plain;
 impl Calls<Tensor> for Plain {
     type Stop = RuntimeError;
 
-    fn call<R>(
-        &mut self,
-        action: Action,
-        f: impl FnOnce() -> Result<R, StageError>,
-    ) -> Result<R, RuntimeError> {
-        f().map_err(|e| RuntimeError::ActionFailed {
-            rank: 0,
-            action,
-            message: e.to_string(),
-        })
+    fn rank(&self) -> usize {
+        0
     }
 }
 

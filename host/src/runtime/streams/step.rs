@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use super::{Device, Misplaced};
 use crate::runtime::machine::{Calls, Machine};
-use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError};
+use crate::runtime::{Loss, Payload, RuntimeError, Stage};
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Schedule};
 
@@ -142,16 +142,8 @@ struct On<'a, D> {
 impl<D: Device> Calls<D::Payload> for On<'_, D> {
     type Stop = RuntimeError;
 
-    fn call<R>(
-        &mut self,
-        action: Action,
-        f: impl FnOnce() -> Result<R, StageError>,
-    ) -> Result<R, RuntimeError> {
-        f().map_err(|e| RuntimeError::ActionFailed {
-            rank: self.rank,
-            action,
-            message: e.to_string(),
-        })
+    fn rank(&self) -> usize {
+        self.rank
     }
 
     /// Refuses `payload` when it lives on another device than the stream's.
