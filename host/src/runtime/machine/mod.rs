@@ -140,7 +140,8 @@ impl<P: Payload, T> Machine<P, T> {
             Op::B => (Flow::Gradient, self.backward(a, stage, calls)?),
             Op::W => return self.backward_weight(a, stage, calls).map(|()| None),
         };
-        // Stage 0's input gradient goes nowhere (the one case `forward` leaves to this line).
+        // The edge `deps::output` names (checked in debug builds); stage 0's input gradient goes
+        // nowhere.
         if flow == Flow::Gradient && a.stage == 0 {
             return Ok(None);
         }
