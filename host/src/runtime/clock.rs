@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::worker::RankStop;
+use super::machine::{action_failed, Calls, RankStop};
 use super::{RuntimeError, StageError};
 use crate::schedule::Action;
 
@@ -65,6 +65,31 @@ impl<'c> Clock<'c> {
     }
 }
 
+/// The worker's layer calls for the [`Machine`](super::machine::Machine): timed by `clock`
+/// (`seconds` gets each call's duration), guarded against errors and panics.
+pub(super) struct Timed<'r, 'c> {
+    pub clock: &'r mut Clock<'c>,
+    pub rank: usize,
+    pub seconds: &'r mut Vec<(Action, f64)>,
+}
+
+impl<P> Calls<P> for Timed<'_, '_> {
+    type Stop = RankStop;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[inline]
+    fn call<R>(
+        &mut self,
+        action: Action,
+        f: impl FnOnce() -> Result<R, StageError>,
+    ) -> Result<R, RankStop> {
+        self.clock.call(self.rank, action, self.seconds, f)
+    }
+}
+
 /// Runs a layer call, turning its error or panic into a failure naming rank and action.
 #[inline]
 pub(super) fn guarded<T>(
@@ -74,11 +99,7 @@ pub(super) fn guarded<T>(
 ) -> Result<T, RankStop> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(RankStop::Failed(RuntimeError::ActionFailed {
-            rank,
-            action,
-            message: e.to_string(),
-        })),
+        Ok(Err(e)) => Err(RankStop::Failed(action_failed(rank, action, e))),
         Err(p) => Err(RankStop::Failed(RuntimeError::ActionPanicked {
             rank,
             action,

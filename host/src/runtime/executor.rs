@@ -3,10 +3,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::machine::RankOutcome;
 use super::program::RankProgram;
 use super::report::{assemble, lost_worker};
 use super::transport::Channels;
-use super::worker::{run_rank, RankOutcome, RankStep, Reducer};
+use super::worker::{run_rank, RankStep, Reducer};
 use super::{Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
 use crate::schedule::Schedule;
 

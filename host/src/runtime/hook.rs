@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use serde::{Deserialize, Serialize};
 
 use super::clock::panic_message;
-use super::worker::RankStop;
+use super::machine::RankStop;
 use super::RuntimeError;
 use crate::schedule::{Action, Op, Schedule};
 

@@ -1,9 +1,8 @@
-//! What a rank's runner executes: the schedule's lowered lists, and the edges its actions read.
+//! What a rank's runner executes: the schedule's lowered lists.
 
-use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::lower::lowered_items;
 use crate::schedule::validate::has_transfers;
-use crate::schedule::{Action, Item, ParamOp, Schedule};
+use crate::schedule::{Item, ParamOp, Schedule};
 
 /// Each rank's list as the runners execute it: the schedule [lowered](crate::schedule::lower), with
 /// its sends and receives, and whether the schedule carried its transfers itself (then every item
@@ -47,24 +46,5 @@ impl RankProgram {
             }
         }
         at
-    }
-}
-
-/// The edge that delivers `F(s, k)`'s input (from `F(s-1, k)`).
-pub(crate) fn input_edge(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Activation,
-        from: a.stage.wrapping_sub(1),
-        microbatch: a.microbatch,
-    }
-}
-
-/// The edge that delivers the output gradient of `I/B(s, k)`: from stage `s+1`, or, on the last
-/// stage, from the loss (named as a gradient from one stage past the last).
-pub(crate) fn grad_edge(a: Action) -> Edge {
-    Edge {
-        flow: Flow::Gradient,
-        from: a.stage + 1,
-        microbatch: a.microbatch,
     }
 }

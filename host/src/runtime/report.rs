@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::worker::{RankOutcome, RankStop};
+use super::machine::{RankOutcome, RankStop};
 use super::RuntimeError;
 use crate::schedule::{Action, Schedule};
 use crate::timeline::{Source, Timeline};

@@ -14,6 +14,10 @@
 //! is a [`Need::Data`] over an [`Edge`]; the edge crosses ranks when the two stages sit on different
 //! ranks, and only then does a lowered schedule carry a send and a receive for it.
 //!
+//! The edge facts are defined here once, for every runner and checker: the edge an action reads
+//! ([`Edge::input_of`] for `F`, [`Edge::gradient_of`] for `I`/`B`), the edge it writes ([`output`]),
+//! and an edge's two ends ([`Edge::producer`], [`Edge::consumer`]).
+//!
 //! ## Activation memory
 //!
 //! `F(s,k)` allocates its stage's activations when it starts; `I(s,k)` releases the part the weight
@@ -69,6 +73,54 @@ impl Edge {
     /// cost model's `output_bytes` and link time for it).
     pub fn boundary(&self) -> usize {
         self.from.min(self.to())
+    }
+
+    /// The edge that delivers `F(s, k)`'s input, from `F(s-1, k)`; `None` for stage 0 (its input is
+    /// the microbatch's).
+    ///
+    /// ```
+    /// use pipefill_host::schedule::deps::{Edge, Flow};
+    /// use pipefill_host::schedule::{Action, Op};
+    /// let e = Edge::input_of(Action::new(Op::F, 2, 5)).unwrap();
+    /// assert_eq!((e.flow, e.from, e.microbatch), (Flow::Activation, 1, 5));
+    /// assert_eq!(e.consumer(), Action::new(Op::F, 2, 5));
+    /// assert_eq!(Edge::input_of(Action::new(Op::F, 0, 5)), None);
+    /// ```
+    pub fn input_of(a: Action) -> Option<Edge> {
+        Some(Edge {
+            flow: Flow::Activation,
+            from: a.stage.checked_sub(1)?,
+            microbatch: a.microbatch,
+        })
+    }
+
+    /// The edge that delivers the output gradient of `I(s, k)` / `B(s, k)`: from stage `s+1`, or,
+    /// on the last stage, from the loss (named as a gradient from one stage past the last; it
+    /// never crosses ranks).
+    ///
+    /// ```
+    /// use pipefill_host::schedule::deps::{Edge, Flow};
+    /// use pipefill_host::schedule::{Action, Op};
+    /// let e = Edge::gradient_of(Action::new(Op::B, 2, 5));
+    /// assert_eq!((e.flow, e.from, e.to()), (Flow::Gradient, 3, 2));
+    /// assert_eq!(e.consumer(), Action::new(Op::I, 2, 5)); // `I` stands for "`I` or `B`"
+    /// ```
+    pub fn gradient_of(a: Action) -> Edge {
+        Edge {
+            flow: Flow::Gradient,
+            from: a.stage + 1,
+            microbatch: a.microbatch,
+        }
+    }
+
+    /// The action that consumes the data: `F` of the next stage for an activation, `I` of the
+    /// previous stage for a gradient (`I` stands for "`I` or `B`", as in [`Edge::producer`]).
+    pub fn consumer(&self) -> Action {
+        let op = match self.flow {
+            Flow::Activation => Op::F,
+            Flow::Gradient => Op::I,
+        };
+        Action::new(op, self.to(), self.microbatch)
     }
 
     /// The action that produces the data (`I` stands for "`I` or `B`" for a gradient).
@@ -158,23 +210,10 @@ pub enum Need {
 pub fn needs(a: Action, stages: usize) -> impl Iterator<Item = Need> {
     let (s, k) = (a.stage, a.microbatch);
     let (first, second) = match a.op {
-        Op::F => (
-            s.checked_sub(1).map(|prev| {
-                Need::Data(Edge {
-                    flow: Flow::Activation,
-                    from: prev,
-                    microbatch: k,
-                })
-            }),
-            None,
-        ),
+        Op::F => (Edge::input_of(a).map(Need::Data), None),
         Op::B | Op::I => (
             Some(Need::Stash(Action::new(Op::F, s, k))),
-            (s + 1 < stages).then_some(Need::Data(Edge {
-                flow: Flow::Gradient,
-                from: s + 1,
-                microbatch: k,
-            })),
+            (s + 1 < stages).then(|| Need::Data(Edge::gradient_of(a))),
         ),
         Op::W => (Some(Need::Stash(Action::new(Op::I, s, k))), None),
     };

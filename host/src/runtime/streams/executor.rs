@@ -6,6 +6,7 @@ use std::time::Instant;
 use super::program::lanes;
 use super::step::{run_action, Step};
 use super::{check, Device, EventRole, StreamId, StreamOp, StreamProgram};
+use crate::runtime::machine::{optimizer_steps, zero_grads};
 use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError, StepReport};
 use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
@@ -117,9 +118,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
     ) -> Result<StepReport, RuntimeError> {
         self.check_batch(inputs.len(), targets.len())?;
         let wall = Instant::now();
-        for stage in &mut self.stages {
-            stage.zero_grad();
-        }
+        self.zero_grads()?;
         let mut step = self.new_step(inputs);
         let origin = self.device.origin().map_err(device_error)?;
         self.enqueue_ops(&mut step, targets, loss, true)?;
@@ -146,18 +145,16 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             .count()
     }
 
+    /// Every stage's zero-grad (host calls, before the step's work is enqueued).
+    fn zero_grads(&mut self) -> Result<(), RuntimeError> {
+        let schedule = &self.schedule;
+        zero_grads(self.stages.iter_mut().enumerate(), |s| schedule.rank_of(s))
+    }
+
     /// Every stage's optimizer step (host calls, after the step's work is done).
     fn optimizer_steps(&mut self) -> Result<(), RuntimeError> {
-        for (s, stage) in self.stages.iter_mut().enumerate() {
-            stage
-                .optimizer_step()
-                .map_err(|e| RuntimeError::OptimizerFailed {
-                    rank: self.schedule.rank_of(s),
-                    stage: s,
-                    message: e.to_string(),
-                })?;
-        }
-        Ok(())
+        let schedule = &self.schedule;
+        optimizer_steps(self.stages.iter_mut().enumerate(), |s| schedule.rank_of(s))
     }
 
     /// Refuses a batch whose size is not the schedule's microbatch count.
@@ -175,7 +172,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
 
     /// The empty state of a step whose microbatch inputs are `inputs`.
     fn new_step(&self, inputs: Vec<D::Payload>) -> Step<D, S::Stash> {
-        Step::new(&self.schedule, inputs)
+        Step::all_ranks(&self.schedule, inputs)
     }
 
     /// Walks the program once: binds, runs each action (between timing marks when `timed`),
@@ -230,9 +227,12 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         let Some(EventRole::Transfer(edge)) = self.program.events.get(event) else {
             return Ok(());
         };
-        if let Some(payload) = step.mailbox.remove(edge) {
+        let Some(machine) = step.machine(self.schedule.rank_of(edge.to())) else {
+            return Ok(());
+        };
+        if let Some(payload) = machine.remove(*edge) {
             let adopted = self.device.adopt(stream, payload).map_err(device_error)?;
-            step.mailbox.insert(*edge, adopted);
+            machine.put(*edge, adopted);
         }
         Ok(())
     }
@@ -261,12 +261,13 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
     /// The step report: losses read back, the timeline from the marks.
     fn report(
         &self,
-        step: Step<D, S::Stash>,
+        mut step: Step<D, S::Stash>,
         origin: &D::Mark,
         seconds: f64,
     ) -> Result<StepReport, RuntimeError> {
-        let mut losses = Vec::with_capacity(step.losses.len());
-        for (k, l) in step.losses.into_iter().enumerate() {
+        let by_microbatch = step.losses(&self.schedule);
+        let mut losses = Vec::with_capacity(by_microbatch.len());
+        for (k, l) in by_microbatch.into_iter().enumerate() {
             let l = l.ok_or_else(|| RuntimeError::Internal {
                 rank: self.schedule.rank_of(self.schedule.stages() - 1),
                 message: format!("no loss for microbatch {k}"),
@@ -287,7 +288,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             loss,
             losses,
             timeline,
-            peak_held_bytes: step.peak,
+            peak_held_bytes: step.peaks(),
             seconds,
             action_seconds,
         })

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::schedule::deps::{Edge, Flow};
+use crate::schedule::deps::Edge;
 use crate::schedule::lower::lowered_items;
 use crate::schedule::{Action, Comm, Item, Op, Schedule};
 
@@ -213,17 +213,11 @@ pub(super) fn lanes(schedule: &Schedule) -> HashMap<Action, usize> {
 /// The action that consumes `e`'s data in `lanes` (for a gradient: the `I` or the `B`, whichever
 /// the schedule has).
 pub(super) fn consumer(e: &Edge, lanes: &HashMap<Action, usize>) -> Action {
-    match e.flow {
-        Flow::Activation => Action::new(Op::F, e.to(), e.microbatch),
-        Flow::Gradient => {
-            let i = Action::new(Op::I, e.to(), e.microbatch);
-            if lanes.contains_key(&i) {
-                i
-            } else {
-                Action::new(Op::B, e.to(), e.microbatch)
-            }
-        }
+    let consumer = e.consumer();
+    if consumer.op == Op::I && !lanes.contains_key(&consumer) {
+        return Action::new(Op::B, consumer.stage, consumer.microbatch);
     }
+    consumer
 }
 
 struct Builder<'a> {

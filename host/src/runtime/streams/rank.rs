@@ -9,6 +9,7 @@ use super::peer::{peer_ops, PeerError, PeerLink, PeerOp, PostOrder, RankPlan};
 use super::step::{run_action, Step};
 use super::{check, Device, DeviceError, StreamOp, StreamProgram};
 use crate::runtime::clock::panic_message;
+use crate::runtime::machine::{end_of_step, optimizer_steps, zero_grads};
 use crate::runtime::{Loss, Payload, RankOutcome, RankStop, RuntimeError, Stage};
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Schedule};
@@ -151,15 +152,10 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
             (Ok(_), Ok(()), Err(error)) => Err(self.peer_failed(error)),
             (Ok(step), Ok(()), Ok(())) => self.report(step, &mut out),
         };
-        if let Err(RankStop::Failed(_)) = result {
-            peer.abort();
-        }
-        let all_ok = peer.finish(result.is_ok());
-        out.result = match result {
-            Ok(()) if all_ok => self.optimizer_steps(),
-            Ok(()) => Err(RankStop::Aborted),
-            other => other,
-        };
+        let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
+        out.result = end_of_step(result, peer, P::abort, P::finish, || {
+            optimizer_steps(stages, |_| rank)
+        });
         out
     }
 
@@ -177,10 +173,10 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         peer: &mut P,
     ) -> Result<Enqueued<D, S::Stash>, RuntimeError> {
         self.check_batch(batch.inputs.len(), batch.targets.len())?;
-        for (_, stage) in &mut self.stages {
-            stage.zero_grad();
-        }
-        let mut step = Step::new(&self.schedule, std::mem::take(&mut batch.inputs));
+        let rank = self.rank;
+        zero_grads(self.stages.iter_mut().map(|(s, st)| (*s, st)), |_| rank)?;
+        let inputs = std::mem::take(&mut batch.inputs);
+        let mut step = Step::one_rank(&self.schedule, rank, inputs);
         let origin = self.device.mark(0).map_err(device_error)?;
         let mut walk = Walk {
             events: HashMap::new(),
@@ -238,9 +234,12 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
                 self.device.wait(stream, e).map_err(device_error)?;
             }
             PeerOp::Send { stream, edge, to } => {
-                let data = step.mailbox.remove(&edge).ok_or_else(|| {
-                    self.internal(format!("{} has nothing to send yet", edge.send()))
-                })?;
+                let data = step
+                    .machine(self.rank)
+                    .and_then(|m| m.remove(edge))
+                    .ok_or_else(|| {
+                        self.internal(format!("{} has nothing to send yet", edge.send()))
+                    })?;
                 let after = self.device.record(stream).map_err(device_error)?;
                 peer.send(after, edge, data, to).map_err(link)?;
             }
@@ -253,8 +252,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
                     self.internal(format!("{} is consumed before it is posted", edge.recv()))
                 })?;
                 self.device.wait(stream, &done).map_err(device_error)?;
-                step.bytes.insert(edge, data.bytes());
-                step.mailbox.insert(edge, data);
+                step.arrived(&self.schedule, edge, data);
             }
         }
         Ok(())
@@ -279,11 +277,11 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
     /// Fills `out` from a synchronised step: losses, spans, per-action seconds, peak memory.
     fn report(
         &self,
-        (step, origin): Enqueued<D, S::Stash>,
+        (mut step, origin): Enqueued<D, S::Stash>,
         out: &mut RankOutcome,
     ) -> Result<(), RankStop> {
         let fail = |e: DeviceError| RankStop::Failed(device_error(e));
-        for (k, l) in step.losses.into_iter().enumerate() {
+        for (k, l) in step.losses(&self.schedule).into_iter().enumerate() {
             if let Some(l) = l {
                 let v = D::Payload::loss_value(l).map_err(|e| fail(e.into()))?;
                 out.losses.push((k, v));
@@ -309,20 +307,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
                 out.spans.push(Span::new(*item, s, e));
             }
         }
-        out.peak_held = step.peak[self.rank];
-        Ok(())
-    }
-
-    fn optimizer_steps(&mut self) -> Result<(), RankStop> {
-        for (s, stage) in &mut self.stages {
-            stage.optimizer_step().map_err(|e| {
-                RankStop::Failed(RuntimeError::OptimizerFailed {
-                    rank: self.rank,
-                    stage: *s,
-                    message: e.to_string(),
-                })
-            })?;
-        }
+        out.peak_held = step.machine(self.rank).map_or(0, |m| m.peak());
         Ok(())
     }
 

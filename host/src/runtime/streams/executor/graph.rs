@@ -64,8 +64,10 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         };
         self.device.end_capture().map_err(device_error)?;
         drop(events);
-        let mut losses = Vec::with_capacity(step.losses.len());
-        for (k, l) in step.losses.into_iter().enumerate() {
+        let mut step = step;
+        let by_microbatch = step.losses(&self.schedule);
+        let mut losses = Vec::with_capacity(by_microbatch.len());
+        for (k, l) in by_microbatch.into_iter().enumerate() {
             losses.push(l.ok_or_else(|| RuntimeError::Internal {
                 rank: self.schedule.rank_of(self.schedule.stages() - 1),
                 message: format!("the captured step has no loss for microbatch {k}"),
@@ -75,7 +77,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             inputs,
             targets,
             losses,
-            peak: step.peak,
+            peak: step.peaks(),
         });
         self.launch(wall)
     }
@@ -112,9 +114,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         loss: &L,
     ) -> Result<CapturedWork<D, S::Stash>, RuntimeError> {
         self.device.bind(0).map_err(device_error)?;
-        for stage in &mut self.stages {
-            stage.zero_grad();
-        }
+        self.zero_grads()?;
         let copies = inputs
             .iter()
             .map(|x| self.device.copy(0, x))

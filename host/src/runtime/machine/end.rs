@@ -1,0 +1,119 @@
+//! The ends of a step, the same for every runner: zero-grad before the first action, and after the
+//! last one the end-of-step sequence (a failed rank aborts the others, every rank waits at the
+//! finish barrier, and only when all ranks succeeded do they apply their optimizer steps), and
+//! what a rank's runner hands back ([`RankOutcome`]).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::runtime::clock::panic_message;
+use crate::runtime::{Payload, RuntimeError, Stage};
+use crate::schedule::Action;
+use crate::timeline::{Span, Transfer};
+
+/// Why a rank stopped early.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RankStop {
+    /// This rank failed.
+    Failed(RuntimeError),
+    /// Another rank failed and told this one to stop.
+    Aborted,
+}
+
+impl From<RuntimeError> for RankStop {
+    fn from(e: RuntimeError) -> Self {
+        RankStop::Failed(e)
+    }
+}
+
+/// What one rank's runner hands back at the end of a step; [`assemble`](crate::runtime::assemble)
+/// turns the outcomes of all ranks into a [`StepReport`](crate::runtime::StepReport).
+#[derive(Debug, Clone)]
+pub struct RankOutcome {
+    /// Rank's items as they ran.
+    pub spans: Vec<Span>,
+    /// Transfers this rank received.
+    pub transfers: Vec<Transfer>,
+    /// `(microbatch, loss)` computed here (on the last stage's rank).
+    pub losses: Vec<(usize, f32)>,
+    /// The most activation bytes this rank's stashes held at once.
+    pub peak_held: usize,
+    /// Seconds spent in layer calls, per action, in execution order.
+    pub action_seconds: Vec<(Action, f64)>,
+    /// How the rank ended.
+    pub result: Result<(), RankStop>,
+}
+
+impl RankOutcome {
+    /// An outcome with nothing run yet and the result `result` (what a runner starts from).
+    pub fn empty(result: Result<(), RankStop>) -> Self {
+        RankOutcome {
+            spans: Vec::new(),
+            transfers: Vec::new(),
+            losses: Vec::new(),
+            peak_held: 0,
+            action_seconds: Vec::new(),
+            result,
+        }
+    }
+}
+
+/// Zeroes the weight gradients of `stages` (`(global stage, stage)`; `rank_of` names the rank in
+/// an error), before a step's first action. A panic is a failure naming the stage.
+pub(crate) fn zero_grads<'a, P: Payload, S: Stage<P> + 'a>(
+    stages: impl IntoIterator<Item = (usize, &'a mut S)>,
+    rank_of: impl Fn(usize) -> usize,
+) -> Result<(), RuntimeError> {
+    for (s, stage) in stages {
+        catch_unwind(AssertUnwindSafe(|| stage.zero_grad())).map_err(|p| {
+            RuntimeError::OptimizerFailed {
+                rank: rank_of(s),
+                stage: s,
+                message: format!("zero_grad panicked: {}", panic_message(&*p)),
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Applies the optimizer steps of `stages` (as [`zero_grads`] takes them), once every rank
+/// finished its step; the first failure (an error or a panic) names its stage.
+pub(crate) fn optimizer_steps<'a, P: Payload, S: Stage<P> + 'a>(
+    stages: impl IntoIterator<Item = (usize, &'a mut S)>,
+    rank_of: impl Fn(usize) -> usize,
+) -> Result<(), RuntimeError> {
+    for (s, stage) in stages {
+        let message = match catch_unwind(AssertUnwindSafe(|| stage.optimizer_step())) {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e.to_string(),
+            Err(p) => format!("panicked: {}", panic_message(&*p)),
+        };
+        return Err(RuntimeError::OptimizerFailed {
+            rank: rank_of(s),
+            stage: s,
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// The end of one rank's step over `link` (a transport or a peer link), after its list ended with
+/// `result`: a failed rank aborts the others; every rank waits at the finish barrier, failed or
+/// not, so that no rank steps its optimizer unless all ranks finished; then `step` applies the
+/// optimizer steps where every rank succeeded.
+pub(crate) fn end_of_step<K: ?Sized>(
+    result: Result<(), RankStop>,
+    link: &mut K,
+    abort: fn(&mut K),
+    finish: fn(&mut K, bool) -> bool,
+    step: impl FnOnce() -> Result<(), RuntimeError>,
+) -> Result<(), RankStop> {
+    if let Err(RankStop::Failed(_)) = result {
+        abort(link);
+    }
+    let all_ok = finish(link, result.is_ok());
+    match result {
+        Ok(()) if all_ok => step().map_err(RankStop::Failed),
+        Ok(()) => Err(RankStop::Aborted),
+        other => other,
+    }
+}
