@@ -249,8 +249,9 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                 }
                 Item::Comm(c) => {
                     // A send hands its data over at once (channels and MPI buffer it), so the
-                    // wait that retires it has nothing to wait for.
-                    if !c.op.is_wait() {
+                    // wait that retires it has nothing to wait for. A receive is posted here and
+                    // waited on by the compute that uses its data (`take`), as in PyTorch.
+                    if c.op.is_send() {
                         self.transfer(c)?;
                     }
                     if !program.explicit() {
@@ -532,9 +533,12 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
         }
     }
 
-    /// Takes the tensor of `edge` for `consumer`: produced on this rank, or received by an earlier
-    /// receive of the lowered list.
+    /// Takes the tensor of `edge` for `consumer`: produced on this rank, or from another rank (the
+    /// lowered list posted its receive earlier; the rank waits for the data here).
     fn take(&mut self, edge: Edge, consumer: Action) -> Result<Tensor, RankStop> {
+        if edge.from < self.schedule.stages() && self.schedule.rank_of(edge.from) != self.rank {
+            self.transfer(edge.recv())?;
+        }
         let held = self.mailbox.remove(&edge).ok_or_else(|| {
             self.fail(
                 consumer,

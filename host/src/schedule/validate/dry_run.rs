@@ -132,8 +132,8 @@ impl Dry<'_> {
                             t => t,
                         }
                     }
-                    // The receive, earlier on this rank, waited for the data.
-                    Need::Data(e) if self.lowered && self.crosses(&e) => 0,
+                    // Its receive is posted earlier on this rank; the data comes with the send.
+                    Need::Data(e) if self.lowered && self.crosses(&e) => self.sent(&e)?,
                     Need::Data(e) => self.produced(&e)?,
                 };
                 at = at.max(t);
@@ -145,8 +145,23 @@ impl Dry<'_> {
         }
     }
 
-    /// A send: when its data was produced. A receive: when its send ran. A send's wait: when the
-    /// peer's receive ran (the wait is where the sender blocks until the peer took the data).
+    /// When the send of `e` ran, or the send to wait for.
+    fn sent(&self, e: &Edge) -> Result<usize, Item> {
+        let key = self.key(e.from, e.microbatch);
+        let at = match e.flow {
+            Flow::Activation => self.done.sent_f[key],
+            Flow::Gradient => self.done.sent_b[key],
+        };
+        if at == NOT_RUN {
+            Err(Item::Comm(e.send()))
+        } else {
+            Ok(at)
+        }
+    }
+
+    /// As PyTorch's runtime runs them: a send, when its data was produced; a receive is posted at
+    /// once (the compute that uses the data waits for its send, above); a send's wait, when the
+    /// peer's receive was posted (the sender blocks there until the peer takes the data).
     fn comm_ready(&self, c: &Comm) -> Result<usize, Item> {
         let Some(e) = Edge::of(*c, self.s.stages()) else {
             return Ok(0);
@@ -154,15 +169,16 @@ impl Dry<'_> {
         if c.op.is_send() {
             return self.produced(&e);
         }
+        if c.op.is_recv() {
+            return Ok(0);
+        }
         let key = self.key(e.from, e.microbatch);
-        let (at, missing) = match (c.op.is_wait(), e.flow) {
-            (false, Flow::Activation) => (self.done.sent_f[key], e.send()),
-            (false, Flow::Gradient) => (self.done.sent_b[key], e.send()),
-            (true, Flow::Activation) => (self.done.recv_f[key], e.recv()),
-            (true, Flow::Gradient) => (self.done.recv_b[key], e.recv()),
+        let at = match e.flow {
+            Flow::Activation => self.done.recv_f[key],
+            Flow::Gradient => self.done.recv_b[key],
         };
         if at == NOT_RUN {
-            Err(Item::Comm(missing))
+            Err(Item::Comm(e.recv()))
         } else {
             Ok(at)
         }
