@@ -117,3 +117,97 @@ fn a_schedules_own_reduce_grad_starts_its_reduction() {
     };
     assert!(stage1(&r) > stage1(&plain), "{r:?} vs {plain:?}");
 }
+
+#[test]
+fn a_wait_before_more_compute_holds_it_by_the_unoverlapped_reduction() {
+    use pipefill_host::schedule::format::from_csv;
+    use pipefill_host::sim::data_parallel::simulate_replicated;
+    // One rank, two stages (F = 1, B = 1.5): stage 1's reduction starts after 1B0 and overlaps 0B0
+    // until its wait; with the wait right after its REDUCE_GRAD, 0B0 waits for all of it.
+    let late = "0F0,1F0,1B0,1REDUCE_GRAD,0B0,1WAIT_REDUCE_GRAD,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n";
+    let early = "0F0,1F0,1B0,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,0B0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n";
+    let (late, early) = (
+        from_csv(late, "late").unwrap(),
+        from_csv(early, "early").unwrap(),
+    );
+    let c = costs(2, 1000.0);
+    let b = c.stages[0].time(pipefill_host::schedule::Op::B);
+    let compute = 2.0 * (c.stages[0].forward + b);
+    // Without replicas the waits cost nothing.
+    let none = DataParallel::NONE;
+    for s in [&late, &early] {
+        let run = simulate_replicated(s, &c, &none).unwrap();
+        assert_eq!(run.step_time, compute);
+        assert_eq!(run.simulation.timeline.makespan(), compute);
+    }
+    for bandwidth in [2000.0, 500.0] {
+        // Each reduction moves 1000 bytes: 0.5 s (under 0B0) or 2 s (over it).
+        let dp = DataParallel {
+            replicas: 2,
+            link: LinkCost {
+                latency: 0.0,
+                bandwidth,
+            },
+        };
+        let r = dp.all_reduce_time(1000.0);
+        let (l, e) = (
+            simulate_replicated(&late, &c, &dp).unwrap(),
+            simulate_replicated(&early, &c, &dp).unwrap(),
+        );
+        // The late wait hides min(R, B) of stage 1's reduction under 0B0; the early one none.
+        assert_eq!(l.step_time, compute + (r - b).max(0.0) + r, "R = {r}");
+        assert_eq!(e.step_time, compute + 2.0 * r, "R = {r}");
+        assert_eq!(e.step_time - l.step_time, r.min(b), "R = {r}");
+        // The wait holds the compute after it, not only the step's end.
+        let start_of = |sim: &pipefill_host::sim::Simulation, item: &str| {
+            sim.timeline.spans[0]
+                .iter()
+                .find(|sp| sp.item().to_string() == item)
+                .unwrap()
+                .start
+        };
+        assert_eq!(
+            start_of(&e.simulation, "0B0") - start_of(&l.simulation, "0B0"),
+            r
+        );
+        // The reductions reported are the ones the run waited for.
+        let stage1 = e.reductions.iter().find(|x| x.stage == 1).unwrap();
+        assert_eq!(stage1.end, start_of(&e.simulation, "0B0"));
+    }
+}
+
+#[test]
+fn a_lowered_schedule_waits_where_its_reductions_cost_nothing() {
+    use pipefill_host::schedule::format::{from_csv, to_csv};
+    use pipefill_host::schedule::lower::lower;
+    use pipefill_host::sim::data_parallel::simulate_replicated;
+    let s = families::generate("interleaved-1f1b", &Params::new(2, 4)).unwrap();
+    let c = costs(s.stages(), 1000.0);
+    let dp = DataParallel {
+        replicas: 4,
+        link: LinkCost {
+            latency: 0.1,
+            bandwidth: 1000.0,
+        },
+    };
+    // Where lowering puts the waits, the reductions lengthen the step as after the run.
+    let low = lower(&s).unwrap();
+    let run = simulate_replicated(&low, &c, &dp).unwrap();
+    let plain = simulate(&s, &c).unwrap();
+    let after = dp.step_time(&plain.timeline, &reductions(&s, &plain.timeline, &c, &dp));
+    assert!(
+        (run.step_time - after).abs() < 1e-9,
+        "{} vs {after}",
+        run.step_time
+    );
+    // Rank 0 waits for stage 2's reduction right after starting it: its stage 0 backwards wait.
+    let text = to_csv(&low);
+    let moved = text.replacen("2WAIT_REDUCE_GRAD,", "", 1).replacen(
+        "2REDUCE_GRAD,",
+        "2REDUCE_GRAD,2WAIT_REDUCE_GRAD,",
+        1,
+    );
+    assert_ne!(moved, text);
+    let early = simulate_replicated(&from_csv(&moved, "early").unwrap(), &c, &dp).unwrap();
+    assert!(early.step_time > run.step_time + 1e-9);
+}

@@ -18,7 +18,7 @@ use super::transport::{Parcel, Transport, TransportError};
 use super::Tensor;
 use super::{last_gradient_actions, Loss, RankOutcome, RankStop, RuntimeError, Stage, StageError};
 use crate::schedule::deps::Edge;
-use crate::schedule::{Action, Comm, Item, ParamOp, Schedule};
+use crate::schedule::{Action, Comm, Item, Op, ParamOp, Schedule};
 use crate::timeline::Span;
 
 /// One rank's part of a training step, as [`run_rank`] takes it.
@@ -155,8 +155,9 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                 }
                 Item::Comm(c) => {
                     // A send hands its data over at once (channels and MPI buffer it), so the
-                    // wait that retires it has nothing to wait for.
-                    if !c.op.is_wait() {
+                    // wait that retires it has nothing to wait for. A receive is posted here and
+                    // waited on by the compute that uses its data (`take`), as in PyTorch.
+                    if c.op.is_send() {
                         self.transfer(c)?;
                     }
                     if !program.explicit() {
@@ -238,6 +239,18 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
     /// Runs `a` on the rank's [`Machine`], its layer calls timed by the clock, and hands its
     /// output on.
     fn action(&mut self, a: Action) -> Result<(), RankStop> {
+        // Data from another rank: the lowered list posted its receive earlier (as PyTorch does);
+        // the rank waits for it here, at the compute that uses it.
+        let input = match a.op {
+            Op::F => Edge::input_of(a),
+            Op::I | Op::B => Some(Edge::gradient_of(a)),
+            Op::W => None,
+        };
+        if let Some(e) = input {
+            if e.from < self.schedule.stages() && self.schedule.rank_of(e.from) != self.rank {
+                self.transfer(e.recv())?;
+            }
+        }
         self.clock.action_start = None;
         let rank = self.rank;
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;

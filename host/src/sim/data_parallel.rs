@@ -1,7 +1,10 @@
 //! Data-parallel replicas in the model: each stage's weight gradients are all-reduced over `D`
 //! pipeline replicas, starting as soon as the stage's last `W`/`B` of the step has run (or at the
-//! stage's `REDUCE_GRAD`, where the schedule has one). A `WAIT_REDUCE_GRAD` does not hold up its
-//! rank's compute in this model: the reductions only lengthen the step.
+//! stage's `REDUCE_GRAD`, where the schedule has one). [`reductions`] places them after a run (the
+//! simulator's or a measured one): then they only lengthen the step. [`simulate_replicated`]
+//! simulates them with the pipeline: a reduction overlaps the compute that follows its
+//! `REDUCE_GRAD` until its `WAIT_REDUCE_GRAD`, which holds its rank (and what depends on it) until
+//! the reduction has ended, as PyTorch's runtime waits there.
 //!
 //! The model: a ring all-reduce of `bytes` over `D` replicas takes
 //! `latency + 2 (D - 1) / D * bytes / bandwidth` (each replica sends and receives `(D - 1) / D` of
@@ -30,6 +33,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::{check_shape, simulate_per_rank, SimError, SimOptions, Simulation};
 use crate::cost::{CostModel, LinkCost};
 use crate::runtime::last_gradient_actions;
 use crate::schedule::{Item, ParamOp, Schedule};
@@ -154,4 +158,55 @@ pub fn reductions(
         }
     }
     out
+}
+
+/// A step simulated with its data-parallel reductions ([`simulate_replicated`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replicated {
+    /// The pipeline's run, its `WAIT_REDUCE_GRAD`s held until their reductions ended.
+    pub simulation: Simulation,
+    /// Each stage's reduction ([`reductions`] of that run).
+    pub reductions: Vec<Reduction>,
+    /// When the step ends ([`DataParallel::step_time`]).
+    pub step_time: f64,
+}
+
+/// Simulates `schedule` (as [`simulate`](super::simulate)) with `dp`'s reductions in the run: each
+/// `REDUCE_GRAD` starts its stage's all-reduce of `parameter_bytes`, and its `WAIT_REDUCE_GRAD`
+/// holds the rank until the all-reduce has ended, so a wait placed before more compute delays it
+/// by the reduction's un-overlapped time. A schedule without `REDUCE_GRAD`s runs as in
+/// [`simulate`], its reductions after each stage's last `W`/`B`.
+///
+/// ```
+/// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// use pipefill_host::schedule::format::from_csv;
+/// use pipefill_host::sim::data_parallel::{simulate_replicated, DataParallel};
+/// // One rank, two stages; stage 1's reduction overlaps 0B0 (2 s) until its wait.
+/// let late = from_csv("0F0,1F0,1B0,1REDUCE_GRAD,0B0,1WAIT_REDUCE_GRAD,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n", "late").unwrap();
+/// let mut stage = StageCost::uniform(1.0, 1.0, 1.0);
+/// stage.parameter_bytes = 1000.0;
+/// let c = CostModel::uniform(stage, 2, LinkCost::default());
+/// let dp = DataParallel { replicas: 2, link: LinkCost { latency: 0.0, bandwidth: 1000.0 } };
+/// let run = simulate_replicated(&late, &c, &dp).unwrap(); // each reduction takes 1 s
+/// assert_eq!(run.step_time, 6.0 + 1.0); // F, F, B(2), B(2), then stage 0's reduction
+/// ```
+pub fn simulate_replicated(
+    schedule: &Schedule,
+    costs: &CostModel,
+    dp: &DataParallel,
+) -> Result<Replicated, SimError> {
+    let lowered = check_shape(schedule, costs)?;
+    let time = costs
+        .stages
+        .iter()
+        .map(|c| dp.all_reduce_time(c.parameter_bytes))
+        .collect();
+    let simulation = simulate_per_rank(schedule, costs, lowered, SimOptions::ALL, time)?;
+    let reductions = reductions(schedule, &simulation.timeline, costs, dp);
+    let step_time = dp.step_time(&simulation.timeline, &reductions);
+    Ok(Replicated {
+        simulation,
+        reductions,
+        step_time,
+    })
 }

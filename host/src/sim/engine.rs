@@ -3,15 +3,20 @@
 //! What an action needs and hands on is read from [`deps`](crate::schedule::deps). A compute-only
 //! schedule is simulated as its [lowering](crate::schedule::lower) would run, without building it: an
 //! input from another rank arrives `latency + bytes / bandwidth` after its producer ended. A schedule
-//! that carries its transfers is run as written: a send happens when its rank reaches it, a receive
-//! waits on its rank until the data sent has arrived, a send's wait (`WAIT_SEND_*`) waits on the
-//! sender's rank until the peer's receive has taken the data (the sender may block there); all take
-//! no time on the rank.
+//! that carries its transfers is run as PyTorch's `_PipelineScheduleRuntime` runs it: a send is
+//! posted when its rank reaches it and the data travels at once (it arrives `latency + bytes /
+//! bandwidth` later); a receive is posted where it sits and never blocks its rank; the compute that
+//! consumes the data waits for it to arrive (PyTorch waits on the receive right before the `F`,
+//! `I` or `B` that needs it); a send's wait (`WAIT_SEND_*`) blocks the sender until the data has
+//! arrived and the peer has posted its receive. Sends, receives and waits take no time on the rank.
+//! A `REDUCE_GRAD` starts its stage's data-parallel reduction, which takes the time
+//! [`Engine::with_reductions`] gives it (none by default) and overlaps what follows; its
+//! `WAIT_REDUCE_GRAD` blocks the rank until it has ended.
 
 use crate::cost::{CostModel, StageCost};
 use crate::schedule::deps::{self, Edge, Flow, Footprint, InFlight, Need};
 use crate::schedule::validate::deadlock;
-use crate::schedule::{Action, Comm, Item, Op, Schedule, ScheduleError};
+use crate::schedule::{Action, Comm, Item, Op, ParamOp, Schedule, ScheduleError};
 use crate::timeline::{Source, Span, Timeline, Transfer};
 
 /// What a blocked rank waits for; indexes are `s * M + k` into [`Tables`].
@@ -153,6 +158,11 @@ pub(super) struct Engine<'a> {
     /// Whether an overlapped pair ran (the lower bound then allows overlap savings).
     pub overlapped: bool,
     pub timeline: Timeline,
+    /// Per stage, how long its data-parallel reduction takes (empty: no time).
+    reduce_time: Vec<f64>,
+    /// Per stage, when its reduction ends and the position of its `REDUCE_GRAD` plus one (0: not
+    /// started).
+    reduce_end: Vec<Mark>,
 }
 
 impl<'a> Engine<'a> {
@@ -208,7 +218,16 @@ impl<'a> Engine<'a> {
             memory: InFlight::new(p),
             overlapped: false,
             timeline,
+            reduce_time: Vec::new(),
+            reduce_end: vec![Mark { end: 0.0, at: 0 }; s],
         }
+    }
+
+    /// The same run with each stage's data-parallel reduction taking `time[stage]`: it starts at
+    /// the stage's `REDUCE_GRAD` and its `WAIT_REDUCE_GRAD` waits for its end.
+    pub fn with_reductions(mut self, time: Vec<f64>) -> Self {
+        self.reduce_time = time;
+        self
     }
 
     /// Runs ranks from the ready stack until all are done or none can progress.
@@ -253,8 +272,18 @@ impl<'a> Engine<'a> {
                 self.memory.end(r, a, &self.footprint[a.stage]);
                 self.complete(r, pos, a, end);
             }
-            if let Item::Comm(c) = item {
-                self.comm(r, pos, c, end);
+            match item {
+                Item::Comm(c) => self.comm(r, pos, c, end),
+                Item::Param(p) if p.op == ParamOp::ReduceGrad => {
+                    let time = self.reduce_time.get(p.stage).copied().unwrap_or(0.0);
+                    if let Some(mark) = self.reduce_end.get_mut(p.stage) {
+                        *mark = Mark {
+                            end: end + time,
+                            at: pos as u32 + 1,
+                        };
+                    }
+                }
+                _ => {}
             }
             if self.record.spans {
                 lane.push(Span::new(item, start, end));
@@ -298,8 +327,9 @@ impl<'a> Engine<'a> {
                     other => other,
                 }
             }
-            Item::Comm(c) if c.op.is_recv() => self.received(r, c),
             Item::Comm(c) if c.op.is_wait() => self.taken(c),
+            Item::Param(p) if p.op == ParamOp::WaitReduceGrad => self.reduced(r, p.stage),
+            // A receive is posted where it sits; the compute that uses the data waits for it.
             Item::Comm(_) | Item::Param(_) => Ready::At(0.0, Cause::Start),
         }
     }
@@ -317,8 +347,16 @@ impl<'a> Engine<'a> {
                     let from = self.stage_rank[e.from];
                     let crosses = from != r;
                     if crosses && self.lowered {
-                        // Its receive, earlier on this rank, waited for it.
-                        continue;
+                        // Its receive is posted earlier on this rank; the data left with its send.
+                        match self.arrival(r, e) {
+                            Ready::At(t, cause) => {
+                                if matches!(best.1, Cause::Start) || t > best.0 {
+                                    best = (t, cause);
+                                }
+                                continue;
+                            }
+                            wait => return wait,
+                        }
                     }
                     let transfer = if crosses {
                         self.send[e.boundary()]
@@ -350,11 +388,9 @@ impl<'a> Engine<'a> {
         Ready::At(best.0, best.1)
     }
 
-    /// A receive on rank `r`: ready when the data sent has arrived.
-    fn received(&self, r: usize, c: Comm) -> Ready {
-        let Some(e) = Edge::of(c, self.tables.stages) else {
-            return Ready::At(0.0, Cause::Start);
-        };
+    /// When the data of edge `e` reaches rank `r` (explicit transfers): its send's end plus the
+    /// transfer, or the send it waits for.
+    fn arrival(&self, r: usize, e: Edge) -> Ready {
         let j = self.tables.index(e.from, e.microbatch);
         let mark = self.tables.sent[j][flow_slot(e.flow)];
         if mark.at == 0 {
@@ -376,7 +412,8 @@ impl<'a> Engine<'a> {
         )
     }
 
-    /// A send's wait: ready when the peer's receive has taken the data.
+    /// A send's wait: ready when its data has arrived at the peer and the peer has posted the
+    /// receive (the later of the two is the cause).
     fn taken(&self, c: Comm) -> Ready {
         let Some(e) = Edge::of(c, self.tables.stages) else {
             return Ready::At(0.0, Cause::Start);
@@ -386,14 +423,34 @@ impl<'a> Engine<'a> {
         if mark.at == 0 {
             return Ready::Wait(Wanted::Received(e.flow, j));
         }
-        Ready::At(
+        let posted = Ready::At(
             mark.end,
             Cause::Data {
                 rank: self.stage_rank[e.to()] as u32,
                 index: mark.at - 1,
                 transfer: 0.0,
             },
-        )
+        );
+        match self.arrival(self.stage_rank[e.to()], e) {
+            Ready::At(t, _) if t <= mark.end => posted,
+            arrived => arrived,
+        }
+    }
+
+    /// A `WAIT_REDUCE_GRAD` of `stage` on rank `r`: ready when the reduction its `REDUCE_GRAD`
+    /// (earlier on the rank, as the validator requires) started has ended.
+    fn reduced(&self, r: usize, stage: usize) -> Ready {
+        match self.reduce_end.get(stage) {
+            Some(m) if m.at > 0 => Ready::At(
+                m.end,
+                Cause::Data {
+                    rank: r as u32,
+                    index: m.at - 1,
+                    transfer: self.reduce_time.get(stage).copied().unwrap_or(0.0),
+                },
+            ),
+            _ => Ready::At(0.0, Cause::Start),
+        }
     }
 
     /// Records the completion of `a` at `end`, item `index` of rank `r`; without explicit

@@ -17,6 +17,15 @@
 //! many large transfers share one link). An overlapped pair `(F;B)` starts when both halves can start,
 //! takes [`CostModel::pair_time`] and both halves end together.
 //!
+//! A schedule that carries its transfers (PyTorch's compute+comms form, or
+//! [`lower`](crate::schedule::lower)'s output) runs as PyTorch's `_PipelineScheduleRuntime` runs
+//! it: a `SEND_*` or `RECV_*` is posted where it sits and never blocks its rank; the data leaves
+//! with its send and the `F`/`I`/`B` that consumes it waits for it to arrive; a `WAIT_SEND_*` blocks
+//! the sender until the data has arrived and the peer has posted its receive. So a compute+comms
+//! file takes what its compute-only order takes unless a send's wait holds its rank. A
+//! `REDUCE_GRAD` starts its stage's data-parallel reduction and a `WAIT_REDUCE_GRAD` waits for it
+//! ([`data_parallel::simulate_replicated`]; the reductions take no time in [`simulate`]).
+//!
 //! The simulation is one pass over the items with a stack of ranks that can progress: a rank runs until
 //! it meets an item whose input is missing, records which input, and is woken by the item that produces
 //! it. Each item is looked at a constant number of times, so the cost is linear in the number of
@@ -247,11 +256,23 @@ pub fn simulate_with(
     if options.device == DeviceSharing::Shared {
         return simulate_shared(schedule, costs, lowered, options);
     }
+    simulate_per_rank(schedule, costs, lowered, options, Vec::new())
+}
+
+/// [`simulate_with`] with one device per rank, on a checked schedule (`lowered`: it carries its
+/// transfers), each stage's `REDUCE_GRAD` starting a reduction of `reduce_time[stage]` seconds.
+fn simulate_per_rank(
+    schedule: &Schedule,
+    costs: &CostModel,
+    lowered: bool,
+    options: SimOptions,
+    reduce_time: Vec<f64>,
+) -> Result<Simulation, SimError> {
     let record = engine::Record {
         spans: true,
         transfers: options.transfers,
     };
-    let mut engine = Engine::new(schedule, costs, lowered, record);
+    let mut engine = Engine::new(schedule, costs, lowered, record).with_reductions(reduce_time);
     engine.run()?;
     let critical_path = if options.critical_path {
         path::critical_path(&engine)

@@ -24,6 +24,17 @@ struct Finish {
     recv_b: Vec<usize>,
 }
 
+/// What of an edge's transfer an item waits for.
+#[derive(Clone, Copy)]
+enum Step {
+    /// The action that computes the data.
+    Produced,
+    /// Its `SEND_*`.
+    Sent,
+    /// Its `RECV_*` (posted).
+    Posted,
+}
+
 /// The dry run's view of one schedule.
 struct Dry<'s> {
     s: &'s Schedule,
@@ -100,17 +111,21 @@ impl Dry<'_> {
         self.s.rank_of(e.from) != self.s.rank_of(e.to())
     }
 
-    /// When the producer of `e`'s data finished, or what to wait for.
-    fn produced(&self, e: &Edge) -> Result<usize, Item> {
-        let key = self.key(e.from, e.microbatch);
-        let t = match e.flow {
-            Flow::Activation => self.done.forward[key],
-            Flow::Gradient => self.done.grad[key],
+    /// When `step` of edge `e` finished (its producer, its send or its receive), or what to wait
+    /// for.
+    fn finished(&self, e: &Edge, step: Step) -> Result<usize, Item> {
+        let d = &self.done;
+        let (table, missing) = match (step, e.flow) {
+            (Step::Produced, Flow::Activation) => (&d.forward, Item::One(e.producer())),
+            (Step::Produced, Flow::Gradient) => (&d.grad, Item::One(e.producer())),
+            (Step::Sent, Flow::Activation) => (&d.sent_f, Item::Comm(e.send())),
+            (Step::Sent, Flow::Gradient) => (&d.sent_b, Item::Comm(e.send())),
+            (Step::Posted, Flow::Activation) => (&d.recv_f, Item::Comm(e.recv())),
+            (Step::Posted, Flow::Gradient) => (&d.recv_b, Item::Comm(e.recv())),
         };
-        if t == NOT_RUN {
-            Err(Item::One(e.producer()))
-        } else {
-            Ok(t)
+        match table[self.key(e.from, e.microbatch)] {
+            NOT_RUN => Err(missing),
+            t => Ok(t),
         }
     }
 
@@ -132,9 +147,11 @@ impl Dry<'_> {
                             t => t,
                         }
                     }
-                    // The receive, earlier on this rank, waited for the data.
-                    Need::Data(e) if self.lowered && self.crosses(&e) => 0,
-                    Need::Data(e) => self.produced(&e)?,
+                    // Its receive is posted earlier on this rank; the data comes with the send.
+                    Need::Data(e) if self.lowered && self.crosses(&e) => {
+                        self.finished(&e, Step::Sent)?
+                    }
+                    Need::Data(e) => self.finished(&e, Step::Produced)?,
                 };
                 at = at.max(t);
             }
@@ -145,26 +162,14 @@ impl Dry<'_> {
         }
     }
 
-    /// A send: when its data was produced. A receive: when its send ran. A send's wait: when the
-    /// peer's receive ran (the wait is where the sender blocks until the peer took the data).
+    /// As PyTorch's runtime runs them: a send, when its data was produced; a receive is posted at
+    /// once (the compute that uses the data waits for its send, above); a send's wait, when the
+    /// peer's receive was posted (the sender blocks there until the peer takes the data).
     fn comm_ready(&self, c: &Comm) -> Result<usize, Item> {
-        let Some(e) = Edge::of(*c, self.s.stages()) else {
-            return Ok(0);
-        };
-        if c.op.is_send() {
-            return self.produced(&e);
-        }
-        let key = self.key(e.from, e.microbatch);
-        let (at, missing) = match (c.op.is_wait(), e.flow) {
-            (false, Flow::Activation) => (self.done.sent_f[key], e.send()),
-            (false, Flow::Gradient) => (self.done.sent_b[key], e.send()),
-            (true, Flow::Activation) => (self.done.recv_f[key], e.recv()),
-            (true, Flow::Gradient) => (self.done.recv_b[key], e.recv()),
-        };
-        if at == NOT_RUN {
-            Err(Item::Comm(missing))
-        } else {
-            Ok(at)
+        match Edge::of(*c, self.s.stages()) {
+            Some(e) if c.op.is_send() => self.finished(&e, Step::Produced),
+            Some(e) if c.op.is_wait() => self.finished(&e, Step::Posted),
+            _ => Ok(0),
         }
     }
 

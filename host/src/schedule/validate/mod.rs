@@ -16,7 +16,9 @@
 //! 3. completeness: every (stage, microbatch) has one `F` and either one `B` or one `I` and one `W`;
 //!    with transfers, every boundary crossing has its send and its receive;
 //! 4. a dependency-driven dry run (`dry_run.rs`): each rank runs its list in order; an item starts
-//!    once what it needs ran (a receive once its send ran). If every rank finishes, the schedule runs;
+//!    once what it needs ran. With transfers, as PyTorch's runtime runs them: a receive is posted at
+//!    once, the compute that uses its data starts once the send ran, and a send's wait once the
+//!    peer's receive was posted. If every rank finishes, the schedule runs;
 //!    otherwise the error ([`ScheduleError::Deadlock`]) lists the waiting ranks and what each waits for.
 //!
 //! Errors name the rank, the position and the action and show the rank lists around it.
