@@ -25,7 +25,7 @@ use pipefill::model::ModelSpec;
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::partition::{optimal_with_budget, Layout, Problem};
 use pipefill_host::runtime::{Executor, Stage, Tensor};
-use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit};
+use pipefill_host::auto::{solve, AutoRequest, MemoryLimit};
 use pipefill_host::schedule::lower::lower;
 use pipefill_host::schedule::validate::validate;
 use pipefill_host::schedule::{families, Params, Placement, Schedule};

@@ -3,7 +3,7 @@
 //! for both objectives, and the result keeps the limit.
 
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit, Objective};
+use pipefill_host::auto::{solve, AutoRequest, MemoryLimit, Objective};
 use pipefill_host::schedule::validate::validate;
 use pipefill_host::schedule::Placement;
 

@@ -16,7 +16,7 @@
 
 use clap::ValueEnum;
 use pipefill_host::cost::flag::parse_time;
-use pipefill_host::schedule::auto::DEFAULT_TIME_BUDGET;
+use pipefill_host::auto::DEFAULT_TIME_BUDGET;
 use serde::Serialize;
 
 use super::grid::{self, GridReport};
