@@ -9,8 +9,9 @@
 //! 3. [`plans`]: the host planner scores each schedule family that fits and `auto` (or only
 //!    `--schedule`, or the `--schedule-file`, whatever its name): its split (`--plan auto`: the best partition;
 //!    `--plan uniform`: equal layer counts) simulated under the profile
-//!    ([`pipefill_host::plan::plan_families`], [`pipefill_host::plan::plan_schedule`]); the best
-//!    predicted step time is chosen;
+//!    ([`pipefill_host::plan::plan_given`], [`pipefill_host::plan::plan_schedule`]); [`choose`]
+//!    takes the best predicted step time, or in a near-tie within the profile's measured spread
+//!    the library's stated rule ([`pipefill_host::plan::choose`]);
 //! 4. [`train`]: run the steps with the executor (CPU: one thread per rank; `--backend cuda`: the
 //!    stream runtime on GPU 0, one host thread enqueuing per-rank streams), showing progress;
 //! 5. [`report`]: losses, step time, measured vs predicted bubble per rank, the SVG, JSON.
@@ -122,24 +123,12 @@ pub fn candidates(setup: &Setup) -> Result<Candidates, CliError> {
 
 /// The plan to run among `candidates` ([`pipefill_host::plan::choose`]: the fastest, or in a
 /// near-tie within the profile's spread the stated rule's), with its predicted timeline (the
-/// shared-device one for a plan re-scored for one device). A near-tie is said on stderr.
+/// shared-device one for a plan re-scored for one device) and the near-tie it decided, which the
+/// report states.
 pub fn choose(candidates: &Candidates) -> Result<Chosen, CliError> {
     let choice = pipefill_host::plan::choose(&candidates.plans, candidates.spread)
         .ok_or_else(|| CliError::Failed("no candidate schedule".into()))?;
     let plan = candidates.plans[choice.index].clone();
-    if let Some(t) = &choice.near_tie {
-        eprintln!(
-            "near-tie: {} candidates within {:.1}% of the best predicted step time ({}; the \
-             profile's spread {:.1}%); chose {} (V = {}) by the rule: {}",
-            t.candidates,
-            100.0 * t.window,
-            t.fastest,
-            100.0 * t.spread,
-            plan.family,
-            plan.chunks,
-            t.rule
-        );
-    }
     let predicted = plan
         .predicted()
         .map_err(|e| CliError::Failed(e.to_string()))?;

@@ -5,17 +5,19 @@
 //! profile's noise, not the schedules, orders them), so the first by step time would change from
 //! run to run, and with it the losses' last bits. Such a **near-tie** is decided by a stated rule that
 //! reads only the schedules' shapes, never a measured time ([`NEAR_TIE_RULE`]): a handcrafted
-//! family before `auto` (whose schedule itself follows the measured costs), then the fewest
+//! family before `auto` (whose schedule itself follows the measured costs), then the fastest on
+//! even costs (every stage's `F = I = W`, free transfers: what the schedule's shape alone
+//! predicts, so the choice leans to the fast end of the tie, away from its edge), then the fewest
 //! samples in flight per rank (microbatches in flight times their size: the least activation
 //! memory), then the simplest family (the order of [`FAMILIES`]), then the fewest microbatches,
 //! then the fewest chunks. A plan faster than every other by more than the window wins, whatever its shape.
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::CostFile;
+use crate::cost::{CostFile, CostModel, LinkCost, StageCost};
 use crate::schedule::families::FAMILIES;
 use crate::schedule::validate::check_static;
-use crate::sim::{simulate_with, DeviceSharing, SimError, SimOptions};
+use crate::sim::{simulate, simulate_with, DeviceSharing, SimError, SimOptions};
 use crate::timeline::Timeline;
 
 use super::Plan;
@@ -30,9 +32,10 @@ pub const MAX_TIE: f64 = 0.10;
 
 /// The near-tie rule, as outputs state it.
 pub const NEAR_TIE_RULE: &str = "a handcrafted family before auto (whose schedule follows the \
-                                 measured costs), then the fewest samples in flight per rank, \
-                                 then the simplest family, then the fewest microbatches, then the \
-                                 fewest chunks";
+                                 measured costs), then the fastest on even costs (every stage's \
+                                 F = I = W, free transfers), then the fewest samples in flight per \
+                                 rank, then the simplest family, then the fewest microbatches, \
+                                 then the fewest chunks";
 
 /// The key under which a cost file's `meta` records the profile's measured spread
 /// ([`relative_spread`]).
@@ -127,6 +130,27 @@ fn in_flight(plan: &Plan) -> f64 {
     peak / plan.chunks.max(1) as f64 * plan.microbatch_size.max(1) as f64
 }
 
+/// `plan`'s step on even costs: every stage's `F = I = W` (one unit of work per sample spread over
+/// the `P x V` stages, times the microbatch size), free transfers, the plan's overlap share. A
+/// property of the schedule and the batch alone (no measured time); infinite when it does not
+/// simulate.
+fn even_step(plan: &Plan) -> f64 {
+    let stages = plan.schedule.stages().max(1);
+    let t = plan.microbatch_size.max(1) as f64 / stages as f64;
+    let mut costs = CostModel::uniform(StageCost::uniform(t, t, t), stages, LinkCost::default());
+    costs.overlap_share = plan.cost.overlap_share;
+    simulate(&plan.schedule, &costs).map_or(f64::INFINITY, |s| s.timeline.makespan())
+}
+
+/// `a` and `b` ordered, equal within a relative `1e-9` (rounding in the simulation).
+fn close_cmp(a: f64, b: f64) -> std::cmp::Ordering {
+    if (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) {
+        std::cmp::Ordering::Equal
+    } else {
+        a.total_cmp(&b)
+    }
+}
+
 /// The plan to run among `plans` predicted from a profile of measured relative `spread` (see the
 /// [module docs](self)); `None` when there is none.
 pub fn choose(plans: &[Plan], spread: f64) -> Option<Choice> {
@@ -158,6 +182,7 @@ pub fn choose(plans: &[Plan], spread: f64) -> Option<Choice> {
         let solved = |p: &Plan| order(&p.family) == FAMILIES.len();
         solved(x)
             .cmp(&solved(y))
+            .then(close_cmp(even_step(x), even_step(y)))
             .then(in_flight(x).total_cmp(&in_flight(y)))
             .then(order(&x.family).cmp(&order(&y.family)))
             .then(x.family.cmp(&y.family))
