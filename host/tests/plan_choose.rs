@@ -23,7 +23,9 @@ fn free_link(layers: Vec<LayerCost>) -> CostFile {
 
 /// Eight even layers, each time multiplied by a factor within `1 +- noise` drawn from `seed`.
 fn noisy(seed: u64, noise: f64) -> CostFile {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let mut draw = || {
         x = x
             .wrapping_mul(6364136223846793005)
@@ -63,7 +65,10 @@ fn noise_within_the_spread_does_not_change_the_choice() {
     for seed in 0..24 {
         let plans = every_family(&noisy(seed, 0.03));
         let c = choose(&plans, spread).unwrap();
-        let tie = c.near_tie.as_ref().expect("near-equal families are a near-tie");
+        let tie = c
+            .near_tie
+            .as_ref()
+            .expect("near-equal families are a near-tie");
         assert!(tie.candidates > 1 && tie.window == spread, "{tie:?}");
         chosen.push(key(&plans[c.index]));
         fastest.push(tie.fastest.clone());
@@ -135,7 +140,12 @@ fn one_device_scores_plans_by_the_shared_model() {
     let plans = on_one_device(report.plans);
     assert_eq!(plans.len(), 3);
     for p in &plans {
-        assert!((p.step_time - serial).abs() < 1e-9, "{}: {}", p.family, p.step_time);
+        assert!(
+            (p.step_time - serial).abs() < 1e-9,
+            "{}: {}",
+            p.family,
+            p.step_time
+        );
         assert!((p.predicted().unwrap().makespan() - serial).abs() < 1e-9);
     }
 }
@@ -181,9 +191,19 @@ fn auto_is_planned_like_the_families() {
         ..AutoOptions::default()
     };
     let names = vec!["auto".to_string()];
-    let given = plan_given(&req.costs, &Params::new(4, 8), &names, Split::Best, None, &auto);
+    let given = plan_given(
+        &req.costs,
+        &Params::new(4, 8),
+        &names,
+        Split::Best,
+        None,
+        &auto,
+    );
     let p = &given.unwrap().plans[0];
-    assert_eq!((p.family.as_str(), p.chunks, p.microbatches), ("auto", 1, 8));
+    assert_eq!(
+        (p.family.as_str(), p.chunks, p.microbatches),
+        ("auto", 1, 8)
+    );
     // Its limit holds: at most 2 microbatches in flight on any rank.
     let peak = pipefill_host::schedule::validate::validate(&p.schedule)
         .unwrap()

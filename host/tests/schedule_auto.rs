@@ -3,8 +3,8 @@
 //! handcrafted family that fits, the exact method matches brute force on tiny instances, and bad
 //! requests are typed errors.
 
-use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::auto::{solve, AutoError, AutoRequest, MemoryLimit, Objective};
+use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::format;
 use pipefill_host::schedule::validate::validate;
 use pipefill_host::schedule::{Action, Item, Op, Placement, Schedule};

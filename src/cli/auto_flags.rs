@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
-use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time};
-use pipefill_host::cost::{CostModel, CostSpec};
 use pipefill_host::auto::{
     solve, AutoError, AutoOptions, AutoSchedule, MemoryLimit, Objective, DEFAULT_TIME_BUDGET,
 };
+use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time};
+use pipefill_host::cost::{CostModel, CostSpec};
 use pipefill_host::schedule::Placement;
 
 use super::simulate::{cost_spec_of, CostFlags};
@@ -178,13 +178,9 @@ pub fn solve_auto(
     limit: Option<MemoryLimit>,
     args: &AutoArgs,
 ) -> Result<AutoSchedule, CliError> {
-    let req = args.options(None).request(
-        shape.ranks,
-        shape.microbatches,
-        shape.chunks,
-        costs,
-        limit,
-    );
+    let req =
+        args.options(None)
+            .request(shape.ranks, shape.microbatches, shape.chunks, costs, limit);
     solve(&req).map_err(|e| auto_error(e, limit))
 }
 

@@ -204,7 +204,8 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
             .collect(),
     };
     let auto = a.auto.with_seed(a.seed).options(a.chunks);
-    plan_given(costs, &params, &names, split, None, &auto).map_err(|e| no_plan(a.schedule.as_deref(), e))
+    plan_given(costs, &params, &names, split, None, &auto)
+        .map_err(|e| no_plan(a.schedule.as_deref(), e))
 }
 
 /// The error when no plan is left: which schedules were ruled out, and why.

@@ -307,9 +307,9 @@ impl Greedy<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{CostModel, LinkCost, StageCost};
     use crate::auto::score::schedule_of;
     use crate::auto::{AutoRequest, MemoryLimit};
+    use crate::cost::{CostModel, LinkCost, StageCost};
     use crate::schedule::validate::validate;
     use crate::sim::simulate;
 

@@ -218,7 +218,12 @@ impl<'a> Shape<'a> {
 pub(super) fn scaled(request: &PlanRequest, m: usize) -> CostFile {
     let factor = (request.replica_batch() / m.max(1)) as f64 / request.cost_batch;
     CostFile {
-        layers: request.costs.layers.iter().map(|l| l.scaled(factor)).collect(),
+        layers: request
+            .costs
+            .layers
+            .iter()
+            .map(|l| l.scaled(factor))
+            .collect(),
         ..request.costs.clone()
     }
 }

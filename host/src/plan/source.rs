@@ -62,12 +62,12 @@ impl Source {
     ) -> Result<Schedule, PlanError> {
         let chunks = params.chunks.unwrap_or(self.default_chunks(auto));
         match self {
-            Source::Family(f) => (f.generate)(&params.with_chunks(chunks)).map_err(|source| {
-                PlanError::Schedule {
+            Source::Family(f) => {
+                (f.generate)(&params.with_chunks(chunks)).map_err(|source| PlanError::Schedule {
                     name: f.name.to_string(),
                     source,
-                }
-            }),
+                })
+            }
             Source::Auto => {
                 let counts = split_even(costs.layers.len(), params.ranks * chunks)?;
                 let model = costs.model(&counts)?;
