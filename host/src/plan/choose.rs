@@ -1,16 +1,5 @@
-//! Choosing the plan to run among the candidates, and scoring them for ranks that share one device.
-//!
-//! The fastest predicted plan wins unless others are predicted within the profile's measured spread
-//! of it ([`tie_window`]): predictions that close can swap from one profile to the next (the
-//! profile's noise, not the schedules, orders them), so the first by step time would change from
-//! run to run, and with it the losses' last bits. Such a **near-tie** is decided by a stated rule that
-//! reads only the schedules' shapes, never a measured time ([`NEAR_TIE_RULE`]): a handcrafted
-//! family before `auto` (whose schedule itself follows the measured costs), then the fastest on
-//! even costs (every stage's `F = I = W`, free transfers: what the schedule's shape alone
-//! predicts, so the choice leans to the fast end of the tie, away from its edge), then the fewest
-//! samples in flight per rank (microbatches in flight times their size: the least activation
-//! memory), then the simplest family (the order of [`FAMILIES`]), then the fewest microbatches,
-//! then the fewest chunks. A plan faster than every other by more than the window wins, whatever its shape.
+//! Choosing the plan to run among the candidates, and scoring them for ranks that share one device
+//! (the rule is described in [the planner's docs](crate::plan#choosing-among-near-equal-plans)).
 
 use serde::{Deserialize, Serialize};
 
@@ -151,8 +140,11 @@ fn close_cmp(a: f64, b: f64) -> std::cmp::Ordering {
     }
 }
 
-/// The plan to run among `plans` predicted from a profile of measured relative `spread` (see the
-/// [module docs](self)); `None` when there is none.
+/// The plan to run among `plans` predicted from a profile of measured relative `spread`: the
+/// fastest, unless others are predicted within [`tie_window`]`(spread)` of it; then the near-tie is
+/// decided by [`NEAR_TIE_RULE`], which reads the schedules' shapes and the batch only, never a
+/// measured time (see [the planner's docs](crate::plan#choosing-among-near-equal-plans)). `None`
+/// when there is no plan.
 pub fn choose(plans: &[Plan], spread: f64) -> Option<Choice> {
     let fastest = (0..plans.len()).min_by(|&a, &b| {
         plans[a]

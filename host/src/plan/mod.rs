@@ -5,7 +5,9 @@
 //! shrink the bubble but make each one smaller, and memory rules some choices out. So [`plan`]
 //! searches, for `P` ranks and a global batch of `N` samples:
 //!
-//! - every schedule family (or the ones asked for) and every `V` it accepts among the candidates;
+//! - every schedule family (or the ones asked for) and every `V` it accepts among the candidates,
+//!   and `auto` when named ([`PlanRequest::auto`]: solved for the costs at each `P`, `D` and `M`
+//!   tried, then split and simulated like the families);
 //! - every `M` dividing `N` (up to a maximum), each microbatch then holding `N / M` samples;
 //! - for each, the partitions of [`crate::partition`]: the exact bottleneck optimum (under the memory
 //!   limit, with the schedule's in-flight activations per stage), the baselines, and with `V > 1` the
@@ -28,6 +30,21 @@
 //! run, to avoid it). A line through two sizes is still off far from them; when the file gives a
 //! layer's `samples` (its times measured at other sizes, `pipefill profile --sizes`), times are
 //! interpolated between the measured sizes instead (see [`crate::cost::scaling`]).
+//!
+//! ## Choosing among near-equal plans
+//!
+//! [`choose`] picks the plan to run. The fastest predicted plan wins unless others are predicted
+//! within the profile's measured spread of it ([`relative_spread`], recorded in a cost file's
+//! `meta.spread`; the window is kept within [`MIN_TIE`] and [`MAX_TIE`] by [`tie_window`]):
+//! predictions that close swap from one profile to the next, so the first by step time would change
+//! from run to run (and with it the losses' last bits). Such a near-tie is decided by a stated rule
+//! that reads the schedules' shapes and the batch, never a measured time ([`NEAR_TIE_RULE`]): a
+//! handcrafted family before `auto` (whose schedule itself follows the measured costs), then the
+//! fastest on even costs (every stage's `F = I = W`, free transfers: it leans to the fast end of
+//! the tie, away from its edge, where a candidate would drop in and out), then the fewest samples
+//! in flight per rank (the least activation memory), then the simplest family, then the fewest
+//! microbatches, then the fewest chunks. [`on_one_device`] re-scores plans whose ranks share one
+//! device (the simulator's shared-device mode).
 //!
 //! ## Given schedules
 //!
