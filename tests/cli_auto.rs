@@ -278,20 +278,8 @@ fn plan_takes_auto() {
         json(&args)
     };
     let v = plan_workers("4");
-    let mut splits: Vec<(u64, u64)> = v["plans"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["family"] == "auto" && p["ranks"].as_u64().unwrap() > 1)
-        .map(|p| {
-            (
-                p["ranks"].as_u64().unwrap(),
-                p["data_parallel"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    splits.sort();
-    splits.dedup();
+    let auto = v["plans"].as_array().unwrap().iter();
+    let splits = common::splits(auto.filter(|p| p["family"] == "auto" && p["ranks"] != 1));
     assert_eq!(splits, vec![(2, 2), (4, 1)], "{v}");
 }
 
