@@ -252,6 +252,35 @@ fn plan_takes_auto() {
             p["family"]
         );
     }
+    // The chosen plan is said, with the near-tie that decided it (null when the fastest won).
+    assert!(v["chosen"]["rank"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["chosen"].get("near_tie").is_some(), "{v}");
+
+    // With --workers, auto is planned at every split of the workers into P x D, as the families.
+    let plan_workers = |n: &str| {
+        let args = [
+            "plan",
+            "--costs",
+            path,
+            "--workers",
+            n,
+            "--families",
+            "auto,1f1b",
+            "--global-batch",
+            "16",
+            "--time-budget",
+            "0.02",
+            "--format",
+            "json",
+            "--top",
+            "100",
+        ];
+        json(&args)
+    };
+    let v = plan_workers("4");
+    let auto = v["plans"].as_array().unwrap().iter();
+    let splits = common::splits(auto.filter(|p| p["family"] == "auto" && p["ranks"] != 1));
+    assert_eq!(splits, vec![(2, 2), (4, 1)], "{v}");
 }
 
 #[test]

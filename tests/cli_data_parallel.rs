@@ -121,17 +121,7 @@ fn plan_searches_the_split_of_workers_and_refuses_bad_replica_counts() {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let plans = v["plans"].as_array().unwrap();
-    let mut splits: Vec<(u64, u64)> = plans
-        .iter()
-        .map(|p| {
-            (
-                p["ranks"].as_u64().unwrap(),
-                p["data_parallel"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    splits.sort();
-    splits.dedup();
+    let splits = common::splits(plans);
     assert_eq!(splits, vec![(1, 4), (2, 2), (4, 1)]);
     // At 1 MB/s the all-reduces outlast the cool-down: data-parallel plans carry a tail.
     for p in plans {

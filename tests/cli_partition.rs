@@ -320,9 +320,12 @@ fn plan_json_best_first_and_refusals() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("best first"), "{out}");
+    // The last line names the plan chosen (the fastest, or a near-tie's pick); the SVG draws it.
+    let chosen = out.lines().last().unwrap();
+    assert!(chosen.starts_with("chosen: #"), "{out}");
     let drawn = std::fs::read_to_string(&svg).unwrap();
     assert!(
-        drawn.starts_with("<svg") && drawn.contains("best plan"),
+        drawn.starts_with("<svg") && drawn.contains("chosen plan"),
         "{drawn}"
     );
 

@@ -59,6 +59,29 @@ fn json_has_the_documented_keys_and_the_loss_falls() {
     ] {
         assert!(v.get(key).is_some(), "missing {key}: {v}");
     }
+    // The plan run is the fastest, or one within the near-tie window of it that the stated rule
+    // chose, and the JSON says which (`near_tie`, null when the fastest won alone).
+    let predicted = |c: &serde_json::Value| c["step_time_predicted_s"].as_f64().unwrap();
+    let candidates = v["candidates"].as_array().unwrap();
+    let fastest = candidates
+        .iter()
+        .map(predicted)
+        .fold(f64::INFINITY, f64::min);
+    let ran = candidates
+        .iter()
+        .find(|c| c["schedule"] == v["schedule"] && c["chunks"] == v["chunks"])
+        .map(predicted)
+        .unwrap();
+    match &v["near_tie"] {
+        serde_json::Value::Null => assert_eq!(ran, fastest),
+        t => {
+            let window = t["window"].as_f64().unwrap();
+            assert!((0.02..=0.1).contains(&window), "{t}");
+            assert!(t["candidates"].as_u64().unwrap() >= 2, "{t}");
+            assert!(ran <= fastest * (1.0 + window), "{ran} vs {fastest}: {t}");
+            assert!(t["rule"].as_str().unwrap().contains("then"), "{t}");
+        }
+    }
     let losses: Vec<f64> = serde_json::from_value(v["losses"].clone()).unwrap();
     assert_eq!(losses.len(), 12);
     assert!(losses[11] < losses[0], "loss must fall: {losses:?}");

@@ -13,6 +13,9 @@
 //!   the text / CSV / JSON formats.
 //! - [`cost`]: per-stage and per-layer costs, and the cost file.
 //! - [`sim`]: the discrete-event simulator (schedule + cost model -> [`timeline::Timeline`]).
+//! - [`auto`]: the automatic scheduler, a schedule solved for measured costs and a memory limit; it
+//!   scores its candidates with the simulator, so it sits above [`sim`] (the schedule layer below
+//!   imports neither the simulator nor the cost model).
 //! - [`timeline`]: start/end of every action on every rank, predicted or measured.
 //! - [`trace`]: timelines as Chrome trace JSON, SVG and terminal charts.
 //! - [`partition`]: layers + measured costs -> stages.
@@ -87,6 +90,7 @@
 //! # }
 //! ```
 
+pub mod auto;
 pub mod cost;
 pub mod cpu_time;
 pub mod input;

@@ -1,10 +1,10 @@
-//! The automatic scheduler (`schedule::auto`): every schedule validates and keeps every rank under
+//! The automatic scheduler (`auto`): every schedule validates and keeps every rank under
 //! its limit (random instances), a seed gives the same schedule, `auto` never loses to a
 //! handcrafted family that fits, the exact method matches brute force on tiny instances, and bad
 //! requests are typed errors.
 
+use pipefill_host::auto::{solve, AutoError, AutoRequest, MemoryLimit, Objective};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::auto::{solve, AutoError, AutoRequest, MemoryLimit, Objective};
 use pipefill_host::schedule::format;
 use pipefill_host::schedule::validate::validate;
 use pipefill_host::schedule::{Action, Item, Op, Placement, Schedule};

@@ -2,8 +2,8 @@
 //! schedule over the ladder V-Half (`P/2` microbatches in flight), 1F1B (`P`), twice 1F1B (`2P`),
 //! for both objectives, and the result keeps the limit.
 
+use pipefill_host::auto::{solve, AutoRequest, MemoryLimit, Objective};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit, Objective};
 use pipefill_host::schedule::validate::validate;
 use pipefill_host::schedule::Placement;
 

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
+use pipefill_host::auto::{solve, AutoRequest};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::auto::{solve, AutoRequest};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::format::{from_csv, to_csv};
 use pipefill_host::schedule::lower::{lower, strip};

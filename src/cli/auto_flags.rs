@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
+use pipefill_host::auto::{
+    solve, AutoError, AutoOptions, AutoSchedule, MemoryLimit, Objective, DEFAULT_TIME_BUDGET,
+};
 use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time};
 use pipefill_host::cost::{CostModel, CostSpec};
-use pipefill_host::schedule::auto::{
-    solve, AutoError, AutoRequest, AutoSchedule, MemoryLimit, Objective, DEFAULT_TIME_BUDGET,
-};
 use pipefill_host::schedule::Placement;
 
 use super::simulate::{cost_spec_of, CostFlags};
@@ -75,6 +75,19 @@ impl AutoArgs {
     /// The first of these flags given away from its default (they only steer `auto`).
     pub fn given(&self) -> Option<&'static str> {
         self.steer.given().or((self.seed != 0).then_some("--seed"))
+    }
+
+    /// These flags as the library's options for `auto` (`V` from the placement, or `chunks`).
+    pub fn options(&self, chunks: Option<usize>) -> AutoOptions {
+        let s = &self.steer;
+        AutoOptions {
+            placement: s.placement,
+            chunks,
+            max_in_flight: s.max_in_flight,
+            objective: s.objective,
+            time_budget: s.time_budget,
+            seed: self.seed,
+        }
     }
 }
 
@@ -165,11 +178,9 @@ pub fn solve_auto(
     limit: Option<MemoryLimit>,
     args: &AutoArgs,
 ) -> Result<AutoSchedule, CliError> {
-    let mut req = AutoRequest::new(shape.ranks, shape.microbatches, costs)
-        .with_chunks(shape.chunks, args.steer.placement)
-        .with_objective(args.steer.objective)
-        .with_budget(args.steer.time_budget, args.seed);
-    req.limit = limit;
+    let req =
+        args.options(None)
+            .request(shape.ranks, shape.microbatches, shape.chunks, costs, limit);
     solve(&req).map_err(|e| auto_error(e, limit))
 }
 

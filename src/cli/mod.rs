@@ -3,7 +3,6 @@
 use clap::{Parser, Subcommand};
 
 pub mod auto_flags;
-pub mod auto_plan;
 pub mod bench;
 pub mod device;
 pub mod model_flags;

@@ -21,8 +21,16 @@
 //!
 //! JSON: `{"ranks", "data_parallel", "workers", "global_batch", "memory_limit", "scaling", "overlap_share", "plans": [{family,
 //! chunks, microbatches, microbatch_size, partition, layers_per_stage, step_time, bubble_fraction,
-//! peak_memory, lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>}`, best plan
-//! first (each plan as [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
+//! peak_memory, lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>, "chosen":
+//! {<a plan's fields>, rank, near_tie}}`, best plan first (each plan as
+//! [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
+//!
+//! `auto` (in `--families`) is one more schedule source of the library's planner: solved at every
+//! `P`, `D` and `M` tried (so with `--workers` and `--data-parallel` too), planned like the families.
+//! The plan **chosen** is the fastest unless others are predicted within the cost file's recorded
+//! spread of it (`meta.spread`, at least 2%, at most 10%): then the near-tie rule of
+//! [`pipefill_host::plan::choose`] decides, and the output says so (the table's last line, the
+//! JSON's `"chosen"`); `--svg` draws the chosen plan.
 //!
 //! `--activations bf16` (or `f32`) plans for activations stored in that type: the cost file's
 //! activation, release and output bytes are rescaled from the type it records
@@ -38,17 +46,15 @@ use pipefill_host::cost::flag::{parse_bytes, parse_time};
 use pipefill_host::cost::{ActivationDtype, CostFile};
 use pipefill_host::partition::SPLIT_CELLS_PER_SECOND;
 use pipefill_host::plan::{
-    estimated_work, estimated_workers_work, plan, plan_workers, Plan, PlanError, PlanReport,
-    PlanRequest,
+    choose, estimated_work, estimated_workers_work, plan, plan_workers, recorded_spread, Choice,
+    Plan, PlanError, PlanReport, PlanRequest,
 };
-use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::sim::data_parallel::DataParallel;
 use pipefill_host::trace::{svg_gantt, SvgOptions};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::auto_flags::AutoArgs;
-use super::auto_plan::auto_plans;
 use super::partition::Format;
 use super::CliError;
 
@@ -119,7 +125,7 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-    /// Write the best plan's predicted timeline as SVG to this file (atomically).
+    /// Write the chosen plan's predicted timeline as SVG to this file (atomically).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
     /// The automatic scheduler's flags (for `--families auto`; its limit is --memory-limit or
@@ -130,13 +136,7 @@ pub struct Args {
 
 /// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is
 /// at fault.
-fn plan_error(mut e: PlanError) -> CliError {
-    // `plan` also takes the automatic scheduler, which the library's family list does not hold.
-    if let PlanError::UnknownFamily { known, .. } = &mut e {
-        if !known.contains(&AUTO) {
-            known.push(AUTO);
-        }
-    }
+fn plan_error(e: PlanError) -> CliError {
     let flag = match &e {
         PlanError::NoRanks => Some("--ranks".to_string()),
         PlanError::Replicas { .. } => Some("--data-parallel".to_string()),
@@ -251,6 +251,7 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
     req.chunks = args.chunks.clone();
     req.max_microbatches = args.max_microbatches;
     req.refine = args.refine;
+    req.auto = args.auto.options(None);
     if let Some(x) = args.overlap_share {
         req.costs.overlap_share = x;
     }
@@ -268,6 +269,44 @@ struct JsonOut {
     overlap_share: f64,
     plans: Vec<Value>,
     skipped: usize,
+    chosen: Value,
+}
+
+/// The chosen plan as JSON: its summary, its place in the ranking (`"rank"`, 1 = fastest) and the
+/// near-tie that decided it (`"near_tie"`, null when the fastest won alone).
+fn chosen_json(report: &PlanReport, choice: &Choice) -> Result<Value, CliError> {
+    let mut v = summary(&report.plans[choice.index])?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("rank".into(), (choice.index + 1).into());
+        let tie = serde_json::to_value(&choice.near_tie)
+            .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
+        o.insert("near_tie".into(), tie);
+    }
+    Ok(v)
+}
+
+/// The table's last line: which plan is chosen, and why when it was a near-tie.
+fn chosen_line(report: &PlanReport, choice: &Choice) -> String {
+    let p = &report.plans[choice.index];
+    let which = format!(
+        "chosen: #{} {} (V = {}, M = {})",
+        choice.index + 1,
+        p.family,
+        p.chunks,
+        p.microbatches
+    );
+    match &choice.near_tie {
+        None => format!("{which}, the fastest"),
+        Some(t) => format!(
+            "{which}: near-tie, {} plans within {:.1}% of the fastest ({}; profile spread {:.1}%), \
+             decided by the rule: {}",
+            t.candidates,
+            100.0 * t.window,
+            t.fastest,
+            100.0 * t.spread,
+            t.rule
+        ),
+    }
 }
 
 /// A plan as JSON without its schedule and costs (a plan's full form, with them, is what
@@ -289,24 +328,19 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     let req = request_from_flags(&args)?;
     let report = match args.workers {
-        Some(_) if req.families.iter().any(|f| f == AUTO) => {
-            return Err(CliError::Usage(
-                "--families auto is not searched with --workers yet: give --ranks (and \
-                 --data-parallel), or leave auto out"
-                    .into(),
-            ))
-        }
         Some(n) => {
             let _progress = plan_work(&req, estimated_workers_work(&req, n), "--workers")?;
             plan_workers(&req, n).map_err(plan_error)?
         }
         None => {
-            let mut handcrafted = req.clone();
-            handcrafted.families.retain(|f| f != AUTO);
-            let _progress = plan_work(&req, estimated_work(&handcrafted), "--families")?;
-            plan_with_auto(&req, &args)?
+            let _progress = plan_work(&req, estimated_work(&req), "--families")?;
+            plan(&req).map_err(plan_error)?
         }
     };
+    // Near-equal predictions are decided by the stated rule, within the cost file's recorded
+    // spread (the narrowest window when it records none).
+    let choice = choose(&report.plans, recorded_spread(&req.costs).unwrap_or(0.0))
+        .ok_or_else(|| CliError::Failed("no plan to choose".into()))?;
     let shown = &report.plans[..report.plans.len().min(args.top.max(1))];
     match args.format {
         Format::Json => {
@@ -320,18 +354,19 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 overlap_share: req.costs.overlap_share,
                 plans: shown.iter().map(summary).collect::<Result<_, _>>()?,
                 skipped: report.skipped.len(),
+                chosen: chosen_json(&report, &choice)?,
             };
             let text = serde_json::to_string_pretty(&out)
                 .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
             println!("{text}");
         }
-        Format::Table => print_table(&req, args.workers, &report, shown),
+        Format::Table => {
+            print_table(&req, args.workers, &report, shown);
+            println!("{}", chosen_line(&report, &choice));
+        }
     }
     if let Some(path) = &args.svg {
-        let best = report
-            .best()
-            .ok_or_else(|| CliError::Failed("no plan to draw".into()))?;
-        let svg = best_timeline_svg(best)?;
+        let svg = best_timeline_svg(&report.plans[choice.index])?;
         super::output::write_atomic("--svg", path, svg)?;
     }
     Ok(())
@@ -355,43 +390,6 @@ fn plan_work(
              (merge neighbouring layers of the --costs file)"
         ),
     )
-}
-
-/// The host planner's report for the handcrafted families asked for, with `auto`'s plans added
-/// when `--families` names it (best first).
-fn plan_with_auto(req: &PlanRequest, args: &Args) -> Result<PlanReport, CliError> {
-    let wants_auto = req.families.iter().any(|f| f == AUTO);
-    let others: Vec<String> = req
-        .families
-        .iter()
-        .filter(|f| *f != AUTO)
-        .cloned()
-        .collect();
-    let mut report = if wants_auto && others.is_empty() {
-        PlanReport {
-            plans: Vec::new(),
-            skipped: Vec::new(),
-        }
-    } else {
-        let mut handcrafted = req.clone();
-        handcrafted.families = others;
-        plan(&handcrafted).map_err(plan_error)?
-    };
-    if wants_auto {
-        let (plans, skipped) = auto_plans(req, args.auto.steer.max_in_flight, &args.auto);
-        if plans.is_empty() && report.plans.is_empty() {
-            return Err(plan_error(PlanError::NoPlan { skipped }));
-        }
-        report.plans.extend(plans);
-        report.skipped.extend(skipped);
-        report.plans.sort_by(|a, b| {
-            a.step_time
-                .total_cmp(&b.step_time)
-                .then(a.microbatches.cmp(&b.microbatches))
-                .then(a.family.cmp(&b.family))
-        });
-    }
-    Ok(report)
 }
 
 /// How times are scaled to other microbatch sizes: `sampled` when every layer has samples,
@@ -455,7 +453,7 @@ fn print_table(req: &PlanRequest, workers: Option<usize>, report: &PlanReport, s
     }
 }
 
-/// The best plan's predicted timeline as SVG (its schedule simulated under the costs it was scored
+/// The chosen plan's predicted timeline as SVG (its schedule simulated under the costs it was scored
 /// with).
 fn best_timeline_svg(best: &Plan) -> Result<String, CliError> {
     let timeline = best
@@ -463,7 +461,7 @@ fn best_timeline_svg(best: &Plan) -> Result<String, CliError> {
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let options = SvgOptions {
         title: format!(
-            "best plan: {} V={} M={} {} {:?}: predicted {:.6} s",
+            "chosen plan: {} V={} M={} {} {:?}: predicted {:.6} s",
             best.family,
             best.chunks,
             best.microbatches,

@@ -23,6 +23,7 @@
 use std::path::PathBuf;
 
 use pipefill_host::cost::{ActivationDtype, CostFile, LayerCost, LinkCost, SizeSample};
+use pipefill_host::plan::relative_spread;
 use pipefill_host::profile::{
     fit_fixed, median, profile_layers, PairExecution, ProfileError, ProfileOptions, ProfiledLayer,
 };
@@ -207,9 +208,13 @@ pub struct Measure {
 /// times is noise (another process on a core, a page fault); a planner that sees that noise as
 /// real ranks near-equal schedules differently from run to run. The medians over a group of `k`
 /// layers vary far less than any one layer's time. Layers of a shape of their own keep theirs.
-pub fn pool_same_shape(spec: &ModelSpec, costs: &mut CostFile) {
+///
+/// Returns the measured spread of those equal measurements
+/// ([`pipefill_host::plan::relative_spread`] over every group and time field; 0 when no two
+/// layers share a shape), which the planners take as the width of a near-tie.
+pub fn pool_same_shape(spec: &ModelSpec, costs: &mut CostFile) -> f64 {
     if costs.layers.len() != spec.layers.len() {
-        return;
+        return 0.0;
     }
     let shape = |i: usize| {
         let input = if i == 0 {
@@ -221,6 +226,7 @@ pub fn pool_same_shape(spec: &ModelSpec, costs: &mut CostFile) {
     };
     let measured = costs.layers.clone();
     let field = |c: &LayerCost| [c.forward, c.backward_input, c.backward_weight, c.backward];
+    let mut groups: Vec<Vec<f64>> = Vec::new();
     for (i, layer) in costs.layers.iter_mut().enumerate() {
         let group: Vec<&LayerCost> = (0..measured.len())
             .filter(|&j| shape(j) == shape(i))
@@ -229,14 +235,20 @@ pub fn pool_same_shape(spec: &ModelSpec, costs: &mut CostFile) {
         if group.len() < 2 {
             continue;
         }
-        let pooled: Vec<f64> = (0..4)
-            .map(|f| median(&mut group.iter().map(|c| field(c)[f]).collect::<Vec<_>>()))
+        let times: Vec<Vec<f64>> = (0..4)
+            .map(|f| group.iter().map(|c| field(c)[f]).collect())
             .collect();
+        let pooled: Vec<f64> = times.iter().map(|t| median(&mut t.clone())).collect();
+        // One group per shape (its first layer's turn), F, I and W (B is I + W's own measurement).
+        if (0..i).all(|j| shape(j) != shape(i)) {
+            groups.extend(times.into_iter().take(3));
+        }
         layer.forward = pooled[0];
         layer.backward_input = pooled[1];
         layer.backward_weight = pooled[2];
         layer.backward = pooled[3];
     }
+    relative_spread(&groups)
 }
 
 /// Profiles every layer of `spec` on `m.rows` rows on `m.backend` and returns the cost file (free
@@ -476,7 +488,10 @@ mod tests {
             overlap_share: 1.0,
             meta: serde_json::Value::Null,
         };
-        pool_same_shape(&spec, &mut costs);
+        let spread = pool_same_shape(&spec, &mut costs);
+        // The ranges of the group's F, I, W (4, 8, 2.5) over their medians (2, 2, 3); the head,
+        // alone of its shape, says nothing of the noise.
+        assert!((spread - 14.5 / 7.0).abs() < 1e-12, "{spread}");
         for l in &costs.layers[..3] {
             assert_eq!(
                 (l.forward, l.backward_input, l.backward_weight),

@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pipefill_host::schedule::auto::{AutoSchedule, AUTO};
+use pipefill_host::auto::{AutoSchedule, AUTO};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::format::{self, Format};
 use pipefill_host::schedule::lower::lower;

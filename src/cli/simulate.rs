@@ -18,9 +18,9 @@ mod report;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
+use pipefill_host::auto::AUTO;
 use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time, times_in_seconds};
 use pipefill_host::cost::{parse_cost_flag, CostError, CostInput, CostSpec, LinkCost};
-use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
 use pipefill_host::sim::{simulate, SimError};
 use pipefill_host::sim::{simulate_with, DeviceSharing, SimOptions};

@@ -114,3 +114,16 @@ pub fn mpirun(dir: &Path, n: usize, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The distinct `(ranks, data_parallel)` splits of `plan --format json` rows, sorted.
+#[allow(dead_code)]
+pub fn splits<'a>(plans: impl IntoIterator<Item = &'a serde_json::Value>) -> Vec<(u64, u64)> {
+    let field = |p: &serde_json::Value, k: &str| p[k].as_u64().expect("a count");
+    let mut s: Vec<(u64, u64)> = plans
+        .into_iter()
+        .map(|p| (field(p, "ranks"), field(p, "data_parallel")))
+        .collect();
+    s.sort();
+    s.dedup();
+    s
+}

@@ -3,6 +3,7 @@
 use thiserror::Error;
 
 use super::Skipped;
+use crate::auto::AutoError;
 use crate::cost::CostError;
 use crate::partition::PartitionError;
 use crate::schedule::ScheduleError;
@@ -67,7 +68,7 @@ pub enum PlanError {
         /// Stages asked for.
         stages: usize,
     },
-    /// A family name that is not one of [`crate::schedule::families::FAMILIES`].
+    /// A name that is neither one of [`crate::schedule::families::FAMILIES`] nor `auto`.
     #[error("unknown schedule family `{name}`; choose from {}", known.join(", "))]
     UnknownFamily {
         /// The name given.
@@ -89,6 +90,9 @@ pub enum PlanError {
     /// The costs are unusable.
     #[error(transparent)]
     Cost(#[from] CostError),
+    /// The automatic scheduler found no schedule (a limit below what one microbatch needs, ...).
+    #[error(transparent)]
+    Auto(#[from] AutoError),
     /// The layers are unusable for partitioning.
     #[error(transparent)]
     Partition(#[from] PartitionError),

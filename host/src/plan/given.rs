@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auto::AutoOptions;
 use crate::cost::CostFile;
 use crate::partition::Method;
-use crate::schedule::families;
 use crate::schedule::validate::validate;
 use crate::schedule::{Params, Schedule};
 use crate::sim::data_parallel::DataParallel;
@@ -113,9 +113,11 @@ pub fn plan_schedule(
     }
 }
 
-/// Scores one schedule per family (`families`, or all of [`FAMILIES`](families::FAMILIES) when empty) generated with
-/// `params` (`P`, `M`, and `V` or each family's own), best first. A family that cannot generate,
-/// validate or fit these parameters is listed in `skipped`; [`PlanError::NoPlan`] when none can.
+/// Scores one schedule per family (`families`, or all of [`FAMILIES`](crate::schedule::families::FAMILIES) when
+/// empty) generated with `params` (`P`, `M`, and `V` or each family's own), best first; `auto` among
+/// the names is solved with the default [`AutoOptions`] ([`plan_given`] takes others). A family
+/// that cannot generate, validate or fit these parameters is listed in `skipped`;
+/// [`PlanError::NoPlan`] when none can.
 pub fn plan_families(
     costs: &CostFile,
     params: &Params,
@@ -123,20 +125,33 @@ pub fn plan_families(
     split: Split,
     memory_limit: Option<f64>,
 ) -> Result<PlanReport, PlanError> {
+    let auto = AutoOptions::default();
+    plan_given(costs, params, families, split, memory_limit, &auto)
+}
+
+/// [`plan_families`] with `auto` solved as `auto` says (its `V` when `params` gives none, its
+/// placement, objective, budget, seed, and its limit in microbatches when `memory_limit` is
+/// `None`): one schedule per name at `P` and `M`, on `costs` as measured at that microbatch size
+/// (`auto`'s cut evenly into stages to solve it), each split by `split`, best first.
+pub fn plan_given(
+    costs: &CostFile,
+    params: &Params,
+    names: &[String],
+    split: Split,
+    memory_limit: Option<f64>,
+    auto: &AutoOptions,
+) -> Result<PlanReport, PlanError> {
     let mut plans = Vec::new();
     let mut skipped = Vec::new();
-    for family in super::families(families)? {
-        let chunks = params.chunks.unwrap_or(family.default_chunks);
-        let attempt = families::generate(family.name, params)
-            .map_err(|source| PlanError::Schedule {
-                name: family.name.to_string(),
-                source,
-            })
+    for source in super::sources(names)? {
+        let chunks = params.chunks.unwrap_or(source.default_chunks(auto));
+        let attempt = source
+            .schedule(params, costs, memory_limit, auto)
             .and_then(|s| plan_schedule(costs, &s, split, memory_limit));
         match attempt {
             Ok(p) => plans.push(p),
             Err(e) => skipped.push(Skipped {
-                family: family.name.to_string(),
+                family: source.name().to_string(),
                 chunks,
                 microbatches: params.microbatches,
                 reason: e.to_string(),
@@ -154,6 +169,7 @@ pub fn plan_families(
 mod tests {
     use super::*;
     use crate::cost::{LayerCost, LinkCost};
+    use crate::schedule::families;
 
     fn costs() -> CostFile {
         let layers = (0..8)

@@ -5,7 +5,9 @@
 //! shrink the bubble but make each one smaller, and memory rules some choices out. So [`plan`]
 //! searches, for `P` ranks and a global batch of `N` samples:
 //!
-//! - every schedule family (or the ones asked for) and every `V` it accepts among the candidates;
+//! - every schedule family (or the ones asked for) and every `V` it accepts among the candidates,
+//!   and `auto` when named ([`PlanRequest::auto`]: solved for the costs at each `P`, `D` and `M`
+//!   tried, then split and simulated like the families);
 //! - every `M` dividing `N` (up to a maximum), each microbatch then holding `N / M` samples;
 //! - for each, the partitions of [`crate::partition`]: the exact bottleneck optimum (under the memory
 //!   limit, with the schedule's in-flight activations per stage), the baselines, and with `V > 1` the
@@ -29,6 +31,21 @@
 //! layer's `samples` (its times measured at other sizes, `pipefill profile --sizes`), times are
 //! interpolated between the measured sizes instead (see [`crate::cost::scaling`]).
 //!
+//! ## Choosing among near-equal plans
+//!
+//! [`choose`] picks the plan to run. The fastest predicted plan wins unless others are predicted
+//! within the profile's measured spread of it ([`relative_spread`], recorded in a cost file's
+//! `meta.spread`; the window is kept within [`MIN_TIE`] and [`MAX_TIE`] by [`tie_window`]):
+//! predictions that close swap from one profile to the next, so the first by step time would change
+//! from run to run (and with it the losses' last bits). Such a near-tie is decided by a stated rule
+//! that reads the schedules' shapes and the batch, never a measured time ([`NEAR_TIE_RULE`]): a
+//! handcrafted family before `auto` (whose schedule itself follows the measured costs), then the
+//! fastest on even costs (every stage's `F = I = W`, free transfers: it leans to the fast end of
+//! the tie, away from its edge, where a candidate would drop in and out), then the fewest samples
+//! in flight per rank (the least activation memory), then the simplest family, then the fewest
+//! microbatches, then the fewest chunks. [`on_one_device`] re-scores plans whose ranks share one
+//! device (the simulator's shared-device mode).
+//!
 //! ## Given schedules
 //!
 //! [`best_partition`], [`plan_schedule`] and [`plan_families`] plan schedules that are given rather
@@ -39,22 +56,31 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auto::AutoOptions;
 use crate::cost::{CostFile, CostModel};
-use crate::schedule::families::{Family, FAMILIES};
 use crate::schedule::{Params, Schedule};
 use crate::sim::data_parallel::DataParallel;
 use crate::sim::{simulate, SimError};
 use crate::timeline::Timeline;
 
+mod choose;
 mod error;
 mod given;
 mod search;
 mod serde_plan;
+mod source;
 
+pub use choose::{
+    choose, on_one_device, recorded_spread, relative_spread, tie_window, Candidates, Choice,
+    NearTie, MAX_TIE, MIN_TIE, NEAR_TIE_RULE, SPREAD_KEY,
+};
 pub use error::PlanError;
-pub use given::{best_partition, best_partition_replicated, plan_families, plan_schedule, Split};
+pub use given::{
+    best_partition, best_partition_replicated, plan_families, plan_given, plan_schedule, Split,
+};
 
 use search::{sort, Shape};
+use source::{sources, Source};
 
 /// Node budget of the exact `V > 1` partition search for each candidate: the plan simulates and
 /// refines afterwards, so a near-optimal bottleneck split found quickly is worth more than a proof.
@@ -73,7 +99,9 @@ pub struct PlanRequest {
     pub global_batch: usize,
     /// Bytes each rank may hold (parameters + activations); `None` for no limit.
     pub memory_limit: Option<f64>,
-    /// Families to try; empty means all of [`FAMILIES`].
+    /// Schedules to try: family names, and `auto` for the automatic scheduler (solved at every
+    /// `P`, `V` and `M` tried, for the costs at that microbatch size, split evenly); empty means
+    /// every handcrafted family of [`FAMILIES`](crate::schedule::families::FAMILIES).
     pub families: Vec<String>,
     /// `V` values to try for families that accept several (each family refuses what it cannot do).
     pub chunks: Vec<usize>,
@@ -88,6 +116,9 @@ pub struct PlanRequest {
     /// The global batch stays global: each replica trains on `global_batch / D` samples, and every
     /// plan's step time includes its stages' all-reduces ([`crate::sim::data_parallel`]).
     pub data_parallel: DataParallel,
+    /// How `auto` is solved when [`PlanRequest::families`] names it (its `V`, placement, objective,
+    /// budget, seed, and its limit in microbatches when [`PlanRequest::memory_limit`] is `None`).
+    pub auto: AutoOptions,
 }
 
 impl PlanRequest {
@@ -105,6 +136,7 @@ impl PlanRequest {
             microbatch_counts: Vec::new(),
             refine: 4,
             data_parallel: DataParallel::NONE,
+            auto: AutoOptions::default(),
         }
     }
 
@@ -216,25 +248,6 @@ impl PlanReport {
     pub fn best(&self) -> Option<&Plan> {
         self.plans.first()
     }
-}
-
-/// The families named (all when none is), or the first unknown name.
-fn families(names: &[String]) -> Result<Vec<&'static Family>, PlanError> {
-    if names.is_empty() {
-        return Ok(FAMILIES.iter().collect());
-    }
-    names
-        .iter()
-        .map(|n| {
-            FAMILIES
-                .iter()
-                .find(|f| f.name == n)
-                .ok_or_else(|| PlanError::UnknownFamily {
-                    name: n.clone(),
-                    known: FAMILIES.iter().map(|f| f.name).collect(),
-                })
-        })
-        .collect()
 }
 
 /// Checks a request's numbers.
@@ -386,26 +399,18 @@ fn microbatch_counts(request: &PlanRequest) -> Vec<usize> {
     }
 }
 
-/// The `V` values to try for `family`: the request's and the family's own.
-fn chunk_counts(request: &PlanRequest, family: &Family) -> Vec<usize> {
-    let mut vs: Vec<usize> = request.chunks.clone();
-    vs.push(family.default_chunks);
-    vs.sort_unstable();
-    vs.dedup();
-    vs
-}
-
 /// The work of [`plan`] on `request`, in cells of the exact split
 /// ([`crate::partition::split_work`]): one split per family, `V` and `M` it tries, each at
 /// `P x V` stages. Counted before any work; 0 when the request does not check.
 pub fn estimated_work(request: &PlanRequest) -> u64 {
-    let Ok(fams) = families(&request.families) else {
+    let Ok(sources) = sources(&request.families) else {
         return 0;
     };
     let layers = request.costs.layers.len();
     let ms = microbatch_counts(request).len() as u64;
-    fams.iter()
-        .flat_map(|f| chunk_counts(request, f))
+    sources
+        .iter()
+        .flat_map(|s| s.chunk_counts(&request.chunks, &request.auto))
         .filter_map(|v| request.ranks.checked_mul(v))
         .filter(|&s| s <= layers)
         .map(|s| crate::partition::split_work(layers, s).saturating_mul(ms))
@@ -415,21 +420,21 @@ pub fn estimated_work(request: &PlanRequest) -> u64 {
 /// Searches partition x family x V x M (see the [module docs](self)); plans best first.
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     check(request)?;
-    let fams = families(&request.families)?;
+    let sources = sources(&request.families)?;
     let ms = microbatch_counts(request);
     let mut plans = Vec::new();
     let mut skipped = Vec::new();
     let mut shapes = Vec::new();
-    for family in fams {
-        for v in chunk_counts(request, family) {
+    for source in sources {
+        for v in source.chunk_counts(&request.chunks, &request.auto) {
             for &m in &ms {
                 let skip = |reason: String| Skipped {
-                    family: family.name.to_string(),
+                    family: source.name().to_string(),
                     chunks: v,
                     microbatches: m,
                     reason,
                 };
-                match shape(request, family, v, m) {
+                match shape(request, source, v, m) {
                     Ok(None) => {}
                     Ok(Some(sh)) => {
                         let (found, why) = sh.candidates();
@@ -504,18 +509,20 @@ fn summarize(skipped: &[Skipped]) -> String {
     )
 }
 
-/// The shape of one (family, V, M); `Ok(None)` when the family does not do this V (not worth
-/// reporting), `Err` for other refusals.
+/// The shape of one (source, V, M); `Ok(None)` when a family does not do this V (not worth
+/// reporting), `Err` for other refusals (`auto` is solved for the costs at this microbatch size).
 fn shape<'a>(
     request: &'a PlanRequest,
-    family: &'static Family,
+    source: Source,
     v: usize,
     m: usize,
 ) -> Result<Option<Shape<'a>>, String> {
     let params = Params::new(request.ranks, m).with_chunks(v);
-    match (family.generate)(&params) {
+    let costs = search::scaled(request, m);
+    match source.schedule(&params, &costs, request.memory_limit, &request.auto) {
         Ok(s) => Shape::new(request, s).map(Some).map_err(|e| e.to_string()),
-        Err(_) if v != family.default_chunks => Ok(None),
+        Err(_) if v != source.default_chunks(&request.auto) => Ok(None),
+        Err(PlanError::Schedule { source, .. }) => Err(source.to_string()),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -1,7 +1,7 @@
 //! One shape (schedule, `V`, `M`, scaled costs) and its candidate partitions: simulated, ruled out by
 //! memory, refined by boundary moves, and sorted best first.
 
-use crate::cost::{CostModel, LayerCost};
+use crate::cost::{CostFile, CostModel, LayerCost};
 use crate::partition::{
     optimal_with_budget, per_stage_optimal, stage_in_flight, Layout, MemoryLimit, Method,
     Partition, Problem, NANOS_PER_SECOND,
@@ -43,13 +43,7 @@ impl<'a> Shape<'a> {
             chunks: v,
             placement: schedule.placement,
         };
-        let factor = (request.replica_batch() / m) as f64 / request.cost_batch;
-        let layers: Vec<LayerCost> = request
-            .costs
-            .layers
-            .iter()
-            .map(|l| l.scaled(factor))
-            .collect();
+        let layers = scaled(request, m).layers;
         let problem = Problem::from_layers(&layers, &request.costs.transfer)?;
         let limit = request.memory_limit.map(|bytes| MemoryLimit {
             bytes_per_rank: bytes.floor() as u64,
@@ -217,6 +211,20 @@ impl<'a> Shape<'a> {
         } else {
             first.clone()
         })
+    }
+}
+
+/// The request's costs scaled to the microbatch size of `m` microbatches per replica.
+pub(super) fn scaled(request: &PlanRequest, m: usize) -> CostFile {
+    let factor = (request.replica_batch() / m.max(1)) as f64 / request.cost_batch;
+    CostFile {
+        layers: request
+            .costs
+            .layers
+            .iter()
+            .map(|l| l.scaled(factor))
+            .collect(),
+        ..request.costs.clone()
     }
 }
 

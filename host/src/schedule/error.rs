@@ -29,7 +29,7 @@ pub enum ScheduleError {
     /// `auto` asked of the family generators: it is solved from costs, not generated from a shape.
     #[error(
         "`auto` is not a fixed family: it is solved for measured costs and a memory limit; call \
-         `pipefill_host::schedule::auto::solve(&AutoRequest::new(ranks, microbatches, costs))`, or \
+         `pipefill_host::auto::solve(&AutoRequest::new(ranks, microbatches, costs))`, or \
          `plan::plan_families` with `auto` among the names"
     )]
     AutoNeedsCosts,

@@ -39,8 +39,12 @@ pub const FAMILIES: &[Family] = &[
     super::v_min::FAMILY,
 ];
 
+/// The name of automatic schedules (`crate::auto`, one layer up: solved for costs, not generated
+/// from a shape). Listed here, with the families, so that every command takes the one name.
+pub const AUTO: &str = "auto";
+
 /// Looks a family up by name. `auto` is refused with [`ScheduleError::AutoNeedsCosts`], which
-/// names its entry point ([`super::auto::solve`]).
+/// names its entry point (`pipefill_host::auto::solve`).
 ///
 /// ```
 /// use pipefill_host::schedule::{families, ScheduleError};
@@ -48,7 +52,7 @@ pub const FAMILIES: &[Family] = &[
 /// assert!(matches!(families::family("auto"), Err(ScheduleError::AutoNeedsCosts)));
 /// ```
 pub fn family(name: &str) -> Result<&'static Family, ScheduleError> {
-    if name == super::auto::AUTO {
+    if name == AUTO {
         return Err(ScheduleError::AutoNeedsCosts);
     }
     FAMILIES

@@ -130,7 +130,7 @@ struct JsonFile {
     microbatches: usize,
     placement: String,
     actions: Vec<Vec<String>>,
-    /// What the automatic scheduler found (`schedule::auto::SolverInfo`); optional, not needed to
+    /// What the automatic scheduler found (`auto::SolverInfo`); optional, not needed to
     /// run the schedule.
     #[serde(default)]
     #[allow(dead_code)]

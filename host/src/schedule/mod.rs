@@ -31,7 +31,6 @@ pub use action::{Action, Op};
 pub use error::{ScheduleError, Wait};
 pub use item::{Comm, CommOp, Item, ParamAction, ParamOp};
 
-pub mod auto;
 pub mod deps;
 pub mod families;
 pub mod format;

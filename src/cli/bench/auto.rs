@@ -15,8 +15,8 @@
 //! `--quick` runs a few instances of each with a small budget (for tests).
 
 use clap::ValueEnum;
+use pipefill_host::auto::DEFAULT_TIME_BUDGET;
 use pipefill_host::cost::flag::parse_time;
-use pipefill_host::schedule::auto::DEFAULT_TIME_BUDGET;
 use serde::Serialize;
 
 use super::grid::{self, GridReport};

@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
+use pipefill_host::auto::{solve, AutoRequest, MemoryLimit, SolverInfo};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit, SolverInfo};
 use pipefill_host::schedule::Placement;
 use serde::Serialize;
 

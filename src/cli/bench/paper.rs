@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use pipefill_host::auto::{solve, AutoRequest, MemoryLimit, Objective};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit, Objective};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::CliError;

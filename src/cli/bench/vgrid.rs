@@ -2,7 +2,7 @@
 //! against every V-shape family that fits the same memory limit and against the lower bound, for
 //! both objectives, at the zero-bubble authors' three memory settings.
 
-use pipefill_host::schedule::auto::{AutoRequest, MemoryLimit, Objective};
+use pipefill_host::auto::{AutoRequest, MemoryLimit, Objective};
 use pipefill_host::schedule::Placement;
 use serde::Serialize;
 

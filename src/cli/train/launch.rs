@@ -22,7 +22,7 @@ mod cuda;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use pipefill_host::plan::Plan;
+use pipefill_host::plan::{Candidates, Plan};
 use pipefill_host::runtime::{
     assemble, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer, StepReport, Tensor,
 };
@@ -127,8 +127,8 @@ fn failed(e: impl std::fmt::Display) -> CliError {
     CliError::Failed(e.to_string())
 }
 
-/// Process 0's candidate plans, sent to every process (best first).
-fn agree_on_plans(world: &World, setup: &Setup) -> Result<Vec<Plan>, CliError> {
+/// Process 0's candidate plans (best first) and its profile's spread, sent to every process.
+fn agree_on_plans(world: &World, setup: &Setup) -> Result<Candidates, CliError> {
     if world.rank() == 0 {
         let plans = candidates(setup)?;
         let bytes = serde_json::to_vec(&plans).map_err(failed)?;
@@ -162,8 +162,9 @@ fn send_buffer(setup: &Setup, program: &RankProgram, rank: usize) -> usize {
 
 /// This process's rank through every step; process 0 reports.
 fn train_rank(world: &mut World, setup: &Setup, place: Place) -> Result<(), CliError> {
-    let plans = agree_on_plans(world, setup)?;
-    let chosen = choose(&plans)?;
+    let candidates = agree_on_plans(world, setup)?;
+    let chosen = choose(&candidates)?;
+    let plans = candidates.plans;
     if setup.backend == super::Backend::Cuda {
         return cuda::train_rank(world, setup, place, &plans, &chosen);
     }

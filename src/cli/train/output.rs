@@ -193,6 +193,17 @@ fn print_candidates(setup: &Setup, candidates: &[Plan], chosen: &Chosen) {
             if c == &chosen.plan { "  <- chosen" } else { "" }
         );
     }
+    if let Some(t) = &chosen.near_tie {
+        println!(
+            "  near-tie: {} candidates within {:.1}% of the fastest ({}), the profile's spread \
+             {:.1}%; chosen by the rule: {}",
+            t.candidates,
+            100.0 * t.window,
+            t.fastest,
+            100.0 * t.spread,
+            t.rule
+        );
+    }
 }
 
 /// Losses, step time, bubbles per rank, and the files written.
@@ -370,6 +381,7 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
     });
     // Apart from the object above, which is at serde_json's macro recursion limit.
     value["first_step"] = json!(outcome.first_step);
+    value["near_tie"] = json!(chosen.near_tie);
     value["graph"] = json!(a.graph);
     value["devices"] = setup
         .devices

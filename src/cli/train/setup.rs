@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use pipefill_host::auto::AUTO;
 use pipefill_host::cost::ActivationDtype;
 use pipefill_host::plan::Split;
-use pipefill_host::schedule::auto::AUTO;
 use pipefill_host::schedule::{families, Schedule};
 
 use crate::cli::profile::{cuda_or_usage, Backend};

@@ -82,7 +82,7 @@ impl MemoryLimit {
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-/// use pipefill_host::schedule::auto::{AutoRequest, MemoryLimit};
+/// use pipefill_host::auto::{AutoRequest, MemoryLimit};
 /// let costs = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
 /// let r = AutoRequest::new(4, 8, costs).with_limit(MemoryLimit::InFlight(4.0));
 /// assert_eq!((r.ranks, r.chunks, r.microbatches), (4, 1, 8));
@@ -151,5 +151,81 @@ impl AutoRequest {
         self.time_budget = seconds;
         self.seed = seed;
         self
+    }
+}
+
+/// How to solve `auto` wherever a planner meets it ([`crate::plan`], at every shape it tries):
+/// everything of an [`AutoRequest`] but the shape's `P` and `M` and the costs, which the planner
+/// supplies.
+///
+/// ```
+/// use pipefill_host::auto::{AutoOptions, Objective};
+/// use pipefill_host::schedule::Placement;
+/// let o = AutoOptions::default();
+/// assert_eq!((o.placement, o.objective, o.chunks()), (Placement::Looped, Objective::Makespan, 1));
+/// let v = AutoOptions { placement: Placement::Vshape, ..AutoOptions::default() };
+/// assert_eq!(v.chunks(), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoOptions {
+    /// Where the stages sit.
+    pub placement: Placement,
+    /// `V`; `None`: the placement's own (1 looped, 2 V-shape).
+    pub chunks: Option<usize>,
+    /// A limit in microbatches in flight per rank, used when the planner has no limit in bytes.
+    pub max_in_flight: Option<f64>,
+    /// What to minimise.
+    pub objective: Objective,
+    /// Seconds of improvement (counted as work).
+    pub time_budget: f64,
+    /// Seed of the improvement moves.
+    pub seed: u64,
+}
+
+impl Default for AutoOptions {
+    fn default() -> Self {
+        AutoOptions {
+            placement: Placement::Looped,
+            chunks: None,
+            max_in_flight: None,
+            objective: Objective::Makespan,
+            time_budget: DEFAULT_TIME_BUDGET,
+            seed: 0,
+        }
+    }
+}
+
+impl AutoOptions {
+    /// `V`: the one given, else the placement's own (1 looped, 2 V-shape).
+    pub fn chunks(&self) -> usize {
+        self.chunks.unwrap_or(match self.placement {
+            Placement::Vshape => 2,
+            Placement::Looped => 1,
+        })
+    }
+
+    /// The limit: `bytes` per rank when given, else [`AutoOptions::max_in_flight`].
+    pub fn limit(&self, bytes: Option<f64>) -> Option<MemoryLimit> {
+        bytes
+            .map(MemoryLimit::Bytes)
+            .or(self.max_in_flight.map(MemoryLimit::InFlight))
+    }
+
+    /// The request for `P = ranks`, `M = microbatches`, `V = chunks` and one cost per stage, under
+    /// `limit`.
+    pub fn request(
+        &self,
+        ranks: usize,
+        microbatches: usize,
+        chunks: usize,
+        costs: CostModel,
+        limit: Option<MemoryLimit>,
+    ) -> AutoRequest {
+        let mut req = AutoRequest::new(ranks, microbatches, costs)
+            .with_chunks(chunks, self.placement)
+            .with_objective(self.objective)
+            .with_budget(self.time_budget, self.seed);
+        req.limit = limit;
+        req
     }
 }

@@ -403,9 +403,9 @@ pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Score
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auto::score::schedule_of;
+    use crate::auto::{AutoRequest, MemoryLimit};
     use crate::cost::{CostModel, LinkCost, StageCost};
-    use crate::schedule::auto::score::schedule_of;
-    use crate::schedule::auto::{AutoRequest, MemoryLimit};
     use crate::schedule::validate::validate;
     use crate::sim::simulate;
 

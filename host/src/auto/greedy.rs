@@ -307,9 +307,9 @@ impl Greedy<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auto::score::schedule_of;
+    use crate::auto::{AutoRequest, MemoryLimit};
     use crate::cost::{CostModel, LinkCost, StageCost};
-    use crate::schedule::auto::score::schedule_of;
-    use crate::schedule::auto::{AutoRequest, MemoryLimit};
     use crate::schedule::validate::validate;
     use crate::sim::simulate;
 
@@ -349,7 +349,7 @@ mod tests {
                 for lane in &sim.timeline.spans {
                     for span in lane {
                         for a in span.item().actions() {
-                            let op = crate::schedule::auto::instance::OPS
+                            let op = crate::auto::instance::OPS
                                 .iter()
                                 .position(|&o| o == a.op)
                                 .unwrap();

@@ -34,7 +34,7 @@
 //!
 //! ```
 //! use pipefill_host::cost::{CostModel, LinkCost, StageCost};
-//! use pipefill_host::schedule::auto::{solve, AutoRequest, MemoryLimit};
+//! use pipefill_host::auto::{solve, AutoRequest, MemoryLimit};
 //! use pipefill_host::schedule::validate::validate;
 //! // Four ranks, the first and last stage 1.5x slower, at most 4 microbatches in flight per rank.
 //! let mut costs = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
@@ -71,7 +71,9 @@ mod vgreedy;
 pub use error::AutoError;
 pub use exact::EXACT_MAX_ACTIONS;
 pub use improve::WORK_PER_SECOND;
-pub use request::{AutoRequest, MemoryLimit, Objective, UnknownObjective, DEFAULT_TIME_BUDGET};
+pub use request::{
+    AutoOptions, AutoRequest, MemoryLimit, Objective, UnknownObjective, DEFAULT_TIME_BUDGET,
+};
 pub use seeds::FamilyResult;
 
 use instance::{Instance, MEMORY_EPS};
@@ -83,8 +85,8 @@ use score::{schedule_of, score, Scored};
 /// fits in it, so a budget of 0 still builds the list schedules.
 pub const MIN_CONSTRUCT_SECONDS: f64 = 1.0;
 
-/// The family name of automatic schedules.
-pub const AUTO: &str = "auto";
+/// The family name of automatic schedules (defined with the families' names).
+pub use crate::schedule::families::AUTO;
 
 /// What the solver found besides the schedule (written as `"solver"` in the schedule's JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
