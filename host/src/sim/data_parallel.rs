@@ -175,7 +175,7 @@ pub struct Replicated {
 /// `REDUCE_GRAD` starts its stage's all-reduce of `parameter_bytes`, and its `WAIT_REDUCE_GRAD`
 /// holds the rank until the all-reduce has ended, so a wait placed before more compute delays it
 /// by the reduction's un-overlapped time. A schedule without `REDUCE_GRAD`s runs as in
-/// [`simulate`], its reductions after each stage's last `W`/`B`.
+/// [`simulate`](super::simulate), its reductions after each stage's last `W`/`B`.
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
