@@ -61,9 +61,7 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
             .split_once('=')
             .ok_or_else(|| CostError::flag(part, "is not KEY=VALUE", FIX))?;
         let key = key.trim();
-        let slot = KEYS
-            .iter()
-            .position(|(short, long, _)| *short == key || long.contains(&key))
+        let slot = key_slot(key)
             .ok_or_else(|| CostError::flag(part, format!("unknown key `{}`", excerpt(key)), FIX))?;
         if values[slot].is_some() {
             return Err(CostError::flag(
@@ -131,14 +129,9 @@ pub fn times_in_seconds(text: &str) -> bool {
     text.split(',')
         .filter_map(|part| part.split_once('='))
         .any(|(key, value)| {
-            let key = key.trim();
-            let time = KEYS.iter().any(|(short, long, q)| {
-                *q == Quantity::Seconds && (*short == key || long.contains(&key))
-            });
-            time && value
-                .trim()
-                .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
-                .is_some()
+            let value = value.trim();
+            key_slot(key.trim()).is_some_and(|slot| KEYS[slot].2 == Quantity::Seconds)
+                && suffix_start(value) < value.len()
         })
 }
 
@@ -229,14 +222,24 @@ fn unit_help(q: Quantity) -> &'static str {
 }
 
 /// A number with an optional unit suffix for `q`.
+/// The index in `KEYS` of a key in its short or long form.
+fn key_slot(key: &str) -> Option<usize> {
+    KEYS.iter()
+        .position(|(short, long, _)| *short == key || long.contains(&key))
+}
+
+/// Where a value's unit suffix starts (its first letter other than an exponent's `e`); the
+/// text's length when it has none.
+fn suffix_start(text: &str) -> usize {
+    text.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+        .unwrap_or(text.len())
+}
+
 fn parse_value(text: &str, q: Quantity) -> Option<f64> {
     if let Ok(v) = text.parse::<f64>() {
         return Some(v); // includes `inf` and `NaN`, refused with a clear reason by the caller
     }
-    let split = text
-        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
-        .unwrap_or(text.len());
-    let (num, suffix) = text.split_at(split);
+    let (num, suffix) = text.split_at(suffix_start(text));
     // Sub-second units divide (20us = 20 / 1e6, exactly 2e-5), so values read as written.
     let per = match (q, suffix) {
         (Quantity::Seconds, "ms") => Some(1e3),
