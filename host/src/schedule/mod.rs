@@ -36,6 +36,7 @@ pub mod families;
 pub mod format;
 pub mod lower;
 pub mod validate;
+pub mod walk;
 
 mod dualpipev;
 mod gpipe;

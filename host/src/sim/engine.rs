@@ -16,6 +16,7 @@
 use crate::cost::{CostModel, StageCost};
 use crate::schedule::deps::{self, Edge, Flow, Footprint, InFlight, Need};
 use crate::schedule::validate::deadlock;
+use crate::schedule::walk::{walk, Stuck, Waker, Walk};
 use crate::schedule::{Action, Comm, Item, Op, ParamOp, Schedule, ScheduleError};
 use crate::timeline::{Source, Span, Timeline, Transfer};
 
@@ -147,9 +148,6 @@ pub(super) struct Engine<'a> {
     footprint: Vec<Footprint>,
     tables: Tables,
     pub free_at: Vec<f64>,
-    pos: Vec<usize>,
-    blocked: Vec<Option<Wanted>>,
-    ready: Vec<usize>,
     /// Busy time per rank.
     pub busy: Vec<f64>,
     /// What is recorded into the timeline (nothing for `summarize`).
@@ -163,6 +161,64 @@ pub(super) struct Engine<'a> {
     /// Per stage, when its reduction ends and the position of its `REDUCE_GRAD` plus one (0: not
     /// started).
     reduce_end: Vec<Mark>,
+}
+
+impl Walk for Engine<'_> {
+    type Wanted = Wanted;
+
+    /// Runs rank `r`'s items until it finishes or waits for an input. The rank's position, clock
+    /// and lane are kept in locals meanwhile (this is the hot loop).
+    fn advance(&mut self, r: usize, at: &mut usize, waker: &mut Waker<Wanted>) -> Option<Wanted> {
+        let schedule = self.schedule;
+        let list = &schedule.actions[r];
+        let mut lane = std::mem::take(&mut self.timeline.spans[r]);
+        let (mut pos, mut free, mut busy) = (*at, self.free_at[r], self.busy[r]);
+        let mut waits = None;
+        while let Some(&item) = list.get(pos) {
+            // Touch an item a few places ahead so that its cache line is on its way by then: the
+            // ranks take turns, too many interleaved streams for the hardware prefetcher.
+            std::hint::black_box(list.get(pos + LOOK_AHEAD).map(Item::stage));
+            let ready_at = match self.ready_time(r, &item) {
+                Ready::At(t, _) => t,
+                Ready::Wait(wanted) => {
+                    waits = Some(wanted);
+                    break;
+                }
+            };
+            let dur = self.duration(&item);
+            let start = ready_at.max(free);
+            let end = start + dur;
+            free = end;
+            busy += dur;
+            for a in item.actions() {
+                self.memory.start(r, a, &self.footprint[a.stage]);
+            }
+            for a in item.actions() {
+                self.memory.end(r, a, &self.footprint[a.stage]);
+                self.complete(r, pos, a, end, waker);
+            }
+            match item {
+                Item::Comm(c) => self.comm(r, pos, c, end, waker),
+                Item::Param(p) if p.op == ParamOp::ReduceGrad => {
+                    let time = self.reduce_time.get(p.stage).copied().unwrap_or(0.0);
+                    if let Some(mark) = self.reduce_end.get_mut(p.stage) {
+                        *mark = Mark {
+                            end: end + time,
+                            at: pos as u32 + 1,
+                        };
+                    }
+                }
+                _ => {}
+            }
+            if self.record.spans {
+                lane.push(Span::new(item, start, end));
+            }
+            pos += 1;
+        }
+        (*at, self.free_at[r], self.busy[r]) = (pos, free, busy);
+        self.timeline.spans[r] = lane;
+        waits
+    }
 }
 
 impl<'a> Engine<'a> {
@@ -210,9 +266,6 @@ impl<'a> Engine<'a> {
                 full_backward,
             },
             free_at: vec![0.0; p],
-            pos: vec![0; p],
-            blocked: vec![None; p],
-            ready: (0..p).rev().collect(),
             busy: vec![0.0; p],
             record,
             memory: InFlight::new(p),
@@ -230,68 +283,14 @@ impl<'a> Engine<'a> {
         self
     }
 
-    /// Runs ranks from the ready stack until all are done or none can progress.
+    /// Runs every rank as far as it can (the one [walk](crate::schedule::walk)); an error
+    /// names the ranks left waiting.
     pub fn run(&mut self) -> Result<(), ScheduleError> {
-        while let Some(r) = self.ready.pop() {
-            self.blocked[r] = None;
-            self.advance(r);
+        let stuck = walk(self, &mut vec![0; self.schedule.ranks]);
+        if stuck.is_empty() {
+            return Ok(());
         }
-        if (0..self.schedule.ranks).any(|r| self.pos[r] < self.schedule.actions[r].len()) {
-            return Err(self.deadlock());
-        }
-        Ok(())
-    }
-
-    /// Runs rank `r`'s items until it finishes or waits for an input. The rank's position, clock
-    /// and lane are kept in locals meanwhile (this is the hot loop).
-    fn advance(&mut self, r: usize) {
-        let schedule = self.schedule;
-        let list = &schedule.actions[r];
-        let mut lane = std::mem::take(&mut self.timeline.spans[r]);
-        let (mut pos, mut free, mut busy) = (self.pos[r], self.free_at[r], self.busy[r]);
-        while let Some(&item) = list.get(pos) {
-            // Touch an item a few places ahead so that its cache line is on its way by then: the
-            // ranks take turns, too many interleaved streams for the hardware prefetcher.
-            std::hint::black_box(list.get(pos + LOOK_AHEAD).map(Item::stage));
-            let ready_at = match self.ready_time(r, &item) {
-                Ready::At(t, _) => t,
-                Ready::Wait(wanted) => {
-                    self.blocked[r] = Some(wanted);
-                    break;
-                }
-            };
-            let dur = self.duration(&item);
-            let start = ready_at.max(free);
-            let end = start + dur;
-            free = end;
-            busy += dur;
-            for a in item.actions() {
-                self.memory.start(r, a, &self.footprint[a.stage]);
-            }
-            for a in item.actions() {
-                self.memory.end(r, a, &self.footprint[a.stage]);
-                self.complete(r, pos, a, end);
-            }
-            match item {
-                Item::Comm(c) => self.comm(r, pos, c, end),
-                Item::Param(p) if p.op == ParamOp::ReduceGrad => {
-                    let time = self.reduce_time.get(p.stage).copied().unwrap_or(0.0);
-                    if let Some(mark) = self.reduce_end.get_mut(p.stage) {
-                        *mark = Mark {
-                            end: end + time,
-                            at: pos as u32 + 1,
-                        };
-                    }
-                }
-                _ => {}
-            }
-            if self.record.spans {
-                lane.push(Span::new(item, start, end));
-            }
-            pos += 1;
-        }
-        (self.pos[r], self.free_at[r], self.busy[r]) = (pos, free, busy);
-        self.timeline.spans[r] = lane;
+        Err(self.deadlock(&stuck))
     }
 
     /// How long `item` keeps its rank busy (transfers and parameter operations: none).
@@ -456,7 +455,7 @@ impl<'a> Engine<'a> {
     /// Records the completion of `a` at `end`, item `index` of rank `r`; without explicit
     /// transfers, also the transfer of its output and the wake-up of the rank waiting for it.
     #[inline]
-    fn complete(&mut self, r: usize, index: usize, a: Action, end: f64) {
+    fn complete(&mut self, r: usize, index: usize, a: Action, end: f64, waker: &mut Waker<Wanted>) {
         let j = self.tables.index(a.stage, a.microbatch);
         // `check_shape` keeps every list below 2^32 - 1 items.
         let at = index as u32 + 1;
@@ -485,12 +484,12 @@ impl<'a> Engine<'a> {
         if c == r {
             return;
         }
-        self.hand_over(r, c, e, a.op, end, wanted);
+        self.hand_over(r, c, e, a.op, end, wanted, waker);
     }
 
     /// A send on rank `r` at `end`: records it and wakes the receiving rank. A receive: records
     /// it and wakes the sender if it waits for it.
-    fn comm(&mut self, r: usize, index: usize, c: Comm, end: f64) {
+    fn comm(&mut self, r: usize, index: usize, c: Comm, end: f64, waker: &mut Waker<Wanted>) {
         if c.op.is_wait() {
             return;
         }
@@ -504,10 +503,7 @@ impl<'a> Engine<'a> {
                 at: index as u32 + 1,
             };
             let from = self.stage_rank[e.from];
-            if self.blocked[from] == Some(Wanted::Received(e.flow, j)) {
-                self.blocked[from] = None;
-                self.ready.push(from);
-            }
+            waker.wake(from, Wanted::Received(e.flow, j));
             return;
         }
         self.tables.sent[j][flow_slot(e.flow)] = Mark {
@@ -519,13 +515,23 @@ impl<'a> Engine<'a> {
             _ => e.producer().op,
         };
         let to = self.stage_rank[e.to()];
-        self.hand_over(r, to, e, op, end, Wanted::Sent(e.flow, j));
+        self.hand_over(r, to, e, op, end, Wanted::Sent(e.flow, j), waker);
     }
 
     /// Records the transfer over `e` (produced by an `op`) from rank `r` to rank `to` starting at
     /// `end`, and wakes `to` if it waits for `wanted`.
     #[inline]
-    fn hand_over(&mut self, r: usize, to: usize, e: Edge, op: Op, end: f64, wanted: Wanted) {
+    #[allow(clippy::too_many_arguments)]
+    fn hand_over(
+        &mut self,
+        r: usize,
+        to: usize,
+        e: Edge,
+        op: Op,
+        end: f64,
+        wanted: Wanted,
+        waker: &mut Waker<Wanted>,
+    ) {
         if self.record.transfers {
             let producer = Action::new(op, e.from, e.microbatch);
             self.timeline.push_transfer(Transfer::new(
@@ -538,10 +544,7 @@ impl<'a> Engine<'a> {
                 self.costs.stages[e.boundary()].output_bytes,
             ));
         }
-        if self.blocked[to] == Some(wanted) {
-            self.blocked[to] = None;
-            self.ready.push(to);
-        }
+        waker.wake(to, wanted);
     }
 
     /// The edge of `flow` from the stage and microbatch of index `j`.
@@ -555,11 +558,11 @@ impl<'a> Engine<'a> {
     }
 
     /// The deadlock error: every unfinished rank, its next item and what it waits for.
-    fn deadlock(&self) -> ScheduleError {
-        let waiting: Vec<(usize, usize, Item)> = (0..self.schedule.ranks)
-            .filter(|&r| self.pos[r] < self.schedule.actions[r].len())
-            .filter_map(|r| {
-                let needs = match self.blocked[r]? {
+    fn deadlock(&self, stuck: &[Stuck<Wanted>]) -> ScheduleError {
+        let waiting: Vec<(usize, usize, Item)> = stuck
+            .iter()
+            .map(|w| {
+                let needs = match w.wanted {
                     Wanted::Forward(j) => {
                         let (s, k) = self.tables.split(j);
                         Item::One(Action::new(Op::F, s, k))
@@ -571,7 +574,7 @@ impl<'a> Engine<'a> {
                     Wanted::Sent(flow, j) => Item::Comm(self.edge(flow, j).send()),
                     Wanted::Received(flow, j) => Item::Comm(self.edge(flow, j).recv()),
                 };
-                Some((r, self.pos[r], needs))
+                (w.rank, w.pos, needs)
             })
             .collect();
         deadlock(self.schedule, &waiting)

@@ -34,6 +34,7 @@
 use crate::cost::{CostModel, StageCost};
 use crate::schedule::deps::{self, Footprint, InFlight, Need};
 use crate::schedule::validate::deadlock;
+use crate::schedule::walk::{walk, Waker, Walk};
 use crate::schedule::{Action, Item, Op, Schedule, ScheduleError};
 use crate::timeline::{Source, Timeline, Transfer};
 
@@ -107,6 +108,51 @@ pub(super) fn run(
     })
 }
 
+/// What a rank waits for at one instant of the shared-device run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Waits {
+    /// Its current item still runs.
+    Busy,
+    /// Its next item's inputs arrive later.
+    Later,
+    /// Its next item needs this action's output (an input backward stands for `I` or `B`).
+    Missing(Action),
+}
+
+/// The shared-device run at one instant, as a [`Walk`]: start on each free rank what can start.
+struct Instant<'r, 'a> {
+    run: &'r mut Shared<'a>,
+    now: f64,
+    /// The earliest later arrival a free rank waits for.
+    arrival: Option<f64>,
+}
+
+impl Walk for Instant<'_, '_> {
+    type Wanted = Waits;
+
+    fn advance(&mut self, r: usize, pos: &mut usize, waker: &mut Waker<Waits>) -> Option<Waits> {
+        let run = &mut *self.run;
+        let waits = loop {
+            if run.running[r].is_some() {
+                break Some(Waits::Busy);
+            }
+            let Some(&item) = run.schedule.actions[r].get(run.pos[r]) else {
+                break None;
+            };
+            match run.ready(r, &item) {
+                Ready::At(t) if t <= self.now => run.begin(r, &item, self.now, waker),
+                Ready::At(t) => {
+                    self.arrival = Some(self.arrival.map_or(t, |a: f64| a.min(t)));
+                    break Some(Waits::Later);
+                }
+                Ready::Missing(a) => break Some(Waits::Missing(a)),
+            }
+        };
+        *pos = run.pos[r];
+        waits
+    }
+}
+
 /// When a waiting rank's next item can start.
 enum Ready {
     /// All inputs arrive by this time.
@@ -154,38 +200,22 @@ impl Shared<'_> {
     }
 
     /// Starts, on every free rank, the next item if its inputs are there at `now` (items that take
-    /// no time end at once, which may free more); returns the earliest later arrival that a free
-    /// rank waits for.
+    /// no time end at once, which may let more start: the one [walk](crate::schedule::walk));
+    /// returns the earliest later arrival that a free rank waits for.
     fn start_ready(&mut self, now: f64) -> Option<f64> {
-        let mut changed = true;
-        let mut arrival = None;
-        while changed {
-            changed = false;
-            arrival = None;
-            for r in 0..self.schedule.ranks {
-                if self.running[r].is_some() {
-                    continue;
-                }
-                let Some(&item) = self.schedule.actions[r].get(self.pos[r]) else {
-                    continue;
-                };
-                match self.ready(r, &item) {
-                    Ready::At(t) if t <= now => {
-                        self.begin(r, &item, now);
-                        changed = true;
-                    }
-                    Ready::At(t) => {
-                        arrival = Some(arrival.map_or(t, |a: f64| a.min(t)));
-                    }
-                    Ready::Missing(_) => {}
-                }
-            }
-        }
-        arrival
+        let mut pos = self.pos.clone();
+        let mut at = Instant {
+            run: self,
+            now,
+            arrival: None,
+        };
+        walk(&mut at, &mut pos);
+        at.arrival
     }
 
-    /// Starts `item` on rank `r` at `now` (ends it at once when it takes no time).
-    fn begin(&mut self, r: usize, item: &Item, now: f64) {
+    /// Starts `item` on rank `r` at `now` (ends it at once when it takes no time, waking the
+    /// ranks that wait for what it produced).
+    fn begin(&mut self, r: usize, item: &Item, now: f64, waker: &mut Waker<Waits>) {
         let length = match *item {
             Item::One(a) => self.costs.stages[a.stage].time(a.op),
             Item::Overlap { forward, backward } => {
@@ -208,6 +238,16 @@ impl Shared<'_> {
             });
         } else {
             self.finish(r, now, now);
+            for a in item.actions() {
+                if let Some(e) = deps::output(a, self.stage_rank.len()) {
+                    let made = Action::new(
+                        if a.op == Op::F { Op::F } else { Op::I },
+                        a.stage,
+                        a.microbatch,
+                    );
+                    waker.wake(self.stage_rank[e.to()], Waits::Missing(made));
+                }
+            }
         }
     }
 

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use crate::schedule::deps::Edge;
 use crate::schedule::lower::lowered_items;
+use crate::schedule::walk::{walk, Waker, Walk};
 use crate::schedule::{Action, Comm, Item, Op, Schedule};
 
 use super::StreamError;
@@ -227,6 +228,44 @@ struct Builder<'a> {
     index: HashMap<StreamId, usize>,
     sent: HashMap<Edge, usize>,
     program: StreamProgram,
+    /// The first error met while emitting (the walk then stops that rank).
+    error: Option<StreamError>,
+}
+
+impl Walk for Builder<'_> {
+    /// The edge whose send a receive waits for (`None`: emitting failed, see `error`).
+    type Wanted = Option<Edge>;
+
+    fn advance(
+        &mut self,
+        rank: usize,
+        pos: &mut usize,
+        waker: &mut Waker<Option<Edge>>,
+    ) -> Option<Option<Edge>> {
+        while let Some(&item) = self.lists[rank].get(*pos) {
+            match self.emit(rank, item) {
+                Ok(Emitted::Done) => {}
+                Ok(Emitted::Sent(e)) => waker.wake(self.schedule.rank_of(e.to()), Some(e)),
+                Ok(Emitted::Waits(e)) => return Some(Some(e)),
+                Err(err) => {
+                    self.error.get_or_insert(err);
+                    return Some(None);
+                }
+            }
+            *pos += 1;
+        }
+        None
+    }
+}
+
+/// What emitting one item did.
+enum Emitted {
+    /// It was emitted.
+    Done,
+    /// It was the send of this edge (its receiver may now go on).
+    Sent(Edge),
+    /// It is the receive of this edge, whose send is not enqueued yet: nothing was emitted.
+    Waits(Edge),
 }
 
 impl<'a> Builder<'a> {
@@ -253,39 +292,24 @@ impl<'a> Builder<'a> {
                 events: Vec::new(),
                 ops: Vec::new(),
             },
+            error: None,
         }
     }
 
-    /// Round robin over the ranks, each going as far as it can: the validator's dry run, emitting.
+    /// Every rank as far as it can go (the one [walk](crate::schedule::walk)), emitting; a
+    /// receive waits until its send is enqueued.
     fn run(mut self) -> Result<StreamProgram, StreamError> {
         let mut pos = vec![0usize; self.lists.len()];
-        loop {
-            let mut progress = false;
-            for (rank, at) in pos.iter_mut().enumerate() {
-                while let Some(&item) = self.lists[rank].get(*at) {
-                    if !self.emit(rank, item)? {
-                        break;
-                    }
-                    *at += 1;
-                    progress = true;
-                }
-            }
-            if pos.iter().zip(&self.lists).all(|(p, l)| *p == l.len()) {
-                return Ok(self.program);
-            }
-            if !progress {
-                let (rank, at) = pos
-                    .iter()
-                    .zip(&self.lists)
-                    .enumerate()
-                    .find(|(_, (p, l))| **p < l.len())
-                    .map(|(r, (p, _))| (r, *p))
-                    .unwrap_or((0, 0));
-                return Err(StreamError::Stuck {
-                    rank,
-                    item: self.lists[rank][at].to_string(),
-                });
-            }
+        let stuck = walk(&mut self, &mut pos);
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        match stuck.first() {
+            None => Ok(self.program),
+            Some(w) => Err(StreamError::Stuck {
+                rank: w.rank,
+                item: self.lists[w.rank][w.pos].to_string(),
+            }),
         }
     }
 
@@ -303,8 +327,8 @@ impl<'a> Builder<'a> {
         event
     }
 
-    /// Emits `item` of `rank`; `false` when it is a receive whose send is not enqueued yet.
-    fn emit(&mut self, rank: usize, item: Item) -> Result<bool, StreamError> {
+    /// Emits `item` of `rank`, unless it is a receive whose send is not enqueued yet.
+    fn emit(&mut self, rank: usize, item: Item) -> Result<Emitted, StreamError> {
         match item {
             Item::One(action) => {
                 let stream = self.stream(rank, 0)?;
@@ -336,13 +360,13 @@ impl<'a> Builder<'a> {
             // Parameter operations move no data within one device program.
             Item::Param(_) => {}
         }
-        Ok(true)
+        Ok(Emitted::Done)
     }
 
-    fn transfer(&mut self, rank: usize, c: Comm) -> Result<bool, StreamError> {
+    fn transfer(&mut self, rank: usize, c: Comm) -> Result<Emitted, StreamError> {
         if c.op.is_wait() {
             // A send is an event record, which nothing retires: its wait has no op.
-            return Ok(true);
+            return Ok(Emitted::Done);
         }
         let stages = self.schedule.stages();
         let e = Edge::of(c, stages).ok_or(StreamError::NoBoundary {
@@ -362,10 +386,10 @@ impl<'a> Builder<'a> {
             let stream = self.stream(rank, lane)?;
             let event = self.event(stream, EventRole::Transfer(e));
             self.sent.insert(e, event);
-            return Ok(true);
+            return Ok(Emitted::Sent(e));
         }
         let Some(&event) = self.sent.get(&e) else {
-            return Ok(false);
+            return Ok(Emitted::Waits(e));
         };
         let lane = self
             .lanes
@@ -374,7 +398,7 @@ impl<'a> Builder<'a> {
             .unwrap_or(0);
         let stream = self.stream(rank, lane)?;
         self.program.ops.push(StreamOp::Wait { stream, event });
-        Ok(true)
+        Ok(Emitted::Done)
     }
 }
 

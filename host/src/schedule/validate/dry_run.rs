@@ -1,9 +1,8 @@
 //! Step 4 of validation: the dependency-driven dry run, and the one deadlock report.
 
-use std::collections::VecDeque;
-
 use super::super::deps::{self, Edge, Flow, Need};
 use super::super::format::context_grid;
+use super::super::walk::{walk, Waker, Walk};
 use super::super::{Comm, Item, Op, Schedule, ScheduleError, Wait};
 
 /// Slot in which something finished; `NOT_RUN` until it ran.
@@ -65,41 +64,47 @@ pub(super) fn dry_run(s: &Schedule) -> Result<(Vec<Vec<usize>>, usize), Schedule
         dry.done.recv_f = vec![NOT_RUN; n];
         dry.done.recv_b = vec![NOT_RUN; n];
     }
-    let mut next = vec![0usize; s.ranks];
-    let mut free_at = vec![0usize; s.ranks];
-    let mut slots: Vec<Vec<usize>> = s.actions.iter().map(|l| vec![0; l.len()]).collect();
-    let mut queued = vec![true; s.ranks];
-    let mut work: VecDeque<usize> = (0..s.ranks).collect();
-    while let Some(rank) = work.pop_front() {
-        queued[rank] = false;
-        while let Some(item) = s.actions[rank].get(next[rank]) {
-            let Ok(ready_at) = dry.ready(item) else {
-                break;
-            };
-            let start = ready_at.max(free_at[rank]);
-            slots[rank][next[rank]] = start;
-            free_at[rank] = start + 1;
-            next[rank] += 1;
-            for woken in dry.complete(item, start + 1).into_iter().flatten() {
-                if !queued[woken] {
-                    queued[woken] = true;
-                    work.push_back(woken);
-                }
-            }
-        }
-    }
-    if next.iter().zip(&s.actions).any(|(n, l)| *n < l.len()) {
-        let waiting: Vec<(usize, usize, Item)> = next
-            .iter()
-            .enumerate()
-            .filter_map(|(rank, &pos)| {
-                let item = s.actions[rank].get(pos)?;
-                Some((rank, pos, dry.ready(item).err()?))
-            })
-            .collect();
+    let mut run = Run {
+        dry,
+        free_at: vec![0usize; s.ranks],
+        slots: s.actions.iter().map(|l| vec![0; l.len()]).collect(),
+    };
+    let stuck = walk(&mut run, &mut vec![0usize; s.ranks]);
+    if !stuck.is_empty() {
+        let waiting: Vec<(usize, usize, Item)> =
+            stuck.iter().map(|w| (w.rank, w.pos, w.wanted)).collect();
         return Err(deadlock(s, &waiting));
     }
-    Ok((slots, free_at.into_iter().max().unwrap_or(0)))
+    Ok((run.slots, run.free_at.into_iter().max().unwrap_or(0)))
+}
+
+/// The dry run as a [`Walk`]: each item one slot, from when what it needs finished.
+struct Run<'s> {
+    dry: Dry<'s>,
+    free_at: Vec<usize>,
+    slots: Vec<Vec<usize>>,
+}
+
+impl Walk for Run<'_> {
+    /// The item that must finish first.
+    type Wanted = Item;
+
+    fn advance(&mut self, rank: usize, pos: &mut usize, waker: &mut Waker<Item>) -> Option<Item> {
+        while let Some(item) = self.dry.s.actions[rank].get(*pos) {
+            let ready_at = match self.dry.ready(item) {
+                Ok(t) => t,
+                Err(wanted) => return Some(wanted),
+            };
+            let start = ready_at.max(self.free_at[rank]);
+            self.slots[rank][*pos] = start;
+            self.free_at[rank] = start + 1;
+            *pos += 1;
+            for woken in self.dry.complete(item, start + 1).into_iter().flatten() {
+                waker.nudge(woken);
+            }
+        }
+        None
+    }
 }
 
 impl Dry<'_> {
