@@ -168,6 +168,7 @@ impl Walk for Engine<'_> {
 
     /// Runs rank `r`'s items until it finishes or waits for an input. The rank's position, clock
     /// and lane are kept in locals meanwhile (this is the hot loop).
+    #[inline]
     fn advance(&mut self, r: usize, at: &mut usize, waker: &mut Waker<Wanted>) -> Option<Wanted> {
         let schedule = self.schedule;
         let list = &schedule.actions[r];
