@@ -417,3 +417,60 @@ fn the_formats_doc_cost_file_example_is_accepted() {
     ]);
     assert_eq!(v["results"][0]["peak_activations_unit"], "bytes");
 }
+
+#[test]
+fn recompute_full_trades_time_for_memory_and_is_reported_per_stage() {
+    let run = |mode: &str| {
+        let v = json(&[
+            "simulate",
+            "--schedule",
+            "1f1b",
+            "--ranks",
+            "4",
+            "--microbatches",
+            "8",
+            "--cost",
+            "F=1,I=1,W=1,A=100,O=10",
+            "--recompute",
+            mode,
+        ]);
+        v["results"][0].clone()
+    };
+    let (none, full) = (run("none"), run("full"));
+    let peak = |r: &Value| {
+        r["peak_activations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .fold(0.0, f64::max)
+    };
+    assert!(peak(&full) < peak(&none), "{full}\n{none}");
+    assert!(full["makespan"].as_f64().unwrap() > none["makespan"].as_f64().unwrap());
+    assert_eq!(
+        full["recompute"],
+        serde_json::json!(["full", "full", "full", "full"])
+    );
+    assert_eq!(
+        none["recompute"],
+        serde_json::json!(["none", "none", "none", "none"])
+    );
+    // The bound sees the longer backward too: the schedule stays at or above it.
+    assert!(full["lower_bound"].as_f64().unwrap() > none["lower_bound"].as_f64().unwrap());
+    let (code, _, err) = pipefill(&[
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+        "--recompute",
+        "half",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--recompute") && err.contains("none, full"),
+        "{err}"
+    );
+}

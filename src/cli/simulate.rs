@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use pipefill_host::auto::AUTO;
 use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time, times_in_seconds};
-use pipefill_host::cost::{parse_cost_flag, CostError, CostInput, CostSpec, LinkCost};
+use pipefill_host::cost::{
+    parse_cost_flag, CostError, CostInput, CostModel, CostSpec, LinkCost, Recompute,
+};
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
 use pipefill_host::sim::{simulate, SimError};
 use pipefill_host::sim::{simulate_with, DeviceSharing, SimOptions};
@@ -89,6 +91,10 @@ pub struct Args {
     /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none).
     #[arg(long = "overlap-share", value_parser = parse_share)]
     pub overlap_share: Option<f64>,
+    /// Activation recomputation for every stage: `none` (default: as the cost file says), or `full`
+    /// (keep each stage's input only; the forward runs again before I/B: less memory, longer I/B).
+    #[arg(long, value_name = "MODE", value_parser = parse_recompute)]
+    pub recompute: Option<Recompute>,
     /// auto: memory limit per rank in bytes, parameters included (needs activation sizes, A=).
     #[arg(long = "memory-limit", value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "max_in_flight")]
     pub memory_limit: Option<f64>,
@@ -145,6 +151,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     for (schedule, from_file) in &schedules {
         let model = spec
             .model_for(schedule.ranks, schedule.chunks)
+            .map(|m| recomputed(m, args.recompute))
             .map_err(|e| usage(format!("costs for `{}`: {e}", schedule.name)))?;
         let (sim, device) = if args.shared_device {
             let options = SimOptions::ALL.on(DeviceSharing::Shared);
@@ -195,6 +202,21 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// `model` with every stage run in recomputation `mode`, when one is given.
+pub fn recomputed(mut model: CostModel, mode: Option<Recompute>) -> CostModel {
+    if let Some(mode) = mode {
+        for st in &mut model.stages {
+            *st = st.with_recompute(mode);
+        }
+    }
+    model
+}
+
+/// `--recompute`: a mode name.
+pub fn parse_recompute(s: &str) -> Result<Recompute, String> {
+    s.parse()
 }
 
 /// A usage error (exit code 2).
@@ -388,6 +410,7 @@ fn auto(
     let chunks = own_v.or(args.chunks).unwrap_or(default_v);
     let model = spec
         .model_for(ranks, chunks)
+        .map(|m| recomputed(m, args.recompute))
         .map_err(|e| usage(format!("costs for `auto`: {e}")))?;
     let shape = auto_flags::Shape {
         ranks,

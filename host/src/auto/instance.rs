@@ -80,7 +80,7 @@ impl Instance {
             .costs
             .stages
             .iter()
-            .map(|c| [c.forward, c.backward_input, c.backward_weight])
+            .map(|c| [c.forward, c.time(Op::I), c.time(Op::W)])
             .collect();
         let mut inst = Instance {
             p,

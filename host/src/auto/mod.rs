@@ -327,7 +327,7 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
                     .iter()
                     .map(|&x| {
                         let c = &req.costs.stages[x];
-                        c.forward + c.backward.min(c.backward_input + c.backward_weight)
+                        c.forward + c.time(Op::B).min(c.time(Op::I) + c.time(Op::W))
                     })
                     .sum::<f64>()
                     * inst.m as f64

@@ -25,6 +25,8 @@
 //! | `parameter_bytes` | yes | weights (and anything else held for the whole step) |
 //! | `released_at_input` | no (0) | part of `activation_bytes` freed when I ends |
 //! | `output_bytes` | no (0) | the output per microbatch (crosses the boundary after this layer) |
+//! | `recompute` | no (`"none"`), `stages` only | `"none"` or `"full"`: full recomputation keeps only the stage's input from F to its backward and runs F again before I/B (module [`recompute`](super::recompute)) |
+//! | `input_bytes` | no, `stages` only | the stage's input per microbatch (what `full` keeps); default: the previous stage's `output_bytes` (0 for the first) |
 //! | `fixed` | no, `layers` only | `{"forward": s, "backward_input": s, "backward_weight": s}`: the part of each time that does not grow with the microbatch size (all three required, each at most the op's time) |
 //! | `samples` | no, `layers` only | `[{"scale": b / b0, "forward": s, "backward_input": s, "backward_weight": s, "backward": s}, ...]`: the layer's times measured at other microbatch sizes (`backward` optional, default `I + W`; scales positive, distinct, not 1) |
 //!
@@ -53,7 +55,8 @@ use serde_json::Value;
 
 use super::check::{Fields, Quantity};
 use super::{
-    resolve_backward, CostError, CostModel, FixedCost, LayerCost, LinkCost, SizeSample, StageCost,
+    resolve_backward, CostError, CostModel, FixedCost, LayerCost, LinkCost, Recompute, SizeSample,
+    StageCost,
 };
 
 /// The keys an entry (layer or stage) may have.
@@ -69,6 +72,8 @@ const ENTRY_KEYS: &[&str] = &[
     "output_bytes",
     "fixed",
     "samples",
+    "input_bytes",
+    "recompute",
 ];
 
 /// The keys the top level may have.
@@ -164,7 +169,7 @@ impl CostInput {
             )),
             (false, true) => {
                 let entries = top.array("stages", "one object per stage")?;
-                let stages = entries
+                let mut stages = entries
                     .iter()
                     .enumerate()
                     .map(|(i, v)| {
@@ -175,6 +180,12 @@ impl CostInput {
                         Ok(s)
                     })
                     .collect::<Result<Vec<_>, CostError>>()?;
+                // A stage's input is, unless given, what the stage before it sends.
+                for i in 1..stages.len() {
+                    if entries[i].get("input_bytes").is_none() {
+                        stages[i].input_bytes = stages[i - 1].output_bytes;
+                    }
+                }
                 Ok(CostInput::Stages(CostModel {
                     stages,
                     link: transfer,
@@ -188,6 +199,7 @@ impl CostInput {
                     .enumerate()
                     .map(|(i, v)| {
                         let path = format!("layers[{i}]");
+                        refuse_per_stage(v, &path)?;
                         let (name, s) = parse_entry(v, &path, true)?;
                         let mut layer = layer_from(name.unwrap_or_default(), &s);
                         layer.fixed = parse_fixed(v, &path)?;
@@ -279,6 +291,13 @@ fn parse_entry(
             .unwrap_or(0.0),
         parameter_bytes: e.required("parameter_bytes", Quantity::Bytes)?,
         output_bytes: e.number("output_bytes", Quantity::Bytes)?.unwrap_or(0.0),
+        input_bytes: e.number("input_bytes", Quantity::Bytes)?.unwrap_or(0.0),
+        recompute: match e.string("recompute")? {
+            None => Recompute::None,
+            Some(m) => m.parse().map_err(|reason: String| {
+                CostError::field(e.path_of("recompute"), reason, "write \"none\" or \"full\"")
+            })?,
+        },
     };
     stage.check(path)?;
     Ok((name, stage))
@@ -358,6 +377,20 @@ fn refuse_samples(v: &Value, path: &str) -> Result<(), CostError> {
             "is only read for per-layer costs",
             "remove \"samples\" from \"stages\" entries (per-stage costs are simulated as given), or give \"layers\"",
         ));
+    }
+    Ok(())
+}
+
+/// `recompute` and `input_bytes` describe a stage, not a layer: on a layer they would be ignored.
+fn refuse_per_stage(v: &Value, path: &str) -> Result<(), CostError> {
+    for key in ["recompute", "input_bytes"] {
+        if v.get(key).is_some() {
+            return Err(CostError::field(
+                format!("{path}.{key}"),
+                "is only read for per-stage costs",
+                "give recomputation per stage (\"stages\" entries) or for every stage with --recompute",
+            ));
+        }
     }
     Ok(())
 }

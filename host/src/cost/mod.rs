@@ -42,6 +42,7 @@ pub mod file;
 pub mod flag;
 mod measured;
 mod model;
+pub mod recompute;
 pub mod scaling;
 
 pub use dtype::ActivationDtype;
@@ -49,6 +50,7 @@ pub use error::CostError;
 pub use file::{CostFile, CostInput};
 pub use flag::parse_cost_flag;
 pub use model::{split_even, CostSpec};
+pub use recompute::Recompute;
 pub use scaling::{FixedCost, SizeSample};
 
 use crate::schedule::deps::Footprint;
@@ -128,6 +130,8 @@ impl LayerCost {
             released_at_input: self.released_at_input,
             parameter_bytes: self.parameter_bytes,
             output_bytes: self.output_bytes,
+            input_bytes: 0.0,
+            recompute: Recompute::None,
         }
     }
 
@@ -209,6 +213,13 @@ pub struct StageCost {
     pub parameter_bytes: f64,
     /// Bytes sent to the next stage after F (and, as a gradient, back after I/B).
     pub output_bytes: f64,
+    /// Bytes of the stage's input per microbatch (the previous stage's output): what full
+    /// recomputation keeps between `F` and the backward.
+    #[serde(default)]
+    pub input_bytes: f64,
+    /// How the stage keeps what its backward needs (module [`recompute`]).
+    #[serde(default)]
+    pub recompute: Recompute,
 }
 
 impl StageCost {
@@ -223,6 +234,32 @@ impl StageCost {
             released_at_input: 0.0,
             parameter_bytes: 0.0,
             output_bytes: 0.0,
+            input_bytes: 0.0,
+            recompute: Recompute::None,
+        }
+    }
+
+    /// The same stage run with recomputation `mode`.
+    pub fn with_recompute(mut self, mode: Recompute) -> Self {
+        self.recompute = mode;
+        self
+    }
+
+    /// Time the forward takes again before `I` or `B` (0 without recomputation).
+    #[inline]
+    pub fn rebuild_time(&self) -> f64 {
+        match self.recompute {
+            Recompute::None => 0.0,
+            Recompute::Full => self.forward,
+        }
+    }
+
+    /// Bytes of the stash not held between `F` and the backward, rebuilt at the start of `I` or `B`.
+    #[inline]
+    pub fn rebuilt_bytes(&self) -> f64 {
+        match self.recompute {
+            Recompute::None => 0.0,
+            Recompute::Full => (self.activation_bytes - self.input_bytes).max(0.0),
         }
     }
 
@@ -231,6 +268,7 @@ impl StageCost {
         Footprint {
             bytes: self.activation_bytes,
             released_at_input: self.released_at_input,
+            rebuilt: self.rebuilt_bytes(),
         }
     }
 
@@ -239,8 +277,8 @@ impl StageCost {
     pub fn time(&self, op: Op) -> f64 {
         match op {
             Op::F => self.forward,
-            Op::B => self.backward,
-            Op::I => self.backward_input,
+            Op::B => self.backward + self.rebuild_time(),
+            Op::I => self.backward_input + self.rebuild_time(),
             Op::W => self.backward_weight,
         }
     }
@@ -269,6 +307,8 @@ impl StageCost {
             released_at_input: self.released_at_input / d,
             parameter_bytes: self.parameter_bytes / d,
             output_bytes: self.output_bytes,
+            input_bytes: self.input_bytes,
+            recompute: self.recompute,
         }
     }
 
@@ -304,6 +344,7 @@ impl StageCost {
                 check::Quantity::Bytes,
             ),
             ("output_bytes", self.output_bytes, check::Quantity::Bytes),
+            ("input_bytes", self.input_bytes, check::Quantity::Bytes),
         ];
         for (name, v, q) in values {
             q.check(&format!("{path}.{name}"), v)?;

@@ -27,7 +27,10 @@ impl CostModel {
         let mut stages = Vec::with_capacity(layers_per_stage.len());
         let mut next = 0;
         for &count in layers_per_stage {
-            stages.push(sum_layers(&layers[next..next + count]));
+            let mut stage = sum_layers(&layers[next..next + count]);
+            // The stage's input is what the layer before it sends on.
+            stage.input_bytes = next.checked_sub(1).map_or(0.0, |i| layers[i].output_bytes);
+            stages.push(stage);
             next += count;
         }
         let model = CostModel {
@@ -142,11 +145,18 @@ impl CostSpec {
                 rank,
                 link,
                 overlap_share,
-            } => CostModel {
-                stages: vec![rank.split(chunks); stages],
-                link: *link,
-                overlap_share: *overlap_share,
-            },
+            } => {
+                let mut all = vec![rank.split(chunks); stages];
+                // Every stage after the first takes in what the one before sends.
+                for st in all.iter_mut().skip(1) {
+                    st.input_bytes = st.output_bytes;
+                }
+                CostModel {
+                    stages: all,
+                    link: *link,
+                    overlap_share: *overlap_share,
+                }
+            }
             CostSpec::Stages(m) if m.stages.len() == stages => m.clone(),
             CostSpec::Stages(m) => {
                 return Err(CostError::mismatch(

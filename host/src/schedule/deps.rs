@@ -246,10 +246,13 @@ pub fn satisfies(done: Action, wanted: Action) -> bool {
 /// by `W` (all of it by `B`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Footprint {
-    /// What `F` allocates.
+    /// What one microbatch holds at most (`F` allocates it, less `rebuilt`).
     pub bytes: f64,
     /// What `I` releases (the rest waits for `W`).
     pub released_at_input: f64,
+    /// The part of `bytes` not held between `F` and the backward (recomputation): `F` allocates
+    /// `bytes - rebuilt`, and `I` or `B` allocates `rebuilt` at its start.
+    pub rebuilt: f64,
 }
 
 impl Footprint {
@@ -257,14 +260,16 @@ impl Footprint {
     pub const UNIT: Footprint = Footprint {
         bytes: 1.0,
         released_at_input: 0.0,
+        rebuilt: 0.0,
     };
 
     /// What `op` allocates when it starts.
     pub fn allocated_by(&self, op: Op) -> f64 {
-        if op == Op::F {
-            self.bytes
-        } else {
-            0.0
+        let rebuilt = self.rebuilt.min(self.bytes);
+        match op {
+            Op::F => self.bytes - rebuilt,
+            Op::I | Op::B => rebuilt,
+            Op::W => 0.0,
         }
     }
 
@@ -286,7 +291,7 @@ impl Footprint {
 /// use pipefill_host::schedule::deps::{Footprint, InFlight};
 /// use pipefill_host::schedule::{Action, Op};
 /// let mut m = InFlight::new(1);
-/// let f = Footprint { bytes: 10.0, released_at_input: 4.0 };
+/// let f = Footprint { bytes: 10.0, released_at_input: 4.0, rebuilt: 0.0 };
 /// for (op, k) in [(Op::F, 0), (Op::F, 1), (Op::I, 0), (Op::W, 0)] {
 ///     let a = Action::new(op, 0, k);
 ///     m.start(0, a, &f);
@@ -402,6 +407,7 @@ mod tests {
         let f = Footprint {
             bytes: 10.0,
             released_at_input: 4.0,
+            rebuilt: 0.0,
         };
         assert_eq!(
             f.released_by(Op::I) + f.released_by(Op::W),

@@ -3,7 +3,7 @@
 //! JSON: `{"results": [row, ...]}`, best (smallest makespan) first; each row has the keys of [`Row`]
 //! (times in seconds, or the unit of `--cost`; bytes in bytes).
 
-use pipefill_host::cost::CostModel;
+use pipefill_host::cost::{CostModel, Recompute};
 use pipefill_host::schedule::Item;
 use pipefill_host::schedule::Schedule;
 use pipefill_host::sim::{peak_activations, DeviceSharing, Simulation};
@@ -93,6 +93,8 @@ pub struct Row {
     pub overlap_share: f64,
     /// Sum of every action's time alone: the step time on one device that runs one thing at a time.
     pub serial_sum: f64,
+    /// Per stage, its recomputation mode (`none`, or `full`: the forward runs again before I/B).
+    pub recompute: Vec<Recompute>,
     /// What the bubble costs (present with `--steps`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bubble: Option<BubbleSpend>,
@@ -152,6 +154,7 @@ impl Row {
             },
             overlap_share: model.overlap_share,
             serial_sum: serial_sum(s, model),
+            recompute: model.stages.iter().map(|st| st.recompute).collect(),
             bubble: money.map(|m| spend(m, p, makespan * bubble_fraction)),
         }
     }

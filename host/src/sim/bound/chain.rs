@@ -2,7 +2,7 @@
 //! lower bound is built from (see the [module docs](super) for the derivation).
 
 use crate::cost::CostModel;
-use crate::schedule::Placement;
+use crate::schedule::{Op, Placement};
 
 /// Per stage, the shortest times the dependency chain allows (all microbatches alike). Where a stage
 /// may run `B` or `I` then `W`, the cheaper choice is taken, so every quantity is a lower bound for
@@ -41,11 +41,11 @@ impl Chain {
         let forward: Vec<f64> = st.iter().map(|c| c.forward).collect();
         let input: Vec<f64> = st
             .iter()
-            .map(|c| c.backward_input.min(c.backward))
+            .map(|c| c.time(Op::I).min(c.time(Op::B)))
             .collect();
         let full: Vec<f64> = st
             .iter()
-            .map(|c| c.backward.min(c.backward_input + c.backward_weight))
+            .map(|c| c.time(Op::B).min(c.time(Op::I) + c.time(Op::W)))
             .collect();
         let rest: Vec<f64> = full
             .iter()

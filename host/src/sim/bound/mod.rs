@@ -74,7 +74,7 @@ mod jackson;
 use thiserror::Error;
 
 use crate::cost::CostModel;
-use crate::schedule::{Item, Placement, Schedule};
+use crate::schedule::{Item, Op, Placement, Schedule};
 use chain::Chain;
 use jackson::Job;
 
@@ -253,7 +253,7 @@ impl<'a> RankJobs<'a> {
             .collect();
         let longest_back = mine
             .iter()
-            .map(|&s| st[s].backward.max(st[s].backward_input))
+            .map(|&s| st[s].time(Op::B).max(st[s].time(Op::I)))
             .fold(0.0, f64::max);
         let saving = st
             .iter()
@@ -367,9 +367,9 @@ pub fn basic_bound(
     let back = |j: usize| {
         let c = &st[j];
         if j == 0 {
-            c.backward.min(c.backward_input + c.backward_weight)
+            c.time(Op::B).min(c.time(Op::I) + c.time(Op::W))
         } else {
-            c.backward_input.min(c.backward)
+            c.time(Op::I).min(c.time(Op::B))
         }
     };
     let mut fchain = vec![0.0; s_count];
@@ -385,15 +385,15 @@ pub fn basic_bound(
         let Some(&s0) = mine.first() else { continue };
         let longest_back = mine
             .iter()
-            .map(|&s| st[s].backward.max(st[s].backward_input))
+            .map(|&s| st[s].time(Op::B).max(st[s].time(Op::I)))
             .fold(0.0, f64::max);
         let mut work = 0.0;
         let mut non_deferrable = 0.0;
         let mut savings = 0.0;
         for &s in &mine {
             let c = &st[s];
-            work += c.forward + c.backward.min(c.backward_input + c.backward_weight);
-            non_deferrable += c.forward + c.backward_input.min(c.backward);
+            work += c.forward + c.time(Op::B).min(c.time(Op::I) + c.time(Op::W));
+            non_deferrable += c.forward + c.time(Op::I).min(c.time(Op::B));
             if overlap {
                 savings += (1.0 - costs.overlap_share) * c.forward.min(longest_back);
             }

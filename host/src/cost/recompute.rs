@@ -1,0 +1,74 @@
+//! Activation recomputation: how a stage keeps what its backward needs.
+//!
+//! Without recomputation (`none`) a stage's forward keeps everything its backward reads (its
+//! *stash*, `activation_bytes` per microbatch) from the end of `F` until `I`/`W` (or `B`) free it.
+//! With full recomputation (`full`) the forward keeps only the stage's input (`input_bytes`) and
+//! runs again right before the microbatch's `I` (or `B`): the stash is rebuilt there, so
+//!
+//! - `F` holds `input_bytes` (at most `activation_bytes`) instead of `activation_bytes`;
+//! - `I` (or `B`) allocates the rest again at its start and takes `forward` longer;
+//! - `W` and the releases are unchanged.
+//!
+//! The trade is time for memory: a schedule that keeps many microbatches in flight (ZB-H2, ZB-V,
+//! `auto` under a loose limit) may fit a limit only with it, and may then beat the best schedule
+//! that fits without it. The cost model carries the mode per stage ([`StageCost::recompute`]); the
+//! simulator, the memory curve and the lower bound read the times through [`StageCost::time`] and
+//! the memory through [`StageCost::footprint`], so they all see it.
+//!
+//! [`StageCost::recompute`]: super::StageCost::recompute
+//! [`StageCost::time`]: super::StageCost::time
+//! [`StageCost::footprint`]: super::StageCost::footprint
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A stage's recomputation mode.
+///
+/// ```
+/// use pipefill_host::cost::Recompute;
+/// assert_eq!("full".parse::<Recompute>(), Ok(Recompute::Full));
+/// assert_eq!(Recompute::default().to_string(), "none");
+/// assert!("some".parse::<Recompute>().unwrap_err().contains("none, full"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Recompute {
+    /// Keep the whole stash from `F` until the backward frees it.
+    #[default]
+    None,
+    /// Keep only the stage's input; run the forward again before `I` or `B`.
+    Full,
+}
+
+impl Recompute {
+    /// Every mode, in the order the command line lists them.
+    pub const ALL: [Recompute; 2] = [Recompute::None, Recompute::Full];
+
+    /// The mode's name in flags and files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+impl fmt::Display for Recompute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Recompute {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Recompute::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown recomputation mode `{s}`: use one of none, full"))
+    }
+}
