@@ -1,7 +1,7 @@
 //! `plan`: candidates sorted by simulated step time, memory limit respected, refinement never worse.
 
-use pipefill_host::cost::{split_even, CostFile, CostModel, LayerCost, LinkCost};
 use pipefill_host::auto::{solve, AutoOptions};
+use pipefill_host::cost::{split_even, CostFile, CostModel, LayerCost, LinkCost};
 use pipefill_host::plan::{generate, plan, PlanError, PlanRequest};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::validate::validate;
@@ -294,7 +294,9 @@ fn one_entry_point_makes_every_family_and_auto_when_given_costs() {
     assert_eq!(got, solve(&req).unwrap().schedule);
     // Without costs it names where `auto` comes from; an unknown name lists `auto`.
     match generate("auto", &params, None, &opts) {
-        Err(PlanError::Schedule { source, .. }) => assert_eq!(source, ScheduleError::AutoNeedsCosts),
+        Err(PlanError::Schedule { source, .. }) => {
+            assert_eq!(source, ScheduleError::AutoNeedsCosts)
+        }
         other => panic!("{other:?}"),
     }
     let e = generate("nope", &params, Some(&costs), &opts).unwrap_err();

@@ -69,7 +69,9 @@ fn evaluation_losses_are_the_training_steps_forward_losses_bit_for_bit() {
             .count();
         assert_eq!(forwards, schedule.stages() * m, "{name}");
         assert!(
-            spans.iter().all(|s| s.item().actions().all(|a| a.op == Op::F)),
+            spans
+                .iter()
+                .all(|s| s.item().actions().all(|a| a.op == Op::F)),
             "{name}: a backward ran"
         );
     }
@@ -91,7 +93,11 @@ fn an_evaluation_holds_one_stash_at_a_time_and_leaves_gradients_and_steps_alone(
         );
         // Training holds several microbatches on the first rank: the measure tells them apart.
         let train = ex.step(x, &t, &mse).unwrap();
-        assert!(train.peak_held_bytes[0] > 8, "{name}: {:?}", train.peak_held_bytes);
+        assert!(
+            train.peak_held_bytes[0] > 8,
+            "{name}: {:?}",
+            train.peak_held_bytes
+        );
     }
 }
 

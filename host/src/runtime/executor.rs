@@ -323,7 +323,10 @@ impl<S: Stage> Executor<S> {
         H: FnMut(StepEvent) + Send,
     {
         // One lock per rank, taken only by that rank's thread: never contended.
-        let hooks: Vec<Mutex<H>> = (0..self.schedule.ranks).map(hook_of).map(Mutex::new).collect();
+        let hooks: Vec<Mutex<H>> = (0..self.schedule.ranks)
+            .map(hook_of)
+            .map(Mutex::new)
+            .collect();
         let tell = |event: StepEvent| {
             if let Some(hook) = hooks.get(event.rank()) {
                 let mut hook = hook.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -152,7 +152,10 @@ pub(super) fn assemble_evaluation(
     seconds: f64,
 ) -> Result<Evaluation, RuntimeError> {
     let mut by_microbatch: Vec<Option<Tensor>> = vec![None; schedule.microbatches];
-    for (k, y) in outcomes.iter_mut().flat_map(|o| std::mem::take(&mut o.outputs)) {
+    for (k, y) in outcomes
+        .iter_mut()
+        .flat_map(|o| std::mem::take(&mut o.outputs))
+    {
         if let Some(slot) = by_microbatch.get_mut(k) {
             *slot = Some(y);
         }
