@@ -10,6 +10,9 @@
 //! would start that stage's gradient all-reduce there, overlapping it with the rest of the
 //! pipeline; this one hands the stage to a "reducer" thread that records when it could start.
 //!
+//! After training it runs an evaluation step ([`Executor::evaluate`]): the same schedule's
+//! forwards only, on a batch it never trained on, with no stash kept and no gradient.
+//!
 //! ```sh
 //! cargo run --release --example custom_trainer            # zbv on 2 ranks: 4 stages
 //! cargo run --release --example custom_trainer -- dualpipev 3
@@ -18,7 +21,7 @@
 use std::sync::mpsc;
 
 use pipefill_host::runtime::{
-    BoxedStage, Executor, Stage, StageError, StepEvent, StepReport, Tensor,
+    BoxedStage, Evaluation, Executor, Stage, StageError, StepEvent, StepReport, Tensor,
 };
 use pipefill_host::schedule::{families, Params};
 
@@ -252,7 +255,7 @@ impl Stage for Head {
 }
 
 /// The model for `stages` pipeline stages: an embedding, `stages - 2` residual blocks, a head.
-fn model(stages: usize) -> Vec<BoxedStage> {
+pub fn model(stages: usize) -> Vec<BoxedStage> {
     let lr = 0.5;
     let mut model: Vec<BoxedStage> = vec![Box::new(Embedding {
         table: init(VOCAB * D, 7, 1.0),
@@ -285,7 +288,7 @@ fn loss(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
 
 /// Step `step`'s `m` microbatches of `rows` tokens; the task: token `i` maps to
 /// `(cos(i / 3), sin(i / 3)) / 2`.
-fn data(step: usize, m: usize, rows: usize) -> Result<(Vec<Tensor>, Vec<Tensor>), StageError> {
+pub fn data(step: usize, m: usize, rows: usize) -> Result<(Vec<Tensor>, Vec<Tensor>), StageError> {
     let mut inputs = Vec::with_capacity(m);
     let mut targets = Vec::with_capacity(m);
     for k in 0..m {
@@ -314,7 +317,7 @@ type Ready = Vec<(usize, f64)>;
 
 /// One step, telling a "reducer" (here: a channel) each stage whose gradients are final; returns
 /// the report and when each stage became ready.
-fn step(
+pub fn step(
     ex: &mut Executor<BoxedStage>,
     inputs: Vec<Tensor>,
     targets: &[Tensor],
@@ -328,6 +331,17 @@ fn step(
     })?;
     drop(ready);
     Ok((report, reducer.into_iter().collect()))
+}
+
+/// An evaluation step on the batch of step `step` (a batch no training step used when `step` is
+/// past the last one): forwards only, no stash kept, no gradient, the weights untouched.
+pub fn evaluate(
+    ex: &mut Executor<BoxedStage>,
+    step: usize,
+    rows: usize,
+) -> Result<Evaluation, Box<dyn std::error::Error>> {
+    let (x, t) = data(step, ex.schedule().microbatches, rows)?;
+    Ok(ex.evaluate(x, &t, &loss)?)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -380,6 +394,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         last = Some(r.loss);
     }
+    let eval = evaluate(&mut ex, steps, rows)?;
+    println!(
+        "evaluation on an unseen batch: loss {:.5}, {:.2} ms, peak stash per rank {:?} bytes \
+         (one forward's: each is dropped as its forward returns)",
+        eval.loss,
+        eval.seconds * 1e3,
+        eval.peak_held_bytes
+    );
     let head = ex.stages().last().and_then(|s| s.downcast_ref::<Head>());
     let norm = head.map_or(0.0, |h| h.v.iter().map(|v| v * v).sum::<f32>().sqrt());
     println!(

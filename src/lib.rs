@@ -13,6 +13,12 @@
 //! | `pipefill-kernels` | - | the kernels: PTX for the GPU, reference math on the host |
 
 pub mod cli;
+
+/// The README's code samples, compiled and run by `cargo test --doc` so that they cannot drift
+/// from the API (its `rust` block; the `sh`, `toml`, `python` and `text` blocks are not Rust).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeSamples;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod trainer;

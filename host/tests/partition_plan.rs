@@ -1,7 +1,11 @@
 //! `plan`: candidates sorted by simulated step time, memory limit respected, refinement never worse.
 
+use pipefill_host::auto::{solve, AutoOptions};
 use pipefill_host::cost::{split_even, CostFile, CostModel, LayerCost, LinkCost};
-use pipefill_host::plan::{plan, PlanError, PlanRequest};
+use pipefill_host::plan::{generate, plan, PlanError, PlanRequest};
+use pipefill_host::schedule::families::{self, FAMILIES};
+use pipefill_host::schedule::validate::validate;
+use pipefill_host::schedule::{Params, ScheduleError};
 use pipefill_host::sim::simulate;
 
 /// Embedding-like first layer and LM-head-like last layer, light blocks between.
@@ -266,4 +270,35 @@ fn times_past_the_partitioners_arithmetic_are_refused() {
         l.forward = 1e7;
     }
     assert!(plan(&PlanRequest::new(fits, 1.0, 2, 16)).is_ok());
+}
+
+#[test]
+fn one_entry_point_makes_every_family_and_auto_when_given_costs() {
+    let params = Params::new(2, 4);
+    let opts = AutoOptions::default();
+    for f in FAMILIES {
+        let want = families::generate(f.name, &params);
+        let got = generate(f.name, &params, None, &opts);
+        match (want, got) {
+            (Ok(w), Ok(g)) => assert_eq!(w, g, "{}", f.name),
+            (Err(w), Err(PlanError::Schedule { source, .. })) => assert_eq!(w, source),
+            (w, g) => panic!("{}: {w:?} against {g:?}", f.name),
+        }
+    }
+    // `auto`: solved for the costs cut evenly into P x V stages, as `auto::solve` solves it.
+    let costs = model();
+    let got = generate("auto", &params, Some(&costs), &opts).unwrap();
+    validate(&got).unwrap();
+    let counts = split_even(costs.layers.len(), 2).unwrap();
+    let req = opts.request(2, 4, 1, costs.model(&counts).unwrap(), opts.limit(None));
+    assert_eq!(got, solve(&req).unwrap().schedule);
+    // Without costs it names where `auto` comes from; an unknown name lists `auto`.
+    match generate("auto", &params, None, &opts) {
+        Err(PlanError::Schedule { source, .. }) => {
+            assert_eq!(source, ScheduleError::AutoNeedsCosts)
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = generate("nope", &params, Some(&costs), &opts).unwrap_err();
+    assert!(e.to_string().contains("auto"), "{e}");
 }

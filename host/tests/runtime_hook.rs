@@ -191,3 +191,38 @@ fn step_events_round_trip_through_json() {
     assert!(json.contains(r#""action":"3W7""#), "{json}");
     assert_eq!(serde_json::from_str::<StepEvent>(&json).unwrap(), e);
 }
+
+#[test]
+fn per_rank_hooks_see_their_own_ranks_events_in_order_on_one_thread() {
+    for schedule in schedules() {
+        let mut ex = executor(schedule.clone());
+        let m = schedule.microbatches;
+        let x: Vec<Tensor> = (0..m)
+            .map(|k| Tensor::new(vec![1, 2], vec![k as f32, 1.0]).unwrap())
+            .collect();
+        let (tx, rx) = mpsc::channel();
+        let report = ex
+            .step_with_each(x.clone(), &x, &mse, |mine| {
+                let tx = tx.clone();
+                let mut thread = None;
+                move |e: StepEvent| {
+                    let here = std::thread::current().id();
+                    assert_eq!(*thread.get_or_insert(here), here, "one thread per rank");
+                    assert_eq!(e.rank(), mine, "an event of another rank");
+                    tx.send(e).unwrap();
+                }
+            })
+            .unwrap();
+        drop(tx);
+        let events: Vec<StepEvent> = rx.iter().collect();
+        check_events(&schedule, &report, &events);
+        // The collecting form gives the same events, by rank.
+        let (report, by_rank) = ex.step_with_events(x.clone(), &x, &mse).unwrap();
+        assert_eq!(by_rank.len(), schedule.ranks);
+        let flat: Vec<StepEvent> = by_rank.iter().flatten().copied().collect();
+        check_events(&schedule, &report, &flat);
+        for (r, list) in by_rank.iter().enumerate() {
+            assert!(list.iter().all(|e| e.rank() == r), "{}", schedule.name);
+        }
+    }
+}

@@ -120,4 +120,5 @@ fn auto_asked_of_the_generators_names_its_entry_point() {
     let e = families::generate("auto", &Params::new(2, 4)).unwrap_err();
     assert_eq!(e, ScheduleError::AutoNeedsCosts);
     assert!(e.to_string().contains("auto::solve"), "{e}");
+    assert!(e.to_string().contains("plan::generate(\"auto\""), "{e}");
 }

@@ -80,6 +80,7 @@ pub use given::{
 };
 
 use search::{sort, Shape};
+pub use source::generate;
 use source::{sources, Source};
 
 /// Node budget of the exact `V > 1` partition search for each candidate: the plan simulates and

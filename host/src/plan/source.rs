@@ -7,7 +7,7 @@
 use crate::auto::{solve, AutoOptions, AUTO};
 use crate::cost::{split_even, CostFile};
 use crate::schedule::families::{Family, FAMILIES};
-use crate::schedule::{Params, Schedule};
+use crate::schedule::{Params, Schedule, ScheduleError};
 
 use super::PlanError;
 
@@ -90,14 +90,64 @@ pub(super) fn sources(names: &[String]) -> Result<Vec<Source>, PlanError> {
         .map(|n| match FAMILIES.iter().find(|f| f.name == n) {
             Some(f) => Ok(Source::Family(f)),
             None if n == AUTO => Ok(Source::Auto),
-            None => Err(PlanError::UnknownFamily {
-                name: n.clone(),
-                known: FAMILIES
-                    .iter()
-                    .map(|f| f.name)
-                    .chain(std::iter::once(AUTO))
-                    .collect(),
-            }),
+            None => Err(unknown(n)),
         })
         .collect()
+}
+
+/// The error for a name that is neither a family nor `auto`.
+fn unknown(name: &str) -> PlanError {
+    PlanError::UnknownFamily {
+        name: name.to_string(),
+        known: FAMILIES
+            .iter()
+            .map(|f| f.name)
+            .chain(std::iter::once(AUTO))
+            .collect(),
+    }
+}
+
+/// The one entry point that makes a schedule of any name: a family
+/// ([`families::generate`](crate::schedule::families::generate), from `params`), or `auto`, solved
+/// as `auto` says for `costs` cut evenly into `P x V` stages (its `V` when `params` gives none; its
+/// limit in microbatches, [`AutoOptions::max_in_flight`]). `auto` without costs is
+/// [`ScheduleError::AutoNeedsCosts`]; an unknown name lists every name, `auto` included.
+///
+/// ```
+/// use pipefill_host::auto::AutoOptions;
+/// use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+/// use pipefill_host::plan::{generate, PlanError};
+/// use pipefill_host::schedule::Params;
+/// let layers = (0..4).map(|i| LayerCost::new(format!("l{i}"), 1.0, 1.0, 1.0)).collect();
+/// let costs = CostFile { layers, transfer: LinkCost::default(), overlap_share: 0.0,
+///                        meta: serde_json::Value::Null };
+/// let params = Params::new(2, 4);
+/// let opts = AutoOptions::default();
+/// assert_eq!(generate("zbv", &params, None, &opts).unwrap().name, "zbv");
+/// assert_eq!(generate("auto", &params, Some(&costs), &opts).unwrap().ranks, 2);
+/// let e = generate("auto", &params, None, &opts).unwrap_err();
+/// assert!(e.to_string().contains("plan::generate"), "{e}");
+/// assert!(matches!(generate("nope", &params, None, &opts), Err(PlanError::UnknownFamily { .. })));
+/// ```
+pub fn generate(
+    name: &str,
+    params: &Params,
+    costs: Option<&CostFile>,
+    auto: &AutoOptions,
+) -> Result<Schedule, PlanError> {
+    let source = match sources(&[name.to_string()])?.first() {
+        Some(&s) => s,
+        None => return Err(unknown(name)),
+    };
+    match (source, costs) {
+        (Source::Family(f), _) => (f.generate)(params).map_err(|source| PlanError::Schedule {
+            name: f.name.to_string(),
+            source,
+        }),
+        (Source::Auto, Some(costs)) => source.schedule(params, costs, None, auto),
+        (Source::Auto, None) => Err(PlanError::Schedule {
+            name: AUTO.to_string(),
+            source: ScheduleError::AutoNeedsCosts,
+        }),
+    }
 }

@@ -1,14 +1,14 @@
 //! [`Executor`]: runs a schedule's training steps on one OS thread per rank.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::machine::RankOutcome;
 use super::program::RankProgram;
-use super::report::{assemble, lost_worker};
+use super::report::{assemble, assemble_evaluation, lost_worker};
 use super::transport::Channels;
 use super::worker::{run_rank, RankStep, Reducer};
-use super::{Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
+use super::{Evaluation, Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
 use crate::schedule::Schedule;
 
 /// Runs training steps of a [`Schedule`] over a trainer's [`Stage`]s, one OS thread per rank.
@@ -90,6 +90,8 @@ pub struct Executor<S: Stage> {
     schedule: Schedule,
     /// What the ranks execute: the schedule lowered, with its sends and receives.
     program: RankProgram,
+    /// What the ranks execute in an evaluation: the schedule's forwards only.
+    evaluation: RankProgram,
     stages: Vec<S>,
     exclusive: bool,
     poll: Duration,
@@ -104,6 +106,7 @@ impl<S: Stage> Executor<S> {
         let poll = default_poll(schedule.ranks);
         Ok(Executor {
             program: RankProgram::of(&schedule),
+            evaluation: RankProgram::evaluation_of(&schedule),
             schedule,
             stages,
             exclusive: false,
@@ -172,7 +175,49 @@ impl<S: Stage> Executor<S> {
         targets: &[Tensor],
         loss: &L,
     ) -> Result<StepReport, RuntimeError> {
-        self.run_step(inputs, targets, loss, None)
+        let (outcomes, seconds) = self.run_ranks(false, inputs, targets, loss, None)?;
+        assemble(&self.schedule, outcomes, seconds)
+    }
+
+    /// Runs one evaluation step: the schedule's forwards only, in the order its ranks run them
+    /// ([`forward_only`](crate::schedule::forward_only::forward_only), lowered), with the
+    /// activations' transfers as in [`step`](Executor::step). No gradient is computed, no stage's
+    /// `zero_grad` or `optimizer_step` is called, and each forward's stash is dropped as soon as
+    /// the forward returns, so a rank holds at most one stash at a time. `inputs` and `targets`
+    /// are as for [`step`](Executor::step); the [`Evaluation`] has each microbatch's loss and
+    /// last-stage output. The forwards are the training step's: on the same weights, the losses
+    /// are the same, bit for bit.
+    ///
+    /// ```
+    /// # use pipefill_host::runtime::{Executor, Stage, StageError, Tensor};
+    /// # use pipefill_host::schedule::{families, Params};
+    /// # struct Id;
+    /// # impl Stage for Id {
+    /// #     type Stash = Tensor;
+    /// #     fn forward(&mut self, x: Tensor) -> Result<(Tensor, Tensor), StageError> { Ok((x.clone(), x)) }
+    /// #     fn backward_input(&mut self, _: &mut Tensor, g: Tensor) -> Result<Tensor, StageError> { Ok(g) }
+    /// #     fn backward_weight(&mut self, _: Tensor) -> Result<(), StageError> { Ok(()) }
+    /// #     fn held_bytes(&self, x: &Tensor) -> usize { x.bytes() }
+    /// #     fn zero_grad(&mut self) {}
+    /// #     fn optimizer_step(&mut self) -> Result<(), StageError> { Ok(()) }
+    /// # }
+    /// let schedule = families::generate("1f1b", &Params::new(2, 4)).unwrap();
+    /// let mut ex = Executor::new(schedule, vec![Id, Id]).unwrap();
+    /// let loss = |y: &Tensor, _: &Tensor| Ok((y.data()[0], y.clone()));
+    /// let x: Vec<Tensor> = (0..4).map(|k| Tensor::new(vec![1, 1], vec![k as f32]).unwrap()).collect();
+    /// let eval = ex.evaluate(x.clone(), &x, &loss).unwrap();
+    /// assert_eq!(eval.losses, vec![0.0, 1.0, 2.0, 3.0]);
+    /// assert_eq!(eval.outputs[3].data(), &[3.0]);
+    /// assert_eq!(eval.peak_held_bytes, vec![4, 4]); // one 1x1 f32 stash at a time
+    /// ```
+    pub fn evaluate<L: Loss>(
+        &mut self,
+        inputs: Vec<Tensor>,
+        targets: &[Tensor],
+        loss: &L,
+    ) -> Result<Evaluation, RuntimeError> {
+        let (outcomes, seconds) = self.run_ranks(true, inputs, targets, loss, None)?;
+        assemble_evaluation(&self.schedule, outcomes, seconds)
     }
 
     /// [`step`](Executor::step), telling `hook` of each action as it completes and of each stage
@@ -221,16 +266,113 @@ impl<S: Stage> Executor<S> {
         loss: &L,
         hook: H,
     ) -> Result<StepReport, RuntimeError> {
-        self.run_step(inputs, targets, loss, Some(&hook))
+        let (outcomes, seconds) = self.run_ranks(false, inputs, targets, loss, Some(&hook))?;
+        assemble(&self.schedule, outcomes, seconds)
     }
 
-    fn run_step<L: Loss>(
+    /// [`step_with`](Executor::step_with) with a hook of its own for each rank: `hook_of(rank)`
+    /// is called once per rank before the step, and each rank's hook is an `FnMut` called only by
+    /// that rank, with its events in its list's order (no `Mutex` and no `Sync` needed: send the
+    /// events down a channel, or count them).
+    ///
+    /// ```
+    /// # use pipefill_host::runtime::{Executor, Stage, StageError, StepEvent, Tensor};
+    /// # use pipefill_host::schedule::{families, Params};
+    /// # struct Id;
+    /// # impl Stage for Id {
+    /// #     type Stash = ();
+    /// #     fn forward(&mut self, x: Tensor) -> Result<(Tensor, ()), StageError> { Ok((x, ())) }
+    /// #     fn backward_input(&mut self, _: &mut (), g: Tensor) -> Result<Tensor, StageError> { Ok(g) }
+    /// #     fn backward_weight(&mut self, _: ()) -> Result<(), StageError> { Ok(()) }
+    /// #     fn held_bytes(&self, _: &()) -> usize { 0 }
+    /// #     fn zero_grad(&mut self) {}
+    /// #     fn optimizer_step(&mut self) -> Result<(), StageError> { Ok(()) }
+    /// # }
+    /// use std::sync::mpsc;
+    /// let schedule = families::generate("1f1b", &Params::new(2, 4)).unwrap();
+    /// let mut ex = Executor::new(schedule, vec![Id, Id]).unwrap();
+    /// let loss = |y: &Tensor, _: &Tensor| Ok((0.0, y.clone()));
+    /// let x = vec![Tensor::zeros(vec![1, 1]); 4];
+    /// let (tx, rx) = mpsc::channel();
+    /// ex.step_with_each(x.clone(), &x, &loss, |rank| {
+    ///     let tx = tx.clone();
+    ///     let mut done = 0;
+    ///     move |event| {
+    ///         if let StepEvent::ActionDone { .. } = event {
+    ///             done += 1;
+    ///             tx.send((rank, done)).unwrap();
+    ///         }
+    ///     }
+    /// })
+    /// .unwrap();
+    /// drop(tx);
+    /// // Each rank ran 4 F and 4 B; its hook counted them in order.
+    /// let last: Vec<(usize, i32)> = rx.iter().filter(|(_, n)| *n == 8).collect();
+    /// assert_eq!(last.len(), 2);
+    /// ```
+    pub fn step_with_each<L, F, H>(
         &mut self,
         inputs: Vec<Tensor>,
         targets: &[Tensor],
         loss: &L,
+        hook_of: F,
+    ) -> Result<StepReport, RuntimeError>
+    where
+        L: Loss,
+        F: FnMut(usize) -> H,
+        H: FnMut(StepEvent) + Send,
+    {
+        // One lock per rank, taken only by that rank's thread: never contended.
+        let hooks: Vec<Mutex<H>> = (0..self.schedule.ranks)
+            .map(hook_of)
+            .map(Mutex::new)
+            .collect();
+        let tell = |event: StepEvent| {
+            if let Some(hook) = hooks.get(event.rank()) {
+                let mut hook = hook.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                (*hook)(event);
+            }
+        };
+        self.step_with(inputs, targets, loss, tell)
+    }
+
+    /// [`step`](Executor::step), also returning each rank's [`StepEvent`]s in the order they
+    /// happened on it (`events[rank]`), gathered over a channel
+    /// ([`step_with_each`](Executor::step_with_each)).
+    pub fn step_with_events<L: Loss>(
+        &mut self,
+        inputs: Vec<Tensor>,
+        targets: &[Tensor],
+        loss: &L,
+    ) -> Result<(StepReport, Vec<Vec<StepEvent>>), RuntimeError> {
+        let (tx, rx) = mpsc::channel();
+        let report = self.step_with_each(inputs, targets, loss, |_| {
+            let tx = tx.clone();
+            move |event| {
+                // The receiver lives until the step ends: a send cannot fail.
+                let _ = tx.send(event);
+            }
+        })?;
+        drop(tx);
+        let mut events = vec![Vec::new(); self.schedule.ranks];
+        for event in rx.try_iter() {
+            if let Some(list) = events.get_mut(event.rank()) {
+                list.push(event);
+            }
+        }
+        Ok((report, events))
+    }
+
+    /// Runs every rank's list (the training program, or with `evaluation` the forward-only one)
+    /// and returns the ranks' outcomes in rank order with the wall-clock seconds.
+    fn run_ranks<L: Loss>(
+        &mut self,
+        evaluation: bool,
+        inputs: Vec<Tensor>,
+        targets: &[Tensor],
+        loss: &L,
         hook: Option<&(dyn Fn(StepEvent) + Sync)>,
-    ) -> Result<StepReport, RuntimeError> {
+    ) -> Result<(Vec<RankOutcome>, f64), RuntimeError> {
         let m = self.schedule.microbatches;
         if inputs.len() != m || targets.len() != m {
             return Err(RuntimeError::BatchCount {
@@ -249,7 +391,17 @@ impl<S: Stage> Executor<S> {
             local[self.schedule.rank_of(s)].push((s, stage));
         }
         let mut inputs = Some(inputs);
-        let (schedule, program) = (&self.schedule, &self.program);
+        let program = if evaluation {
+            &self.evaluation
+        } else {
+            &self.program
+        };
+        let schedule = &self.schedule;
+        let reduce = if evaluation {
+            None
+        } else {
+            self.reducer.as_deref()
+        };
         let exclusive = self.exclusive.then_some(&lock);
         let steps: Vec<RankStep<'_, S, L>> = local
             .into_iter()
@@ -269,7 +421,7 @@ impl<S: Stage> Executor<S> {
                 epoch,
                 exclusive,
                 hook,
-                reduce: self.reducer.as_deref(),
+                reduce,
             })
             .collect();
         let outputs: Vec<RankOutcome> = std::thread::scope(|scope| {
@@ -294,8 +446,7 @@ impl<S: Stage> Executor<S> {
             outputs.sort_by_key(|(r, _)| *r);
             outputs.into_iter().map(|(_, o)| o).collect()
         });
-        let seconds = epoch.elapsed().as_secs_f64();
-        assemble(&self.schedule, outputs, seconds)
+        Ok((outputs, epoch.elapsed().as_secs_f64()))
     }
 }
 

@@ -42,6 +42,15 @@ pub enum StepEvent {
     },
 }
 
+impl StepEvent {
+    /// The rank the event happened on.
+    pub fn rank(&self) -> usize {
+        match *self {
+            StepEvent::ActionDone { rank, .. } | StepEvent::GradientsReady { rank, .. } => rank,
+        }
+    }
+}
+
 /// For each global stage, the action after which its weight gradients are final for a step: the
 /// last `B` or `W` of that stage in its rank's list (`None` only for a schedule that never runs
 /// the stage's backward, which does not validate).

@@ -52,7 +52,7 @@ pub use hook::{last_gradient_actions, StepEvent};
 pub use machine::{RankOutcome, RankStop};
 pub use program::RankProgram;
 pub use replicas::{AllReduce, Replicas};
-pub use report::{assemble, StepReport};
+pub use report::{assemble, Evaluation, StepReport};
 pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Payload, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};

@@ -1,5 +1,6 @@
 //! What a rank's runner executes: the schedule's lowered lists.
 
+use crate::schedule::forward_only::forward_only;
 use crate::schedule::lower::lowered_items;
 use crate::schedule::validate::has_transfers;
 use crate::schedule::{Item, ParamOp, Schedule};
@@ -11,6 +12,8 @@ use crate::schedule::{Item, ParamOp, Schedule};
 pub struct RankProgram {
     lists: Vec<Vec<Item>>,
     explicit: bool,
+    /// An evaluation: forwards only, no stash kept, no gradients, no optimizer step.
+    evaluation: bool,
 }
 
 impl RankProgram {
@@ -21,7 +24,27 @@ impl RankProgram {
                 .map(|r| lowered_items(schedule, r).collect())
                 .collect(),
             explicit: has_transfers(schedule),
+            evaluation: false,
         }
+    }
+
+    /// The evaluation program of `schedule`: its [forward order](forward_only) lowered, run with
+    /// no stash kept, no gradient and no optimizer step (see
+    /// [`Executor::evaluate`](super::Executor::evaluate)).
+    pub fn evaluation_of(schedule: &Schedule) -> Self {
+        let forward = forward_only(schedule);
+        RankProgram {
+            lists: (0..schedule.ranks)
+                .map(|r| lowered_items(&forward, r).collect())
+                .collect(),
+            explicit: false,
+            evaluation: true,
+        }
+    }
+
+    /// Whether this is an evaluation program ([`RankProgram::evaluation_of`]).
+    pub fn is_evaluation(&self) -> bool {
+        self.evaluation
     }
 
     /// Rank `rank`'s lowered list.

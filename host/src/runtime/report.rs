@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::machine::{RankOutcome, RankStop};
-use super::RuntimeError;
+use super::{RuntimeError, Tensor};
 use crate::schedule::{Action, Schedule};
 use crate::timeline::{Source, Timeline};
 
@@ -122,5 +122,61 @@ pub fn assemble(
         peak_held_bytes,
         seconds,
         action_seconds,
+    })
+}
+
+/// What an evaluation step produced ([`Executor::evaluate`](super::Executor::evaluate)): the
+/// schedule's forwards only, no stash kept past its forward, no gradient, no optimizer step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// The mean of the microbatch losses.
+    pub loss: f32,
+    /// The loss of each microbatch, by microbatch index.
+    pub losses: Vec<f32>,
+    /// The last stage's output for each microbatch, by microbatch index.
+    pub outputs: Vec<Tensor>,
+    /// When every item ran on every rank (the forwards and their transfers; starts at 0).
+    pub timeline: Timeline,
+    /// Per rank, the most activation bytes held at once: at most one forward's stash, which
+    /// the runtime drops as soon as the forward returns.
+    pub peak_held_bytes: Vec<usize>,
+    /// Wall-clock seconds of the whole evaluation.
+    pub seconds: f64,
+}
+
+/// [`assemble`] for an evaluation: the ranks' outcomes (in rank order) with the last stage's
+/// outputs, into an [`Evaluation`].
+pub(super) fn assemble_evaluation(
+    schedule: &Schedule,
+    mut outcomes: Vec<RankOutcome>,
+    seconds: f64,
+) -> Result<Evaluation, RuntimeError> {
+    let mut by_microbatch: Vec<Option<Tensor>> = vec![None; schedule.microbatches];
+    for (k, y) in outcomes
+        .iter_mut()
+        .flat_map(|o| std::mem::take(&mut o.outputs))
+    {
+        if let Some(slot) = by_microbatch.get_mut(k) {
+            *slot = Some(y);
+        }
+    }
+    let report = assemble(schedule, outcomes, seconds)?;
+    let outputs = by_microbatch
+        .into_iter()
+        .enumerate()
+        .map(|(k, y)| {
+            y.ok_or_else(|| RuntimeError::Internal {
+                rank: schedule.rank_of(schedule.stages().saturating_sub(1)),
+                message: format!("the evaluation has no output for microbatch {k}"),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Evaluation {
+        loss: report.loss,
+        losses: report.losses,
+        outputs,
+        timeline: report.timeline,
+        peak_held_bytes: report.peak_held_bytes,
+        seconds,
     })
 }

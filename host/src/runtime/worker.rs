@@ -85,6 +85,8 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
     transport: &mut T,
 ) -> RankOutcome {
     let rank = step.rank;
+    // An evaluation program: no zero-grad, no stash kept, no optimizer step.
+    let evaluation = step.program.is_evaluation();
     let mut run = RankRun {
         schedule: step.schedule,
         program: step.program,
@@ -94,7 +96,7 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
         transport,
         rank,
         stages: step.stages,
-        machine: Machine::new(rank, step.schedule, step.inputs),
+        machine: Machine::new(rank, step.schedule, step.inputs).evaluating(evaluation),
         outbox: HashMap::new(),
         clock: Clock::new(step.epoch, step.exclusive),
         hook: step.hook.map(|h| Hooked::new(h, step.schedule, rank)),
@@ -109,6 +111,9 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
     // Layer calls are guarded one by one; this outer guard only keeps a bug in the runtime
     // itself from leaving the other ranks waiting at the barrier.
     let result = catch_unwind(AssertUnwindSafe(|| {
+        if evaluation {
+            return run.items();
+        }
         run.zero_grad().and_then(|()| run.items())
     }))
     .unwrap_or_else(|p| {
@@ -119,11 +124,15 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
     });
     let stages = &mut run.stages;
     let result = end_of_step(result, run.transport, T::abort, T::finish, || {
+        if evaluation {
+            return Ok(());
+        }
         optimizer_steps(stages.iter_mut().map(|(s, st)| (*s, &mut **st)), |_| rank)
     });
     run.out.losses = run.machine.take_losses();
     run.out.transfers = run.machine.take_transfers();
     run.out.peak_held = run.machine.peak();
+    run.out.outputs = run.machine.take_outputs();
     run.out.result = result;
     run.out
 }

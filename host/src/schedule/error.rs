@@ -29,8 +29,9 @@ pub enum ScheduleError {
     /// `auto` asked of the family generators: it is solved from costs, not generated from a shape.
     #[error(
         "`auto` is not a fixed family: it is solved for measured costs and a memory limit; call \
-         `pipefill_host::auto::solve(&AutoRequest::new(ranks, microbatches, costs))`, or \
-         `plan::plan_families` with `auto` among the names"
+         `pipefill_host::plan::generate(\"auto\", &params, Some(&costs), &AutoOptions::default())` \
+         (any schedule name, `auto` included), or `pipefill_host::auto::solve(&AutoRequest::new(\
+         ranks, microbatches, costs))`"
     )]
     AutoNeedsCosts,
     /// An action's text form is malformed.

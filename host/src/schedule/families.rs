@@ -44,7 +44,8 @@ pub const FAMILIES: &[Family] = &[
 pub const AUTO: &str = "auto";
 
 /// Looks a family up by name. `auto` is refused with [`ScheduleError::AutoNeedsCosts`], which
-/// names its entry point (`pipefill_host::auto::solve`).
+/// names the entry point that makes any schedule name, `auto` included, given costs
+/// (`pipefill_host::plan::generate`, a layer above: this module imports neither `auto` nor `sim`).
 ///
 /// ```
 /// use pipefill_host::schedule::{families, ScheduleError};
@@ -68,7 +69,8 @@ pub fn family(name: &str) -> Result<&'static Family, ScheduleError> {
         })
 }
 
-/// Generates a schedule of the named family.
+/// Generates a schedule of the named family (`auto`: see [`family`]; `pipefill_host::plan::generate`
+/// makes any name, `auto` included, given costs).
 ///
 /// ```
 /// use pipefill_host::schedule::{families, Params};

@@ -34,6 +34,7 @@ pub use item::{Comm, CommOp, Item, ParamAction, ParamOp};
 pub mod deps;
 pub mod families;
 pub mod format;
+pub mod forward_only;
 pub mod lower;
 pub mod validate;
 pub mod walk;

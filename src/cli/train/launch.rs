@@ -350,6 +350,7 @@ impl Wire {
                 .collect(),
             peak_held: self.peak_held,
             action_seconds,
+            outputs: Vec::new(),
             result: Ok(()),
         };
         Ok((outcome, self.seconds))

@@ -6,7 +6,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::runtime::clock::panic_message;
-use crate::runtime::{Payload, RuntimeError, Stage};
+use crate::runtime::{Payload, RuntimeError, Stage, Tensor};
 use crate::schedule::Action;
 use crate::timeline::{Span, Transfer};
 
@@ -39,6 +39,8 @@ pub struct RankOutcome {
     pub peak_held: usize,
     /// Seconds spent in layer calls, per action, in execution order.
     pub action_seconds: Vec<(Action, f64)>,
+    /// In an evaluation, `(microbatch, output of the last stage)` computed here (empty in training).
+    pub outputs: Vec<(usize, Tensor)>,
     /// How the rank ended.
     pub result: Result<(), RankStop>,
 }
@@ -52,6 +54,7 @@ impl RankOutcome {
             losses: Vec::new(),
             peak_held: 0,
             action_seconds: Vec::new(),
+            outputs: Vec::new(),
             result,
         }
     }

@@ -84,6 +84,10 @@ pub(crate) struct Machine<P: Payload, T> {
     held: usize,
     peak: usize,
     losses: Vec<(usize, P::Loss)>,
+    /// An evaluation: no stash is kept past its forward, the loss has no gradient, and the last
+    /// stage's outputs are kept ([`Machine::evaluating`]).
+    evaluation: bool,
+    outputs: Vec<(usize, P)>,
 }
 
 /// What a failed check says when an action's input is missing.
@@ -104,7 +108,18 @@ impl<P: Payload, T> Machine<P, T> {
             held: 0,
             peak: 0,
             losses: Vec::new(),
+            evaluation: false,
+            outputs: Vec::new(),
         }
+    }
+
+    /// This machine, run as an evaluation when `evaluation` holds: each forward's stash is dropped
+    /// as soon as the forward returns (the rank's held bytes peak at one stash), the loss's
+    /// gradient is dropped, and the last stage's outputs are kept ([`Machine::take_outputs`]).
+    /// Only forwards can run then: a backward finds no stash.
+    pub(crate) fn evaluating(mut self, evaluation: bool) -> Self {
+        self.evaluation = evaluation;
+        self
     }
 
     /// Runs `a` on `stage` (the action's stage): takes its input, calls the stage through
@@ -181,6 +196,12 @@ impl<P: Payload, T> Machine<P, T> {
             Ok((out, stash, bytes))
         })?;
         self.hold(bytes, 0);
+        if self.evaluation {
+            // Nothing will read the stash: it goes now, and its bytes with it.
+            self.hold(0, bytes);
+            drop(stash);
+            return Ok(out);
+        }
         let stashed = Stashed {
             stash,
             input_done: false,
@@ -206,6 +227,11 @@ impl<P: Payload, T> Machine<P, T> {
             .ok_or_else(|| self.fail(a, "no target for this microbatch"))?;
         calls.placed(a, target)?;
         let (value, mut grad) = calls.call(a, || loss.loss(&out, target))?;
+        if self.evaluation {
+            self.losses.push((a.microbatch, value));
+            self.outputs.push((a.microbatch, out));
+            return Ok(());
+        }
         grad.scale_by(self.scale).map_err(|e| self.fail(a, e))?;
         self.losses.push((a.microbatch, value));
         self.mailbox.put(Edge::gradient_of(a), grad);
@@ -346,6 +372,11 @@ impl<P: Payload, T> Machine<P, T> {
     /// The `(microbatch, loss)` pairs computed so far, in the order they were computed.
     pub(crate) fn take_losses(&mut self) -> Vec<(usize, P::Loss)> {
         std::mem::take(&mut self.losses)
+    }
+
+    /// The `(microbatch, output of the last stage)` pairs an evaluation kept so far.
+    pub(crate) fn take_outputs(&mut self) -> Vec<(usize, P)> {
+        std::mem::take(&mut self.outputs)
     }
 
     /// The losses computed so far by microbatch, `None` where none was, for `microbatches`
