@@ -2,6 +2,10 @@
 //! and action times, and [`guarded`], which turns a layer's error or panic into a [`RankStop`] naming
 //! the rank and the action.
 //!
+//! Beside the wall clock, each layer call reads the thread's CPU clock
+//! ([`thread_cpu_seconds`](crate::cpu_time::thread_cpu_seconds)) before and after: the wall time
+//! it took beyond its CPU time is time the thread was descheduled (ready, not running).
+//!
 //! The hot functions are `#[inline]`: in a module of their own they may land in another codegen
 //! unit than the worker's loop, and not inlining them cost about 20 ns per action (measured with
 //! `cargo bench --bench runtime -- executor`, see docs/measurements.md).
@@ -12,6 +16,7 @@ use std::time::Instant;
 
 use super::machine::{action_failed, Calls, RankStop};
 use super::{RuntimeError, StageError};
+use crate::cpu_time::thread_cpu_seconds;
 use crate::schedule::Action;
 
 /// Times layer calls: the span of an item runs from its first layer call's start to its last
@@ -26,6 +31,11 @@ pub(super) struct Clock<'c> {
     pub action_start: Option<f64>,
     /// End of the last layer call.
     pub last_end: f64,
+    /// Seconds the current item's layer calls took beyond the thread's CPU time in them.
+    pub descheduled: f64,
+    /// Seconds the current item's inputs from other ranks had been sent while the rank waited
+    /// for them but had not yet returned from the receive (set by the worker).
+    pub woken_late: f64,
 }
 
 impl<'c> Clock<'c> {
@@ -38,7 +48,17 @@ impl<'c> Clock<'c> {
             first_start: None,
             action_start: None,
             last_end: 0.0,
+            descheduled: 0.0,
+            woken_late: 0.0,
         }
+    }
+
+    /// Starts a new item: no layer call yet, nothing lost yet.
+    #[inline]
+    pub fn next_item(&mut self) {
+        self.first_start = None;
+        self.descheduled = 0.0;
+        self.woken_late = 0.0;
     }
 
     /// Runs a layer call, timing it (holding the exclusive lock if any), and turns its error or
@@ -54,9 +74,15 @@ impl<'c> Clock<'c> {
         let _turn = self
             .exclusive
             .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()));
+        // The CPU clock is read outside the wall clock's reads, so that its own cost is not
+        // counted as time descheduled.
+        let cpu_start = thread_cpu_seconds();
         let start = self.epoch.elapsed().as_secs_f64();
         let result = guarded(rank, action, f);
         let end = self.epoch.elapsed().as_secs_f64();
+        if let (Some(a), Some(b)) = (cpu_start, thread_cpu_seconds()) {
+            self.descheduled += ((end - start) - (b - a)).max(0.0);
+        }
         self.first_start.get_or_insert(start);
         self.action_start.get_or_insert(start);
         self.last_end = end;
