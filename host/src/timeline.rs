@@ -476,6 +476,35 @@ mod tests {
         assert!(json.contains(r#""source":"predicted""#), "{json}");
         let back: Timeline = serde_json::from_str(&json).unwrap();
         assert_eq!(back, t);
+        assert!(
+            !json.contains("descheduled"),
+            "only measured time lost is written: {json}"
+        );
+    }
+
+    #[test]
+    fn time_lost_to_time_sharing_reads_back_and_splits_each_rank() {
+        let mut t = Timeline::new("m", Source::Measured, 2);
+        let f0: Item = Action::new(Op::F, 0, 0).into();
+        t.spans[0].push(Span::new(f0, 0.0, 1.0).with_lost(0.25, 0.0));
+        let f1: Item = Action::new(Op::F, 1, 0).into();
+        t.spans[1].push(Span::new(f1, 1.5, 2.0).with_lost(0.125, 0.5));
+        let json = serde_json::to_string(&t).unwrap();
+        assert!(
+            json.contains(r#""descheduled":0.125,"woken_late":0.5"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Timeline>(&json).unwrap(), t);
+        // Rank 0: 0.75 s on the CPU, 0.25 s descheduled in its forward, 1 s waiting after it.
+        assert_eq!(
+            (t.compute(0), t.descheduled(0), t.waiting(0)),
+            (0.75, 0.25, 1.0)
+        );
+        // Rank 1: of its 1.5 s idle, 0.5 s was after its data came: 1 s waiting.
+        assert_eq!(
+            (t.compute(1), t.descheduled(1), t.waiting(1)),
+            (0.375, 0.625, 1.0)
+        );
     }
 
     #[test]
