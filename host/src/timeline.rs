@@ -23,6 +23,7 @@ use std::fmt;
 use crate::schedule::{Action, Item};
 use packed::{narrow, PackedAction, PackedItem};
 
+mod lost;
 mod packed;
 
 /// Where a timeline came from.
@@ -283,30 +284,6 @@ impl Timeline {
         self.makespan() - self.busy(r)
     }
 
-    /// Time rank `r` was ready but not running, lost to time-sharing: descheduled inside its
-    /// items and woken late before them ([`Span::descheduled`], [`Span::woken_late`]). 0 where
-    /// not measured.
-    pub fn descheduled(&self, r: usize) -> f64 {
-        self.spans[r]
-            .iter()
-            .map(|s| s.descheduled() + s.woken_late())
-            .sum()
-    }
-
-    /// Time rank `r` computed on a core: its busy time less the time it was descheduled in it
-    /// (the thread's CPU time in its layer calls, where measured).
-    pub fn compute(&self, r: usize) -> f64 {
-        let inside: f64 = self.spans[r].iter().map(Span::descheduled).sum();
-        (self.busy(r) - inside).max(0.0)
-    }
-
-    /// Time rank `r` waited for data within the makespan, runnable-ready or not: its idle time less
-    /// the time it was woken late. `compute + descheduled + waiting = makespan` for each rank.
-    pub fn waiting(&self, r: usize) -> f64 {
-        let late: f64 = self.spans[r].iter().map(Span::woken_late).sum();
-        (self.idle(r) - late).max(0.0)
-    }
-
     /// `1 - sum(busy) / (P * makespan)`; 0 for an empty timeline.
     pub fn bubble_fraction(&self) -> f64 {
         let m = self.makespan();
@@ -479,31 +456,6 @@ mod tests {
         assert!(
             !json.contains("descheduled"),
             "only measured time lost is written: {json}"
-        );
-    }
-
-    #[test]
-    fn time_lost_to_time_sharing_reads_back_and_splits_each_rank() {
-        let mut t = Timeline::new("m", Source::Measured, 2);
-        let f0: Item = Action::new(Op::F, 0, 0).into();
-        t.spans[0].push(Span::new(f0, 0.0, 1.0).with_lost(0.25, 0.0));
-        let f1: Item = Action::new(Op::F, 1, 0).into();
-        t.spans[1].push(Span::new(f1, 1.5, 2.0).with_lost(0.125, 0.5));
-        let json = serde_json::to_string(&t).unwrap();
-        assert!(
-            json.contains(r#""descheduled":0.125,"woken_late":0.5"#),
-            "{json}"
-        );
-        assert_eq!(serde_json::from_str::<Timeline>(&json).unwrap(), t);
-        // Rank 0: 0.75 s on the CPU, 0.25 s descheduled in its forward, 1 s waiting after it.
-        assert_eq!(
-            (t.compute(0), t.descheduled(0), t.waiting(0)),
-            (0.75, 0.25, 1.0)
-        );
-        // Rank 1: of its 1.5 s idle, 0.5 s was after its data came: 1 s waiting.
-        assert_eq!(
-            (t.compute(1), t.descheduled(1), t.waiting(1)),
-            (0.375, 0.625, 1.0)
         );
     }
 

@@ -304,9 +304,25 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
     );
     if split {
         println!(
-            "  (of the measured makespan, from the threads' CPU clocks: waiting for data, and \
-             descheduled: ready but not running, lost to other work on the machine; the rest is \
-             compute)"
+            "  (of the measured makespan, from the threads' CPU clocks: waiting for data (also for \
+             a rank that was descheduled), and descheduled: ready but not running, lost to other \
+             work on the machine; the rest is compute)"
+        );
+    }
+    if let Some(free) = split
+        .then(|| outcome.measured.without_time_sharing())
+        .flatten()
+    {
+        let (m, f) = (outcome.measured.makespan(), free.makespan());
+        println!(
+            "without time-sharing: {:.2} ms, bubble {:.1}% (each item for its CPU time, in the same \
+             order): {:.2} ms of the {:.2} ms timeline ({:.1}%) went to other work on the machine \
+             and the runtime between items",
+            f * 1e3,
+            free.bubble_fraction() * 100.0,
+            (m - f) * 1e3,
+            m * 1e3,
+            if m > 0.0 { (m - f) / m * 100.0 } else { 0.0 }
         );
     }
     println!(
@@ -446,6 +462,9 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
             json!((0..m.ranks()).map(|r| m.descheduled(r)).collect::<Vec<_>>());
         value["waiting"] = json!(all[0]);
         value["descheduled"] = json!(all[1]);
+        let free = m.without_time_sharing();
+        value["makespan_without_time_sharing_s"] = json!(free.as_ref().map(Timeline::makespan));
+        value["bubble_without_time_sharing"] = json!(free.as_ref().map(Timeline::bubble_fraction));
     } else {
         for key in [
             "compute_s",
@@ -453,6 +472,8 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
             "descheduled_s",
             "waiting",
             "descheduled",
+            "makespan_without_time_sharing_s",
+            "bubble_without_time_sharing",
         ] {
             value[key] = serde_json::Value::Null;
         }
