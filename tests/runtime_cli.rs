@@ -95,6 +95,32 @@ fn json_has_the_documented_keys_and_the_loss_falls() {
         v["bubble_resimulated_per_rank"].as_array().unwrap().len(),
         2
     );
+    // Each rank's measured makespan splits into compute, waiting and descheduled; the replay
+    // without time-sharing is never longer than the measured timeline.
+    let makespan = v["makespan_measured_s"].as_f64().unwrap();
+    let per_rank = |key: &str| -> Vec<f64> { serde_json::from_value(v[key].clone()).unwrap() };
+    let (c, w, d) = (
+        per_rank("compute_s"),
+        per_rank("waiting_s"),
+        per_rank("descheduled_s"),
+    );
+    for r in 0..2 {
+        let sum = c[r] + w[r] + d[r];
+        assert!(
+            (sum - makespan).abs() < 1e-4 * makespan.max(1e-3),
+            "rank {r}: {sum} vs {makespan}"
+        );
+    }
+    let free = v["makespan_without_time_sharing_s"].as_f64().unwrap();
+    assert!(
+        free > 0.0 && free <= makespan + 1e-9,
+        "{free} vs {makespan}"
+    );
+    assert!(
+        v["load"].is_null() || v["load"]["loaded"].is_boolean(),
+        "{}",
+        v["load"]
+    );
     let svg = std::fs::read_to_string(dir.join("pipefill-timeline.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("measured") && svg.contains("predicted"));
     assert!(svg.contains("from the profile") && svg.contains("from this run"));

@@ -23,6 +23,7 @@ use std::fmt;
 use crate::schedule::{Action, Item};
 use packed::{narrow, PackedAction, PackedItem};
 
+mod lost;
 mod packed;
 
 /// Where a timeline came from.
@@ -36,8 +37,9 @@ pub enum Source {
 }
 
 /// One item executed on one rank: `spans[rank][index]` of a [`Timeline`] (the rank and the position
-/// are where it sits). Compact (40 bytes): the item is stored packed, read it with [`Span::item`].
-/// With serde it reads and writes `{"item": "2F0", "start": .., "end": ..}`.
+/// are where it sits). Compact (48 bytes): the item is stored packed, read it with [`Span::item`].
+/// With serde it reads and writes `{"item": "2F0", "start": .., "end": ..}`, plus `"descheduled"`
+/// and `"woken_late"` where they are not 0 (see [`Span::with_lost`]).
 #[derive(Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(into = "SpanData", try_from = "SpanData")]
 pub struct Span {
@@ -46,6 +48,10 @@ pub struct Span {
     /// End time.
     pub end: f64,
     item: PackedItem,
+    /// Seconds inside the span the rank's thread was not running (see [`Span::descheduled`]).
+    descheduled: f32,
+    /// Seconds before the span the rank was ready but not running (see [`Span::woken_late`]).
+    woken_late: f32,
 }
 
 impl Span {
@@ -59,7 +65,35 @@ impl Span {
             start,
             end,
             item: PackedItem::new(item),
+            descheduled: 0.0,
+            woken_late: 0.0,
         }
+    }
+
+    /// The span with the time its rank was ready but not running, as the runtime measures it
+    /// from the thread's CPU clock: `descheduled` seconds inside the span (its layer calls' wall
+    /// time minus the thread's CPU time in them) and `woken_late` seconds just before it (its
+    /// input from another rank had been sent while the rank waited for it, but the rank was not
+    /// running yet). Both are kept as `f32` (microsecond precision up to minutes).
+    #[inline]
+    pub fn with_lost(mut self, descheduled: f64, woken_late: f64) -> Self {
+        self.descheduled = descheduled as f32;
+        self.woken_late = woken_late as f32;
+        self
+    }
+
+    /// Seconds inside the span the rank's thread was descheduled: part of the span's wall time,
+    /// none of its CPU time; 0 where not measured (predicted timelines, GPU streams).
+    #[inline]
+    pub fn descheduled(&self) -> f64 {
+        f64::from(self.descheduled)
+    }
+
+    /// Seconds just before the span the rank was ready (its input had been sent) but not yet
+    /// running: idle time lost to time-sharing, not to the schedule; 0 where not measured.
+    #[inline]
+    pub fn woken_late(&self) -> f64 {
+        f64::from(self.woken_late)
     }
 
     /// What ran.
@@ -75,6 +109,8 @@ impl fmt::Debug for Span {
             .field("item", &self.item())
             .field("start", &self.start)
             .field("end", &self.end)
+            .field("descheduled", &self.descheduled)
+            .field("woken_late", &self.woken_late)
             .finish()
     }
 }
@@ -228,7 +264,8 @@ impl Timeline {
         self.spans.len()
     }
 
-    /// End of the last item on any rank (the step time); timelines start at 0.
+    /// End of the last item on any rank (the step time); timelines count from 0 (a measured one from
+    /// the step's start, so its first item starts a little after 0).
     pub fn makespan(&self) -> f64 {
         self.spans
             .iter()
@@ -276,6 +313,14 @@ struct SpanData {
     item: Item,
     start: f64,
     end: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    descheduled: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    woken_late: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl From<Span> for SpanData {
@@ -284,6 +329,8 @@ impl From<Span> for SpanData {
             item: s.item(),
             start: s.start,
             end: s.end,
+            descheduled: s.descheduled(),
+            woken_late: s.woken_late(),
         }
     }
 }
@@ -300,7 +347,7 @@ impl TryFrom<SpanData> for Span {
         if too_big {
             return Err(format!("span `{}`: stage or microbatch above 2^32", d.item));
         }
-        Ok(Span::new(d.item, d.start, d.end))
+        Ok(Span::new(d.item, d.start, d.end).with_lost(d.descheduled, d.woken_late))
     }
 }
 
@@ -368,7 +415,7 @@ mod tests {
 
     #[test]
     fn spans_and_transfers_are_compact_and_read_back() {
-        assert_eq!(std::mem::size_of::<Span>(), 40);
+        assert_eq!(std::mem::size_of::<Span>(), 48);
         assert_eq!(std::mem::size_of::<Transfer>(), 56);
         let item: Item = "(1F4;2B0)OVERLAP_F_B".parse().unwrap();
         let s = Span::new(item, 1.0, 2.5);
@@ -406,6 +453,10 @@ mod tests {
         assert!(json.contains(r#""source":"predicted""#), "{json}");
         let back: Timeline = serde_json::from_str(&json).unwrap();
         assert_eq!(back, t);
+        assert!(
+            !json.contains("descheduled"),
+            "only measured time lost is written: {json}"
+        );
     }
 
     #[test]

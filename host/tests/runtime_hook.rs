@@ -81,13 +81,15 @@ fn check_events(schedule: &Schedule, report: &StepReport, events: &[StepEvent]) 
         let got: Vec<Action> = done.iter().filter(|d| d.0 == r).map(|d| d.1).collect();
         assert_eq!(got, want, "{name}: rank {r}");
     }
-    // Same clock as the timeline (which is shifted to start at 0).
-    let t0 = done.iter().map(|d| d.2).fold(f64::INFINITY, f64::min);
+    // One clock: the timeline's and the hook's times both count from the step's start.
     for span in report.timeline.spans.iter().flatten() {
         if let Item::One(a) = span.item() {
             let d = done.iter().find(|d| d.1 == a).unwrap();
-            assert!((d.2 - t0 - span.start).abs() < 1e-9, "{name}: start of {a}");
-            assert!((d.3 - t0 - span.end).abs() < 1e-9, "{name}: end of {a}");
+            assert_eq!((d.2, d.3), (span.start, span.end), "{name}: times of {a}");
+            assert!(
+                span.start > 0.0 && span.end <= report.seconds,
+                "{name}: {a}"
+            );
         }
     }
     for s in 0..schedule.stages() {

@@ -22,6 +22,7 @@ mod cuda;
 mod devices;
 #[cfg(feature = "mpi")]
 mod launch;
+mod load;
 mod output;
 mod setup;
 
@@ -253,6 +254,11 @@ fn progress(setup: &Setup, first_step: usize) -> output::Progress {
 /// the stream runtime with `--backend cuda`), driven by [the loop](crate::trainer::train).
 pub fn train(setup: &Setup, chosen: &Chosen) -> Result<Outcome, CliError> {
     let plan = &chosen.plan;
+    if let Some(w) =
+        (setup.load.as_ref()).and_then(|l| l.warning(setup.cores, output::threads(setup)))
+    {
+        eprintln!("{w}");
+    }
     let (mut runner, first_step): (Box<dyn StepRunner>, usize) = match setup.backend {
         Backend::Cuda => cuda::runner(setup, plan)?,
         Backend::Cpu => threads(setup, plan)?,

@@ -12,9 +12,10 @@ use crate::schedule::{Action, Op, Schedule};
 
 /// What a step hook is told, on the thread of the rank concerned, while the step runs.
 ///
-/// Times are seconds since the step began, on the clock of
-/// [`StepReport::seconds`](super::StepReport::seconds). (The report's timeline is shifted so that
-/// its first item starts at 0; these times are not.)
+/// Times are seconds since the step began: the clock of
+/// [`StepReport::seconds`](super::StepReport::seconds) and of
+/// [`StepReport::timeline`](super::StepReport::timeline), whose span of an action starts and ends
+/// at the same times as its [`StepEvent::ActionDone`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum StepEvent {
     /// `action` finished on `rank`: its layer calls returned and its output was handed on.

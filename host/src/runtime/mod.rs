@@ -45,6 +45,7 @@ mod tensor;
 mod transport;
 mod worker;
 
+pub use clock::CPU_CLOCK_FROM;
 pub use dyn_stage::{AnyStash, BoxedStage, DynStage};
 pub use error::RuntimeError;
 pub use executor::{default_poll, Executor};

@@ -29,7 +29,11 @@ pub struct StepReport {
     pub loss: f32,
     /// The loss of each microbatch, by microbatch index.
     pub losses: Vec<f32>,
-    /// When every item ran on every rank (starts at 0 with the first item).
+    /// When every item ran on every rank, in seconds since the step's start: the clock of the
+    /// step hook's [`StepEvent`](super::StepEvent)s (the first item starts a little after 0).
+    /// Its spans carry the time each rank was ready but not running
+    /// ([`Span::descheduled`](crate::timeline::Span::descheduled),
+    /// [`Span::woken_late`](crate::timeline::Span::woken_late)) from the threads' CPU clocks.
     pub timeline: Timeline,
     /// Per rank, the most activation memory its stashes held at once (from
     /// [`Stage::held_bytes`](super::Stage::held_bytes)).
@@ -107,13 +111,13 @@ pub fn assemble(
         transfers.extend(o.transfers);
         peak_held_bytes.push(o.peak_held);
     }
-    let mut timeline = Timeline {
+    // Not shifted: the timeline counts from the step's start, as the hook's times do.
+    let timeline = Timeline {
         name: schedule.name.clone(),
         source: Source::Measured,
         spans,
         transfers,
     };
-    timeline.shift_to_zero();
     let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
     Ok(StepReport {
         loss,

@@ -154,7 +154,7 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             if self.transport.aborted() {
                 return Err(RankStop::Aborted);
             }
-            self.clock.first_start = None;
+            self.clock.next_item();
             match *item {
                 Item::One(a) => self.action(a)?,
                 Item::Overlap { forward, backward } => {
@@ -191,7 +191,9 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             }
             let end = self.clock.last_end;
             let start = self.clock.first_start.unwrap_or(end);
-            self.out.spans.push(Span::new(*item, start, end));
+            let span = Span::new(*item, start, end);
+            let span = span.with_lost(self.clock.descheduled, self.clock.woken_late);
+            self.out.spans.push(span);
         }
         Ok(())
     }
@@ -211,6 +213,7 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
         }
         if !self.machine.has(e) {
             let from = self.schedule.rank_of(e.from);
+            let waiting_since = self.now();
             let parcel = match self.transport.recv(e, from) {
                 Ok(p) => p,
                 Err(TransportError::Aborted) => return Err(RankStop::Aborted),
@@ -218,11 +221,15 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
                     return Err(self.fail(e.consumer(), message))
                 }
             };
+            let received_at = self.now();
+            // Ready but not running: the data had been sent while the rank waited, and the rank
+            // had not yet returned from the wait.
+            self.clock.woken_late += (received_at - parcel.sent_at.max(waiting_since)).max(0.0);
             let arrival = Arrival {
                 from: parcel.from,
                 producer: parcel.producer,
                 sent_at: parcel.sent_at,
-                received_at: self.now(),
+                received_at,
                 bytes: parcel.tensor.bytes(),
             };
             self.machine.arrived(e, parcel.tensor, arrival);

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use crate::schedule::{Action, Item};
-use crate::timeline::{Source, Timeline, Transfer};
+use crate::timeline::{Source, Span, Timeline, Transfer};
 
 /// Process ids: `timeline * PID_STRIDE + rank`.
 const PID_STRIDE: usize = 10_000;
@@ -98,7 +98,7 @@ fn timeline_events(
                 "dur": us(span.end - span.start),
                 "pid": pid(r),
                 "tid": 0,
-                "args": item_args(&span.item()),
+                "args": span_args(span),
             }))?;
         }
     }
@@ -154,7 +154,18 @@ fn category(item: &Item) -> String {
     }
 }
 
-/// `args` of a compute event.
+/// `args` of a compute event: its item, and the time its rank was ready but not running where
+/// measured (`descheduled_us` inside it, `woken_late_us` before it).
+fn span_args(span: &Span) -> Value {
+    let mut args = item_args(&span.item());
+    if span.descheduled() > 0.0 || span.woken_late() > 0.0 {
+        args["descheduled_us"] = json!(us(span.descheduled()));
+        args["woken_late_us"] = json!(us(span.woken_late()));
+    }
+    args
+}
+
+/// `args` of an item.
 fn item_args(item: &Item) -> Value {
     let one =
         |a: &Action| json!({"op": a.op.to_string(), "stage": a.stage, "microbatch": a.microbatch});

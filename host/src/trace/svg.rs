@@ -3,8 +3,12 @@
 //! Each timeline is a panel headed by its name, source, makespan and bubble fraction; each rank a lane.
 //! Items are boxes coloured by op (an overlapped pair is split: forward colour on top, backward colour
 //! below) with the microbatch number inside when it fits and a tooltip (`<title>`) with the action and
-//! its times. Idle time inside a panel's makespan is hatched grey, so bubbles stand out. A time axis
-//! with round ticks and gridlines and a legend close the chart. No scripts, fonts or external files.
+//! its times. Idle time inside a panel's makespan is hatched grey, so bubbles stand out. Where a
+//! measured rank was ready but not running (descheduled: lost to other work on the machine), dark
+//! hatching covers that share of the item's box (at its end) and the time just before it that the
+//! rank was woken late ([`Span::descheduled`](crate::timeline::Span::descheduled),
+//! [`Span::woken_late`](crate::timeline::Span::woken_late)). A time axis with round ticks and
+//! gridlines and a legend close the chart. No scripts, fonts or external files.
 
 use std::fmt::Write;
 
@@ -75,7 +79,9 @@ pub fn svg_gantt(timelines: &[&Timeline], opts: &SvgOptions) -> String {
     );
     s.push_str(concat!(
         r##"<defs><pattern id="idle" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"##,
-        r##"<rect width="6" height="6" fill="#f2f2f2"/><line x1="0" y1="0" x2="0" y2="6" stroke="#c8c8c8" stroke-width="2"/></pattern></defs>"##,
+        r##"<rect width="6" height="6" fill="#f2f2f2"/><line x1="0" y1="0" x2="0" y2="6" stroke="#c8c8c8" stroke-width="2"/></pattern>"##,
+        r##"<pattern id="lost" width="5" height="5" patternUnits="userSpaceOnUse" patternTransform="rotate(-45)">"##,
+        r##"<line x1="0" y1="0" x2="0" y2="5" stroke="#202020" stroke-width="2" stroke-opacity="0.7"/></pattern></defs>"##,
         "\n",
         r##"<rect width="100%" height="100%" fill="white"/>"##,
         "\n"
@@ -127,7 +133,11 @@ pub fn svg_gantt(timelines: &[&Timeline], opts: &SvgOptions) -> String {
         axis_y + 32.0,
         esc(unit)
     );
-    legend(&mut s, axis_y + AXIS);
+    let lost = timelines
+        .iter()
+        .flat_map(|t| t.spans.iter().flatten())
+        .any(|sp| sp.descheduled() > 0.0 || sp.woken_late() > 0.0);
+    legend(&mut s, axis_y + AXIS, lost);
     s.push_str("</svg>\n");
     s
 }
@@ -171,13 +181,22 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
         );
         for span in lane {
             let shade = chunk_opacity(&span.item(), t.ranks(), chunks);
-            let tip = format!(
+            let mut tip = format!(
                 "{} on rank {r}: {} to {} {}",
                 span.item(),
                 fmt_num(span.start * scale),
                 fmt_num(span.end * scale),
                 unit
             );
+            let (inside, before) = (span.descheduled(), span.woken_late());
+            if inside > 0.0 || before > 0.0 {
+                let _ = write!(
+                    tip,
+                    "; descheduled {} {unit}, woken late {} {unit} before it",
+                    fmt_num(inside * scale),
+                    fmt_num(before * scale)
+                );
+            }
             span_box(
                 s,
                 &span.item(),
@@ -187,6 +206,22 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                 shade,
                 &tip,
             );
+            // Ready but not running: the descheduled share at the box's end, the late wake-up
+            // just before it.
+            let lost = [
+                (x(span.end - inside.min(span.end - span.start)), x(span.end)),
+                (x(span.start - before), x(span.start)),
+            ];
+            for (x0, x1) in lost {
+                if x1 - x0 >= 0.05 {
+                    let _ = writeln!(
+                        s,
+                        r##"<rect x="{x0:.2}" y="{y:.1}" width="{:.2}" height="{h:.1}" fill="url(#lost)"><title>{}</title></rect>"##,
+                        x1 - x0,
+                        esc(&tip)
+                    );
+                }
+            }
         }
         y += h + LANE_GAP;
     }
@@ -280,8 +315,8 @@ fn chunk_opacity(item: &Item, ranks: usize, chunks: usize) -> f64 {
     1.0 - 0.45 * c as f64 / (chunks - 1) as f64
 }
 
-/// The legend: one swatch per op, the pair, and idle.
-fn legend(s: &mut String, y: f64) {
+/// The legend: one swatch per op, the pair, idle, and (`lost`) descheduled.
+fn legend(s: &mut String, y: f64, lost: bool) {
     let entries: [(&str, &str); 4] = [
         ("F forward", op_colour(Op::F)),
         ("B full backward", op_colour(Op::B)),
@@ -319,6 +354,16 @@ fn legend(s: &mut String, y: f64) {
         x + 19.0 + 6.5 * 14.0,
         y
     );
+    if lost {
+        // A second row.
+        let _ = writeln!(
+            s,
+            r##"<rect x="{LEFT:.1}" y="{:.1}" width="14" height="12" fill="url(#lost)" stroke="#bbb"/><text x="{:.1}" y="{:.1}">descheduled: ready but not running (in an item, or woken late before it)</text>"##,
+            y + 6.0,
+            LEFT + 19.0,
+            y + 16.0
+        );
+    }
 }
 
 /// About `target` round tick positions (multiples of 1, 2 or 5 times a power of ten) in `0..=max`.
@@ -411,5 +456,32 @@ mod tests {
             3
         );
         assert!(svg.contains("F1/B0"));
+        assert!(
+            !svg.contains(r#"fill="url(#lost)""#),
+            "nothing was descheduled"
+        );
+    }
+
+    #[test]
+    fn descheduled_time_is_hatched_in_the_box_and_before_it() {
+        use crate::timeline::Span;
+        let mut t = Timeline::new("m", Source::Measured, 1);
+        // 1 s of the 2 s forward descheduled, woken 0.5 s late before it: on a 4 s axis of
+        // 1100 px, boxes of 275 px and 137.5 px.
+        let f0 = "0F0".parse().unwrap();
+        t.spans[0].push(Span::new(f0, 1.0, 3.0).with_lost(1.0, 0.5));
+        t.push(0, "0F1".parse().unwrap(), 3.0, 4.0);
+        let svg = svg_gantt(&[&t], &SvgOptions::default());
+        assert!(
+            svg.contains(r#"x="640.00" y="40.0" width="275.00" height="22.0" fill="url(#lost)""#),
+            "{svg}"
+        );
+        assert!(
+            svg.contains(r#"x="227.50" y="40.0" width="137.50" height="22.0" fill="url(#lost)""#),
+            "{svg}"
+        );
+        assert_eq!(svg.matches(r#"fill="url(#lost)">"#).count(), 2);
+        assert!(svg.contains("descheduled 1 s, woken late 0.5 s before it"));
+        assert!(svg.contains("descheduled: ready but not running"));
     }
 }

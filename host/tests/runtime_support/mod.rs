@@ -1,7 +1,43 @@
 //! What the host runtime tests share: a scalar-weight stage `y = w x` and the squared-error loss.
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
+use pipefill_host::cpu_time::thread_cpu_seconds;
 use pipefill_host::runtime::{Stage, StageError, Tensor};
+
+/// What a [`Scale`] stage's forward does besides its math: nothing, sleep (off the CPU, as a
+/// descheduled thread is), or spin until the thread has used this much CPU time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pace {
+    /// Just the math.
+    None,
+    /// Sleeps this long.
+    Sleep(Duration),
+    /// Spins until the thread's CPU clock has advanced this much (10 s of wall time at most).
+    Spin(Duration),
+}
+
+impl Pace {
+    fn run(self) {
+        match self {
+            Pace::None => {}
+            Pace::Sleep(d) => std::thread::sleep(d),
+            Pace::Spin(d) => {
+                let (wall, cpu) = (Instant::now(), thread_cpu_seconds());
+                let mut x = 1u64;
+                while let (Some(a), Some(b)) = (cpu, thread_cpu_seconds()) {
+                    if b - a >= d.as_secs_f64() || wall.elapsed() > Duration::from_secs(10) {
+                        break;
+                    }
+                    for _ in 0..1000 {
+                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005) ^ 1);
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// `y = w x` per element with a learnable scalar `w`, stepped by plain SGD at rate `lr`; counts
 /// its optimizer steps and, when `fail_on` is set, fails the forward of an input holding that value.
@@ -16,6 +52,8 @@ pub struct Scale {
     pub steps: usize,
     /// An input value whose forward fails.
     pub fail_on: Option<f32>,
+    /// What its forward does besides the math.
+    pub pace: Pace,
 }
 
 impl Scale {
@@ -27,7 +65,13 @@ impl Scale {
             lr,
             steps: 0,
             fail_on: None,
+            pace: Pace::None,
         }
+    }
+
+    /// The same stage, its forward paced by `pace`.
+    pub fn paced(self, pace: Pace) -> Self {
+        Scale { pace, ..self }
     }
 
     /// The same stage, failing the forward of any input holding `v`.
@@ -49,6 +93,7 @@ impl Stage for Scale {
                 return Err(StageError::new("unlucky input"));
             }
         }
+        self.pace.run();
         let mut y = x.clone();
         y.scale(self.w);
         Ok((y, (x, None)))

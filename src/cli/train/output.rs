@@ -104,6 +104,31 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
     Ok(())
 }
 
+/// The rank threads of the run: ranks times replicas.
+pub fn threads(setup: &Setup) -> usize {
+    setup.args.ranks * setup.args.data_parallel.max(1)
+}
+
+/// Whether the measured timeline tells waiting from being descheduled: the CPU runner's threads
+/// read their CPU clocks; `--replay` rebuilds the timeline, and CUDA streams have no such clock.
+fn splits_lost_time(setup: &Setup) -> bool {
+    setup.backend == crate::cli::profile::Backend::Cpu && !setup.args.replay
+}
+
+/// Per rank, the shares of the measured makespan spent waiting for data and descheduled (ready
+/// but not running); the last entry is over all ranks.
+fn lost_shares(t: &Timeline) -> Vec<[f64; 2]> {
+    let m = t.makespan();
+    let share = |v: f64, n: usize| if m > 0.0 { v / (n as f64 * m) } else { 0.0 };
+    let p = t.ranks();
+    let mut v: Vec<[f64; 2]> = (0..p)
+        .map(|r| [share(t.waiting(r), 1), share(t.descheduled(r), 1)])
+        .collect();
+    let all = |f: &dyn Fn(usize) -> f64| share((0..p).map(f).sum(), p.max(1));
+    v.push([all(&|r| t.waiting(r)), all(&|r| t.descheduled(r))]);
+    v
+}
+
 /// Per-rank bubble fractions: measured, predicted from the profile, resimulated from the run.
 fn bubbles(outcome: &Outcome, predicted: &Timeline) -> Vec<[f64; 3]> {
     (0..outcome.measured.ranks())
@@ -241,28 +266,65 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
         outcome.resimulated.makespan() * 1e3,
         outcome.work_seconds * 1e3
     );
+    let split = splits_lost_time(setup);
+    let lost = lost_shares(&outcome.measured);
+    let cell = |r: usize| match (split, lost.get(r)) {
+        (true, Some([w, d])) => format!("   {:>7.1}%  {:>10.1}%", w * 100.0, d * 100.0),
+        _ => String::new(),
+    };
     println!(
-        "bubble{}:   measured  predicted  from run",
-        if a.replay { " (replayed)" } else { "" }
+        "bubble{}:   measured  predicted  from run{}",
+        if a.replay { " (replayed)" } else { "" },
+        if split {
+            "    waiting  descheduled"
+        } else {
+            ""
+        }
     );
+    let ranks = outcome.measured.ranks();
     for (r, [m, p, x]) in bubbles(outcome, &chosen.predicted).iter().enumerate() {
         println!(
-            "  rank {r:<3}   {:>7.1}%   {:>7.1}%  {:>7.1}%",
+            "  rank {r:<3}   {:>7.1}%   {:>7.1}%  {:>7.1}%{}",
             m * 100.0,
             p * 100.0,
-            x * 100.0
+            x * 100.0,
+            cell(r)
         );
     }
     println!(
-        "  all        {:>7.1}%   {:>7.1}%  {:>7.1}%",
+        "  all        {:>7.1}%   {:>7.1}%  {:>7.1}%{}",
         outcome.measured.bubble_fraction() * 100.0,
         chosen.predicted.bubble_fraction() * 100.0,
-        outcome.resimulated.bubble_fraction() * 100.0
+        outcome.resimulated.bubble_fraction() * 100.0,
+        cell(ranks)
     );
     println!(
         "  (predicted: the simulator on the profiled costs; from run: the simulator on this run's \
          mean action durations)"
     );
+    if split {
+        println!(
+            "  (of the measured makespan, from the threads' CPU clocks: waiting for data (also for \
+             a rank that was descheduled), and descheduled: ready but not running, lost to other \
+             work on the machine; the rest is compute)"
+        );
+    }
+    if let Some(free) = split
+        .then(|| outcome.measured.without_time_sharing())
+        .flatten()
+    {
+        let (m, f) = (outcome.measured.makespan(), free.makespan());
+        println!(
+            "without time-sharing: {:.2} ms, bubble {:.1}% (each item for its CPU time, in the same \
+             order): {:.2} ms of the {:.2} ms timeline ({:.1}%) went to other work on the machine \
+             and the runtime between items",
+            f * 1e3,
+            free.bubble_fraction() * 100.0,
+            (m - f) * 1e3,
+            m * 1e3,
+            if m > 0.0 { (m - f) / m * 100.0 } else { 0.0 }
+        );
+    }
     println!(
         "wrote {} (measured, then predicted from the profile and from the run)",
         a.svg.display()
@@ -391,6 +453,36 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
         .host_enqueue
         .as_ref()
         .map_or(serde_json::Value::Null, host_enqueue_json);
+    if splits_lost_time(setup) {
+        let lost = lost_shares(m);
+        let all = lost.last().copied().unwrap_or_default();
+        value["compute_s"] = json!((0..m.ranks()).map(|r| m.compute(r)).collect::<Vec<_>>());
+        value["waiting_s"] = json!((0..m.ranks()).map(|r| m.waiting(r)).collect::<Vec<_>>());
+        value["descheduled_s"] =
+            json!((0..m.ranks()).map(|r| m.descheduled(r)).collect::<Vec<_>>());
+        value["waiting"] = json!(all[0]);
+        value["descheduled"] = json!(all[1]);
+        let free = m.without_time_sharing();
+        value["makespan_without_time_sharing_s"] = json!(free.as_ref().map(Timeline::makespan));
+        value["bubble_without_time_sharing"] = json!(free.as_ref().map(Timeline::bubble_fraction));
+    } else {
+        for key in [
+            "compute_s",
+            "waiting_s",
+            "descheduled_s",
+            "waiting",
+            "descheduled",
+            "makespan_without_time_sharing_s",
+            "bubble_without_time_sharing",
+        ] {
+            value[key] = serde_json::Value::Null;
+        }
+    }
+    value["load"] = json!(setup.load.map(|l| json!({
+        "load_average": l.load_average,
+        "runnable": l.runnable,
+        "loaded": l.loaded(setup.cores, threads(setup)),
+    })));
     value["resumed_from"] = json!(setup
         .resume
         .as_ref()

@@ -197,6 +197,8 @@ pub struct Setup {
     pub activations: ActivationDtype,
     /// `--backend cuda`: the GPU of each rank (`--devices`, resolved); `None` on the CPU.
     pub devices: Option<super::devices::DeviceChoice>,
+    /// The machine's load before the run (`None` where `/proc` cannot be read).
+    pub load: Option<super::load::Load>,
 }
 
 /// Checks the flags (exit code 2 with the field and the fix on any problem).
@@ -266,6 +268,7 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
         precision,
         activations,
         devices,
+        load: super::load::Load::sample(),
     };
     setup.resume = super::checkpoint::prepare(&setup)?;
     Ok(setup)
