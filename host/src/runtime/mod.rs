@@ -18,6 +18,8 @@
 //! - [`run_rank`]: one rank's part of a step over a [`Transport`] (the per-rank runner). The
 //!   `Executor` runs one per thread over [`Channels`]; a multi-process launcher runs one per process
 //!   over its own transport, and [`assemble`] merges the ranks' [`RankOutcome`]s into a report.
+//!   The same [`Transport`] trait, over a device's payloads and events, links the per-rank stream
+//!   runner ([`streams::RankStreams`]) to the other ranks.
 //! - [`Replicas`], [`AllReduce`]: data parallelism in one process: `D` pipeline replicas whose
 //!   stages' gradients ([`Stage::gradients`]) are averaged as soon as each is final.
 //! - [`streams`]: the device path: the lowered schedule as one enqueue order over streams and
@@ -56,5 +58,5 @@ pub use report::{assemble, StepReport};
 pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Payload, Stage, StageError};
 pub use tensor::{ShapeError, Tensor};
-pub use transport::{Channels, Parcel, Transport, TransportError};
+pub use transport::{Channels, Mailbox, Parcel, Transport, TransportError};
 pub use worker::{run_rank, RankStep, Reducer};
