@@ -143,7 +143,10 @@ impl Transport<DeviceTensor, CudaEvent> for NcclPeer {
         shape: Option<&[usize]>,
     ) -> Result<(DeviceTensor, CudaEvent), TransportError> {
         let shape = shape.ok_or_else(|| {
-            link_error(format!("a receive of {} posted without its shape", edge.recv()))
+            link_error(format!(
+                "a receive of {} posted without its shape",
+                edge.recv()
+            ))
         })?;
         let n: usize = shape.iter().product();
         let alloc = |e| link_error(CudaError::driver("cuMemAllocAsync")(e));

@@ -24,7 +24,13 @@ struct Counted<'a> {
 }
 
 impl Transport for Counted<'_> {
-    fn send(&mut self, edge: Edge, to: usize, parcel: Parcel, _after: ()) -> Result<(), TransportError> {
+    fn send(
+        &mut self,
+        edge: Edge,
+        to: usize,
+        parcel: Parcel,
+        _after: (),
+    ) -> Result<(), TransportError> {
         self.sends.fetch_add(1, Ordering::SeqCst);
         self.inner.send(edge, to, parcel, ())
     }
@@ -138,7 +144,10 @@ fn a_rank_outcome_travels_as_serde_data_with_exact_losses() {
         o.losses.iter().map(|&(k, l)| (k, l.to_bits())).collect()
     };
     assert_eq!(bits(&back), bits(&out));
-    assert_eq!((back.peak_held, back.action_seconds), (48, out.action_seconds));
+    assert_eq!(
+        (back.peak_held, back.action_seconds),
+        (48, out.action_seconds)
+    );
     assert!(back.result.is_ok());
 }
 

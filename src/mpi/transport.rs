@@ -243,7 +243,10 @@ mod tests {
         };
         let wire = values(&bf16.tensor);
         assert_eq!(wire, Values::Bf16(vec![0x3f80, 0xbf00, 0x4049]));
-        assert_eq!(parcel(&header(edge, &bf16).unwrap(), wire).unwrap(), (edge, bf16.clone()));
+        assert_eq!(
+            parcel(&header(edge, &bf16).unwrap(), wire).unwrap(),
+            (edge, bf16.clone())
+        );
         assert!(parcel(&header(edge, &bf16).unwrap(), values(&p.tensor)).is_err());
     }
 

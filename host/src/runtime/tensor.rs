@@ -200,7 +200,10 @@ impl Tensor {
     /// assert_eq!(t.bf16_bits().unwrap(), vec![0x3f80, 0xc000, 0x3f81]);
     /// ```
     pub fn from_bf16(shape: Vec<usize>, bits: Vec<u16>) -> Result<Self, ShapeError> {
-        Tensor::of(shape, Values::Bf16(bits.into_iter().map(bf16_value).collect()))
+        Tensor::of(
+            shape,
+            Values::Bf16(bits.into_iter().map(bf16_value).collect()),
+        )
     }
 
     /// How the values are stored: [`Dtype::F32`] unless made by [`Tensor::from_bf16`] (and not
@@ -374,7 +377,10 @@ mod tests {
         assert_eq!(ids.as_i64(), Some(&[1, -3, i64::MAX, 0][..]));
         let small = Tensor::from_i32(vec![3], vec![5, 6, 7]).unwrap();
         assert_eq!((small.dtype(), small.bytes()), (Dtype::I32, 12));
-        assert_eq!((small.as_i32(), small.as_i64()), (Some(&[5, 6, 7][..]), None));
+        assert_eq!(
+            (small.as_i32(), small.as_i64()),
+            (Some(&[5, 6, 7][..]), None)
+        );
         assert!(Tensor::from_i64(vec![3], vec![0; 2]).is_err());
         // Float operations leave integers alone.
         let mut scaled = ids.clone();

@@ -113,7 +113,10 @@ impl TransportError {
     /// Whether this error is a cause (a wrong order, a wrong shape, a deadlock, a failed link),
     /// not a consequence of a failure elsewhere (no data, another rank's abort).
     pub fn is_cause(&self) -> bool {
-        !matches!(self, TransportError::NoData { .. } | TransportError::Aborted)
+        !matches!(
+            self,
+            TransportError::NoData { .. } | TransportError::Aborted
+        )
     }
 }
 
@@ -237,7 +240,6 @@ impl Channels {
     pub fn rank(&self) -> usize {
         self.rank
     }
-
 }
 
 /// The next message on `rx`: polled for up to `poll`, yielding the core between polls (a hand-off
@@ -255,7 +257,13 @@ fn next_message(rx: &Receiver<Message>, poll: Duration) -> Option<Message> {
 }
 
 impl Transport for Channels {
-    fn send(&mut self, edge: Edge, to: usize, parcel: Parcel, _after: ()) -> Result<(), TransportError> {
+    fn send(
+        &mut self,
+        edge: Edge,
+        to: usize,
+        parcel: Parcel,
+        _after: (),
+    ) -> Result<(), TransportError> {
         if let Some(Some(tx)) = self.peers.get(to) {
             // If the receiver already left, it failed (and we will be told) or did not need this.
             let _ = tx.send(Message::Data(edge, parcel));

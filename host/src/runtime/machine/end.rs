@@ -65,7 +65,10 @@ mod loss_bits {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(usize, f32)>, D::Error> {
         let bits = Vec::<(usize, u32)>::deserialize(d)?;
-        Ok(bits.into_iter().map(|(k, b)| (k, f32::from_bits(b))).collect())
+        Ok(bits
+            .into_iter()
+            .map(|(k, b)| (k, f32::from_bits(b)))
+            .collect())
     }
 }
 
