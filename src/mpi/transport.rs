@@ -48,15 +48,6 @@ impl<'c> MpiTransport<'c> {
 /// `u64`s in a header before the shape.
 const HEADER_FIELDS: usize = 10;
 
-/// The values of a parcel as they cross the wire.
-#[derive(Debug, Clone, PartialEq)]
-enum Values {
-    F32(Vec<f32>),
-    Bf16(Vec<u16>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-}
-
 /// The wire code of a storage type (`None`: a type this wire does not know yet).
 fn dtype_code(dtype: Dtype) -> Option<u64> {
     match dtype {
@@ -94,8 +85,12 @@ fn header(edge: Edge, p: &Parcel) -> Option<Vec<u64>> {
     Some(h)
 }
 
-/// The edge and parcel of `h` and `values`, or why they do not make one.
-fn parcel(h: &[u64], values: Values) -> Result<(Edge, Parcel), String> {
+/// The edge and parcel of header `h`, its tensor read by `values` (given the header's storage type
+/// code and shape: the values follow the header on the wire), or why they do not make one.
+fn parcel(
+    h: &[u64],
+    values: impl FnOnce(u64, Vec<usize>) -> Result<Tensor, String>,
+) -> Result<(Edge, Parcel), String> {
     if h.len() < HEADER_FIELDS || h.len() != HEADER_FIELDS + h[9] as usize {
         return Err(format!("a parcel header of {} fields", h.len()));
     }
@@ -109,14 +104,7 @@ fn parcel(h: &[u64], values: Values) -> Result<(Edge, Parcel), String> {
         .and_then(|c| Op::from_letter(c as char))
         .ok_or_else(|| format!("op code {}", h[3]))?;
     let shape = h[HEADER_FIELDS..].iter().map(|&d| d as usize).collect();
-    let tensor = match (h[8], values) {
-        (0, Values::F32(v)) => Tensor::new(shape, v),
-        (1, Values::Bf16(b)) => Tensor::from_bf16(shape, b),
-        (2, Values::I32(v)) => Tensor::from_i32(shape, v),
-        (3, Values::I64(v)) => Tensor::from_i64(shape, v),
-        (code, _) => return Err(format!("storage type {code} with other values")),
-    }
-    .map_err(|e| e.to_string())?;
+    let tensor = values(h[8], shape)?;
     let edge = Edge {
         flow,
         from: h[1] as usize,
@@ -172,11 +160,15 @@ impl Transport for MpiTransport<'_> {
         let comm = self.comm;
         let parcel = self.mailbox.take(edge, || {
             let h: Vec<u64> = comm.recv_vec(from, HEADER);
-            let values = match h.get(8) {
-                Some(1) => Values::Bf16(comm.recv_vec(from, VALUES)),
-                Some(2) => Values::I32(comm.recv_vec(from, VALUES)),
-                Some(3) => Values::I64(comm.recv_vec(from, VALUES)),
-                _ => Values::F32(comm.recv_vec(from, VALUES)),
+            // The values are received whatever the header says, so the next parcel stays paired.
+            let values = |code, shape| {
+                match code {
+                    1 => Tensor::from_bf16(shape, comm.recv_vec(from, VALUES)),
+                    2 => Tensor::from_i32(shape, comm.recv_vec(from, VALUES)),
+                    3 => Tensor::from_i64(shape, comm.recv_vec(from, VALUES)),
+                    _ => Tensor::new(shape, comm.recv_vec(from, VALUES)),
+                }
+                .map_err(|e| e.to_string())
             };
             parcel(&h, values).map_err(|why| TransportError::Link {
                 message: format!("a message from process {from} is not a parcel: {why}"),
@@ -202,16 +194,14 @@ impl Transport for MpiTransport<'_> {
 mod tests {
     use super::*;
 
-    /// The values `t` sends (what `send` passes to MPI): its BF16 bits for a BF16 tensor, its
-    /// integers for an integer one.
-    fn values(t: &Tensor) -> Values {
-        if let Some(bits) = t.bf16_bits() {
-            return Values::Bf16(bits);
-        }
-        match (t.as_i32(), t.as_i64()) {
-            (Some(v), _) => Values::I32(v.to_vec()),
-            (_, Some(v)) => Values::I64(v.to_vec()),
-            _ => Values::F32(t.data().to_vec()),
+    /// The values after a header, as `recv` reads them: `t` itself, when the header's type code
+    /// and shape are `t`'s (else refused, as a mismatched message would be).
+    fn values(t: &Tensor) -> impl FnOnce(u64, Vec<usize>) -> Result<Tensor, String> + '_ {
+        move |code, shape| {
+            let same = dtype_code(t.dtype()) == Some(code);
+            (same && shape == t.shape())
+                .then(|| t.clone())
+                .ok_or_else(|| format!("storage type {code} with other values"))
         }
     }
 
@@ -228,26 +218,28 @@ mod tests {
             sent_at: 0.125,
             tensor: Tensor::new(vec![2, 2], vec![1.0, -2.0, 0.5, 3.0]).unwrap(),
         };
-        assert_eq!(
-            parcel(&header(edge, &p).unwrap(), values(&p.tensor)).unwrap(),
-            (edge, p.clone())
-        );
-        let mut bad = header(edge, &p).unwrap();
+        let h = header(edge, &p).unwrap();
+        assert_eq!(parcel(&h, values(&p.tensor)).unwrap(), (edge, p.clone()));
+        let mut bad = h.clone();
         bad[3] = u64::from(b'X');
         assert!(parcel(&bad, values(&p.tensor)).is_err());
-        assert!(parcel(&header(edge, &p).unwrap()[..4], Values::F32(vec![])).is_err());
+        assert!(parcel(&h[..4], values(&p.tensor)).is_err());
         // A BF16 tensor crosses as its bits, 2 bytes a value, and arrives BF16.
         let bf16 = Parcel {
-            tensor: Tensor::from_bf16(vec![1, 3], vec![0x3f80, 0xbf00, 0x4049]).unwrap(),
+            tensor: Tensor::from_bf16(vec![2, 2], vec![0x3f80, 0xbf00, 0x4049, 0]).unwrap(),
             ..p.clone()
         };
-        let wire = values(&bf16.tensor);
-        assert_eq!(wire, Values::Bf16(vec![0x3f80, 0xbf00, 0x4049]));
         assert_eq!(
-            parcel(&header(edge, &bf16).unwrap(), wire).unwrap(),
+            bf16.tensor.bf16_bits().unwrap(),
+            vec![0x3f80, 0xbf00, 0x4049, 0]
+        );
+        let hb = header(edge, &bf16).unwrap();
+        assert_eq!(hb[8], 1);
+        assert_eq!(
+            parcel(&hb, values(&bf16.tensor)).unwrap(),
             (edge, bf16.clone())
         );
-        assert!(parcel(&header(edge, &bf16).unwrap(), values(&p.tensor)).is_err());
+        assert!(parcel(&hb, values(&p.tensor)).is_err());
     }
 
     #[test]
@@ -257,9 +249,13 @@ mod tests {
             from: 0,
             microbatch: 2,
         };
-        for tensor in [
-            Tensor::from_i64(vec![2, 3], vec![0, 1, -1, i64::MAX, i64::MIN, 1 << 40]).unwrap(),
-            Tensor::from_i32(vec![3], vec![7, i32::MIN, 9]).unwrap(),
+        let floats = Tensor::new(vec![3], vec![0.0; 3]).unwrap();
+        for (tensor, code) in [
+            (
+                Tensor::from_i64(vec![3], vec![i64::MAX, i64::MIN, 1 << 40]).unwrap(),
+                3,
+            ),
+            (Tensor::from_i32(vec![3], vec![7, i32::MIN, 9]).unwrap(), 2),
         ] {
             let p = Parcel {
                 producer: Action::new(Op::F, 0, 2),
@@ -267,13 +263,13 @@ mod tests {
                 sent_at: 0.5,
                 tensor,
             };
-            let wire = values(&p.tensor);
-            assert!(matches!(wire, Values::I32(_) | Values::I64(_)), "{wire:?}");
-            let (e, back) = parcel(&header(edge, &p).unwrap(), wire).unwrap();
+            let h = header(edge, &p).unwrap();
+            assert_eq!(h[8], code);
+            let (e, back) = parcel(&h, values(&p.tensor)).unwrap();
             assert_eq!((e, &back), (edge, &p));
             assert_eq!(back.tensor.dtype(), p.tensor.dtype());
-            // Values of another type than the header names are refused.
-            assert!(parcel(&header(edge, &p).unwrap(), Values::F32(vec![0.0; 6])).is_err());
+            // The header names the integer type, not f32.
+            assert!(parcel(&h, values(&floats)).is_err());
         }
     }
 }
