@@ -150,7 +150,7 @@ fn the_device_stash_holds_two_bytes_a_value() {
             let (y, stash) = dev.forward(x.clone()).unwrap();
             let what = format!("{dtype} storage, {precision}");
             assert_eq!(dev.held_bytes(&stash), cpu.held_bytes(&cpu_stash), "{what}");
-            assert_eq!(y.dtype(), dtype, "{what}: the tensor handed on");
+            assert_eq!(y.dtype(), dtype.into(), "{what}: the tensor handed on");
             let dy = Tensor::matrix(rows, y.cols(), vec![0.01; y.len()]).unwrap();
             let mut stash = stash;
             dev.backward_input(&mut stash, dy).unwrap();

@@ -119,7 +119,11 @@ fn one_forward_stashes_two_bytes_a_value() {
         let mut st = stages(&spec, &sched, dtype).remove(0);
         let (y, stash) = st.forward(x.clone()).unwrap();
         assert_eq!(st.held_bytes(&stash), values * size, "{dtype}");
-        assert_eq!((y.dtype(), y.bytes()), (dtype, y.len() * size), "{dtype}");
+        assert_eq!(
+            (y.dtype(), y.bytes()),
+            (dtype.into(), y.len() * size),
+            "{dtype}"
+        );
     }
 }
 

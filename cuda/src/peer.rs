@@ -1,4 +1,4 @@
-//! [`NcclPeer`]: the stream runtime's [`PeerLink`] between GPU ranks in separate processes, over
+//! [`NcclPeer`]: the stream runtime's [`Transport`] between GPU ranks in separate processes, over
 //! NCCL point-to-point ([`NcclLink`]) on one communication stream per process.
 //!
 //! The per-rank runner ([`RankStreams`](pipefill_host::runtime::streams::RankStreams)) posts every
@@ -24,14 +24,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaStream};
 use pipefill_host::cost::ActivationDtype;
-use pipefill_host::runtime::streams::{PeerError, PeerLink};
+use pipefill_host::runtime::{Transport, TransportError};
 use pipefill_host::schedule::deps::Edge;
 
 use super::device::Gpu;
 use super::error::CudaError;
 use super::launch::Launcher;
 use super::nccl::{NcclError, NcclLink, UniqueId};
-use super::streams::CudaStreams;
 use super::tensor::{DeviceStored, DeviceTensor};
 
 /// One GPU rank's NCCL link for the per-rank stream runner: its communicator and the
@@ -55,8 +54,8 @@ pub enum PeerOpenError {
     Nccl(#[from] NcclError),
 }
 
-fn link_error(e: impl std::fmt::Display) -> PeerError {
-    PeerError::Link {
+fn link_error(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Link {
         message: e.to_string(),
     }
 }
@@ -97,21 +96,21 @@ impl NcclPeer {
         &self.comm
     }
 
-    fn event(&self) -> Result<CudaEvent, PeerError> {
+    fn event(&self) -> Result<CudaEvent, TransportError> {
         self.comm
             .record_event(None)
             .map_err(|e| link_error(CudaError::driver("cuEventRecord")(e)))
     }
 }
 
-impl PeerLink<CudaStreams> for NcclPeer {
+impl Transport<DeviceTensor, CudaEvent> for NcclPeer {
     fn send(
         &mut self,
-        after: CudaEvent,
         _edge: Edge,
-        data: DeviceTensor,
         to: usize,
-    ) -> Result<(), PeerError> {
+        data: DeviceTensor,
+        after: CudaEvent,
+    ) -> Result<(), TransportError> {
         self.comm
             .wait(&after)
             .map_err(|e| link_error(CudaError::driver("cuStreamWaitEvent")(e)))?;
@@ -136,12 +135,19 @@ impl PeerLink<CudaStreams> for NcclPeer {
         .map_err(link_error)
     }
 
+    /// Posts the receive into a new buffer of `shape` (required: NCCL needs the byte count).
     fn recv(
         &mut self,
-        _edge: Edge,
+        edge: Edge,
         from: usize,
-        shape: &[usize],
-    ) -> Result<(DeviceTensor, CudaEvent), PeerError> {
+        shape: Option<&[usize]>,
+    ) -> Result<(DeviceTensor, CudaEvent), TransportError> {
+        let shape = shape.ok_or_else(|| {
+            link_error(format!(
+                "a receive of {} posted without its shape",
+                edge.recv()
+            ))
+        })?;
         let n: usize = shape.iter().product();
         let alloc = |e| link_error(CudaError::driver("cuMemAllocAsync")(e));
         // SAFETY (both allocations): NCCL writes all `n` values before the event recorded next
@@ -163,9 +169,9 @@ impl PeerLink<CudaStreams> for NcclPeer {
         Ok((data, self.event()?))
     }
 
-    fn complete(&mut self) -> Result<(), PeerError> {
+    fn complete(&mut self) -> Result<(), TransportError> {
         if self.link.aborted() {
-            return Err(PeerError::Aborted);
+            return Err(TransportError::Aborted);
         }
         self.comm
             .synchronize()
@@ -174,8 +180,8 @@ impl PeerLink<CudaStreams> for NcclPeer {
 
     /// Aborts the communicator (`ncclCommAbort`): this rank's pending sends and receives are
     /// abandoned, so it does not wait on operations its peers will never match; its later
-    /// operations, [`complete`](PeerLink::complete) included, are [`PeerError::Aborted`], and
-    /// [`finish`](PeerLink::finish) reports the failure without another collective. A peer
+    /// operations, [`complete`](Transport::complete) included, are [`TransportError::Aborted`], and
+    /// [`finish`](Transport::finish) reports the failure without another collective. A peer
     /// still waiting on this rank's messages is ended by the launcher (`MPI_Abort`; the GPU
     /// test's harness kills the other rank once one has failed).
     fn abort(&mut self) {

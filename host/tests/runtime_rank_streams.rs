@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use pipefill_host::runtime::streams::{
-    CpuPeer, CpuPeers, CpuStreams, OnStreams, PeerError, Pending, PostOrder, RankBatch, RankStreams,
+    CpuPeer, CpuPeers, CpuStreams, OnStreams, Pending, PostOrder, RankBatch, RankStreams,
 };
 use pipefill_host::runtime::{
     assemble, sequential_step, RankOutcome, RankStop, RuntimeError, Stage, StageError, StepReport,
-    Tensor,
+    Tensor, TransportError,
 };
 use pipefill_host::schedule::deps::Edge;
 use pipefill_host::schedule::families;
@@ -184,7 +184,7 @@ fn every_family_over_rank_threads_matches_the_sequential_step() {
 }
 
 /// The peer error that stopped a step.
-fn peer_error(report: Result<StepReport, RuntimeError>) -> PeerError {
+fn peer_error(report: Result<StepReport, RuntimeError>) -> TransportError {
     match report {
         Err(RuntimeError::Peer { error, .. }) => *error,
         Err(e) => panic!("expected a transfer error, got: {e}"),
@@ -232,7 +232,7 @@ fn receives_posted_in_the_receivers_order_swap_messages_for_zbv() {
         let eager = CpuPeers::eager(p, long);
         let (report, _) = run_ranks(&schedule, PostOrder::Receiver, eager, &same_shape);
         let error = peer_error(report);
-        let PeerError::Mismatch { expected, got, .. } = &error else {
+        let TransportError::Mismatch { expected, got, .. } = &error else {
             panic!("zbv P{p} M{m}: expected a mismatch, got: {error}");
         };
         assert_ne!(expected, got);
@@ -249,7 +249,7 @@ fn receives_posted_in_the_receivers_order_swap_messages_for_zbv() {
         assert!(
             matches!(
                 error,
-                PeerError::Deadline { .. } | PeerError::Mismatch { .. }
+                TransportError::Deadline { .. } | TransportError::Mismatch { .. }
             ),
             "zbv P{p} M{m}: expected a deadlock, got: {error}"
         );
@@ -281,7 +281,7 @@ fn a_rank_that_never_comes_is_reported_by_the_deadline_not_hung() {
     assert!(start.elapsed() < Duration::from_secs(10));
     match outcome.result {
         Err(RankStop::Failed(RuntimeError::Peer { rank: 0, error })) => match *error {
-            PeerError::Deadline { sending, peer, .. } => assert!(sending && peer == 1),
+            TransportError::Deadline { sending, peer, .. } => assert!(sending && peer == 1),
             other => panic!("expected a send deadline, got {other:?}"),
         },
         other => panic!("expected a send deadline, got {other:?}"),
@@ -295,7 +295,7 @@ fn a_receive_posted_with_another_shape_is_refused() {
     let peers = CpuPeers::connect(2, Duration::from_secs(5));
     let (report, _) = run_ranks(&schedule, PostOrder::Sender, peers, &wrong);
     match peer_error(report) {
-        PeerError::Shape { expected, got, .. } => {
+        TransportError::Shape { expected, got, .. } => {
             assert_eq!((expected, got), (vec![4, 1], vec![2, 2]))
         }
         other => panic!("expected a shape error, got: {other}"),

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pipefill_host::runtime::{
-    assemble, run_rank, Channels, Executor, Parcel, RankProgram, RankStep, Tensor, Transport,
-    TransportError,
+    assemble, run_rank, Channels, Executor, Parcel, RankOutcome, RankProgram, RankStep, Tensor,
+    Transport, TransportError,
 };
 use pipefill_host::schedule::deps::Edge;
 use pipefill_host::schedule::lower::lower;
@@ -24,13 +24,24 @@ struct Counted<'a> {
 }
 
 impl Transport for Counted<'_> {
-    fn send(&mut self, to: usize, parcel: Parcel) -> Result<(), TransportError> {
+    fn send(
+        &mut self,
+        edge: Edge,
+        to: usize,
+        parcel: Parcel,
+        _after: (),
+    ) -> Result<(), TransportError> {
         self.sends.fetch_add(1, Ordering::SeqCst);
-        self.inner.send(to, parcel)
+        self.inner.send(edge, to, parcel, ())
     }
-    fn recv(&mut self, edge: Edge, from: usize) -> Result<Parcel, TransportError> {
+    fn recv(
+        &mut self,
+        edge: Edge,
+        from: usize,
+        shape: Option<&[usize]>,
+    ) -> Result<(Parcel, ()), TransportError> {
         self.recvs.fetch_add(1, Ordering::SeqCst);
-        self.inner.recv(edge, from)
+        self.inner.recv(edge, from, shape)
     }
     fn abort(&mut self) {
         self.inner.abort();
@@ -105,8 +116,39 @@ fn by_hand(schedule: &Schedule, sends: &AtomicUsize, recvs: &AtomicUsize) -> (Ve
             .map(|h| h.join().unwrap())
             .collect::<Vec<_>>()
     });
-    let report = assemble(schedule, outcomes, epoch.elapsed().as_secs_f64()).unwrap();
+    // Outcomes travel between processes as serde data (what `train --launcher mpi` sends): the
+    // report assembled from them is the same.
+    let wired: Vec<RankOutcome> = outcomes
+        .iter()
+        .map(|o| serde_json::from_slice(&serde_json::to_vec(o).unwrap()).unwrap())
+        .collect();
+    let seconds = epoch.elapsed().as_secs_f64();
+    let report = assemble(schedule, outcomes, seconds).unwrap();
+    let back = assemble(schedule, wired, seconds).unwrap();
+    // Losses travel as bits; times as JSON numbers (serde_json's parse may differ in the last bit).
+    assert_eq!(back.losses, report.losses);
+    assert_eq!(back.peak_held_bytes, report.peak_held_bytes);
+    assert_eq!(back.action_seconds.len(), report.action_seconds.len());
     (report.losses, all.iter().map(|s| s.w).collect())
+}
+
+#[test]
+fn a_rank_outcome_travels_as_serde_data_with_exact_losses() {
+    let mut out = RankOutcome::empty(Ok(()));
+    out.losses = vec![(0, f32::NAN), (1, 0.1), (2, f32::from_bits(1))];
+    out.peak_held = 48;
+    out.action_seconds = vec![("1I2".parse().unwrap(), 0.25)];
+    let json = serde_json::to_string(&out).unwrap();
+    let back: RankOutcome = serde_json::from_str(&json).unwrap();
+    let bits = |o: &RankOutcome| -> Vec<(usize, u32)> {
+        o.losses.iter().map(|&(k, l)| (k, l.to_bits())).collect()
+    };
+    assert_eq!(bits(&back), bits(&out));
+    assert_eq!(
+        (back.peak_held, back.action_seconds),
+        (48, out.action_seconds)
+    );
+    assert!(back.result.is_ok());
 }
 
 #[test]

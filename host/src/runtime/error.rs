@@ -8,6 +8,7 @@ use crate::schedule::{Action, ScheduleError};
 /// the rank and the action (or the optimizer step) where it happened; the other ranks are stopped,
 /// none is left waiting.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum RuntimeError {
     /// The schedule does not validate (or does not fit the stages given).
     #[error("the schedule cannot run: {0}")]
@@ -115,14 +116,14 @@ pub enum RuntimeError {
         message: String,
     },
     /// A transfer between ranks of a per-rank stream runner failed
-    /// ([`RankStreams`](super::streams::RankStreams) over a [`PeerLink`](super::streams::PeerLink)).
+    /// ([`RankStreams`](super::streams::RankStreams) over a device [`Transport`](super::Transport)).
     #[error("rank {rank}: {error}")]
     Peer {
         /// The rank that saw it.
         rank: usize,
         /// What went wrong (boxed: it is large, and a `RuntimeError` travels in every action's
         /// `Result`).
-        error: Box<super::streams::PeerError>,
+        error: Box<super::TransportError>,
     },
     /// A per-rank runner was given other stages than the ones its rank holds.
     #[error(

@@ -2,9 +2,10 @@
 //!
 //! A trainer brings its layers by implementing one trait, [`Stage`] (forward, backward for inputs,
 //! backward for weights, the activation memory held, zero-grad and optimizer hooks), plus a
-//! [`Loss`] for the end of the last stage. Data moves between stages as [`Tensor`]s (a `Vec<f32>`
-//! with a shape). The runtime knows nothing of how a stage computes; it decides nothing about
-//! order either: it runs the schedule it is given, in order, on every rank.
+//! [`Loss`] for the end of the last stage. Data moves between stages as [`Tensor`]s (values of one
+//! [`Dtype`], `f32`, BF16 or integers, with a shape). The runtime knows nothing of how a stage
+//! computes; it decides nothing about order either: it runs the schedule it is given, in order, on
+//! every rank.
 //!
 //! Pieces:
 //! - [`Tensor`]: the buffer that moves between stages.
@@ -18,6 +19,8 @@
 //! - [`run_rank`]: one rank's part of a step over a [`Transport`] (the per-rank runner). The
 //!   `Executor` runs one per thread over [`Channels`]; a multi-process launcher runs one per process
 //!   over its own transport, and [`assemble`] merges the ranks' [`RankOutcome`]s into a report.
+//!   The same [`Transport`] trait, over a device's payloads and events, links the per-rank stream
+//!   runner ([`streams::RankStreams`]) to the other ranks.
 //! - [`Replicas`], [`AllReduce`]: data parallelism in one process: `D` pipeline replicas whose
 //!   stages' gradients ([`Stage::gradients`]) are averaged as soon as each is final.
 //! - [`streams`]: the device path: the lowered schedule as one enqueue order over streams and
@@ -56,6 +59,6 @@ pub use replicas::{AllReduce, Replicas};
 pub use report::{assemble, Evaluation, StepReport};
 pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Payload, Stage, StageError};
-pub use tensor::{ShapeError, Tensor};
-pub use transport::{Channels, Parcel, Transport, TransportError};
+pub use tensor::{Dtype, ShapeError, Tensor};
+pub use transport::{Channels, Mailbox, Parcel, Transport, TransportError};
 pub use worker::{run_rank, RankStep, Reducer};

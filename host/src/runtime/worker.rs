@@ -214,12 +214,10 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
         if !self.machine.has(e) {
             let from = self.schedule.rank_of(e.from);
             let waiting_since = self.now();
-            let parcel = match self.transport.recv(e, from) {
-                Ok(p) => p,
+            let parcel = match self.transport.recv(e, from, None) {
+                Ok((p, ())) => p,
                 Err(TransportError::Aborted) => return Err(RankStop::Aborted),
-                Err(TransportError::Lost { message }) => {
-                    return Err(self.fail(e.consumer(), message))
-                }
+                Err(error) => return Err(self.fail(e.consumer(), error.to_string())),
             };
             let received_at = self.now();
             // Ready but not running: the data had been sent while the rank waited, and the rank
@@ -321,16 +319,15 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
     fn send(&mut self, edge: Edge, tensor: Tensor, producer: Action) -> Result<(), RankStop> {
         let dest = self.schedule.rank_of(edge.to());
         let parcel = Parcel {
-            edge,
             producer,
             from: self.rank,
             sent_at: self.now(),
             tensor,
         };
-        match self.transport.send(dest, parcel) {
+        match self.transport.send(edge, dest, parcel, ()) {
             Ok(()) => Ok(()),
             Err(TransportError::Aborted) => Err(RankStop::Aborted),
-            Err(TransportError::Lost { message }) => Err(self.internal(message)),
+            Err(error) => Err(self.internal(error.to_string())),
         }
     }
 }

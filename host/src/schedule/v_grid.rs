@@ -28,7 +28,9 @@
 //! against 1F1B's in the simulator.
 
 use super::deps::{self, Need};
-use super::{Action, Item, Op};
+use super::families::Family;
+use super::zbv::vshape;
+use super::{Action, Item, Op, Params, Schedule, ScheduleError};
 
 /// The grid slots (time units) of microbatch 0's four compute ops on one rank, in the order forward
 /// chunk 0, forward chunk 1, input-gradient chunk 1, input-gradient chunk 0.
@@ -36,6 +38,19 @@ pub(super) type Offsets = [usize; 4];
 
 /// Units per microbatch in steady state: `F`, `I`, `W` of two chunks.
 const PERIOD: usize = 6;
+
+/// A schedule of `family` (V-shape, `V = 2`) from the grid whose rank `r` of `P` takes
+/// `offsets(P, r)`: what `v-half` and `v-min` are, each with its own offsets.
+pub(super) fn generate(
+    family: &Family,
+    p: &Params,
+    offsets: impl Fn(usize, usize) -> Offsets,
+) -> Result<Schedule, ScheduleError> {
+    let v = p.checked(family.name, family.default_chunks, 2..=2)?;
+    let n = p.ranks;
+    let actions = build(n, p.microbatches, |r| offsets(n, r));
+    Ok(vshape(family.name, n, v, p.microbatches, actions))
+}
 
 /// Every rank's list for `m` microbatches on `ranks` ranks, rank `r` taking `offsets(r)`: the
 /// grid of each rank (its four ops per microbatch, `W`s in the free slots), compacted (see

@@ -23,7 +23,6 @@
 //! Valid for every `P >= 1`, `M >= 1`, `V = 2`; the memory saving shows once `M` is about `P` or more.
 
 use super::families::Family;
-use super::zbv::vshape;
 use super::{Params, Placement, Schedule, ScheduleError};
 
 /// The `v-half` family as [`FAMILIES`](super::families::FAMILIES) lists it.
@@ -40,16 +39,13 @@ pub const FAMILY: Family = Family {
 
 /// Generates a `v-half` schedule; refuses `P = 0`, `M = 0` and `V != 2`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=2)?;
-    let n = p.ranks;
-    let d = if n % 2 == 0 { 3 } else { 0 };
-    let actions = super::v_grid::build(n, p.microbatches, |r| {
+    super::v_grid::generate(&FAMILY, p, |n, r| {
+        let d = if n % 2 == 0 { 3 } else { 0 };
         [
             2 * r,
             3 * n - 2 - r,
             3 * n + d - 1 + 2 * r,
             6 * n + d - 2 - r,
         ]
-    });
-    Ok(vshape(FAMILY.name, n, v, p.microbatches, actions))
+    })
 }

@@ -25,7 +25,6 @@
 //! Valid for every `P >= 1`, `M >= 1`, `V = 2`; the memory saving shows once `M` is about `P` or more.
 
 use super::families::Family;
-use super::zbv::vshape;
 use super::{Params, Placement, Schedule, ScheduleError};
 
 /// The `v-min` family as [`FAMILIES`](super::families::FAMILIES) lists it.
@@ -42,11 +41,8 @@ pub const FAMILY: Family = Family {
 
 /// Generates a `v-min` schedule; refuses `P = 0`, `M = 0` and `V != 2`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 2..=2)?;
-    let n = p.ranks;
-    let d = if n % 3 == 0 { 2 } else { 0 };
-    let actions = super::v_grid::build(n, p.microbatches, |r| {
+    super::v_grid::generate(&FAMILY, p, |n, r| {
+        let d = if n % 3 == 0 { 2 } else { 0 };
         [r, 2 * n - 1 - r, 2 * n + d + r, 4 * n + d - 1 - r]
-    });
-    Ok(vshape(FAMILY.name, n, v, p.microbatches, actions))
+    })
 }

@@ -40,13 +40,24 @@ pub const FAMILY: Family = Family {
 
 /// Generates a `zb-h1` schedule; refuses `P = 0`, `M = 0` and `V != 1`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 1..=1)?;
+    generate_lagged(&FAMILY, p, 1)
+}
+
+/// A handcrafted zero-bubble schedule of `family` (`V = 1`): rank `r` lags its `I`s by
+/// `stretch * (P - 1 - r)` slots and its `W`s by `stretch * (P - 1)` ([`lagged_rank_list`]).
+/// `zb-h1` is `stretch = 1`; `zb-h2` doubles both lags.
+pub(super) fn generate_lagged(
+    family: &Family,
+    p: &Params,
+    stretch: usize,
+) -> Result<Schedule, ScheduleError> {
+    let v = p.checked(family.name, family.default_chunks, 1..=1)?;
     let last = p.ranks - 1;
     let actions = (0..p.ranks)
-        .map(|r| lagged_rank_list(r, p.microbatches, last - r, last))
+        .map(|r| lagged_rank_list(r, p.microbatches, stretch * (last - r), stretch * last))
         .collect();
     Ok(Schedule::looped(
-        FAMILY.name,
+        family.name,
         p.ranks,
         v,
         p.microbatches,

@@ -20,7 +20,7 @@
 //! `M = 4`: 16 slots against 15), so prefer `zb-h1` there. `V = 1`.
 
 use super::families::Family;
-use super::zb_h1::lagged_rank_list;
+use super::zb_h1::generate_lagged;
 use super::{Params, Placement, Schedule, ScheduleError};
 
 /// The `zb-h2` family as [`FAMILIES`](super::families::FAMILIES) lists it: its name and default
@@ -38,16 +38,5 @@ pub const FAMILY: Family = Family {
 
 /// Generates a `zb-h2` schedule; refuses `P = 0`, `M = 0` and `V != 1`.
 pub fn generate(p: &Params) -> Result<Schedule, ScheduleError> {
-    let v = p.checked(FAMILY.name, FAMILY.default_chunks, 1..=1)?;
-    let last = p.ranks - 1;
-    let actions = (0..p.ranks)
-        .map(|r| lagged_rank_list(r, p.microbatches, 2 * (last - r), 2 * last))
-        .collect();
-    Ok(Schedule::looped(
-        FAMILY.name,
-        p.ranks,
-        v,
-        p.microbatches,
-        actions,
-    ))
+    generate_lagged(&FAMILY, p, 2)
 }

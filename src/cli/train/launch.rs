@@ -26,9 +26,7 @@ use pipefill_host::plan::{Candidates, Plan};
 use pipefill_host::runtime::{
     assemble, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer, StepReport, Tensor,
 };
-use pipefill_host::schedule::{Action, Item};
-use pipefill_host::timeline::{Span, Transfer};
-use serde::{Deserialize, Serialize};
+use pipefill_host::schedule::Item;
 
 use super::checkpoint::lock_folder;
 use super::{build_where, candidates, choose, report, run_loop, setup, Args, Setup};
@@ -301,62 +299,6 @@ fn stopped(step: usize, out: RankOutcome, seconds: f64) -> Result<(RankOutcome, 
     Err(TrainError::Step { step, message })
 }
 
-/// A [`RankOutcome`] of a rank that succeeded, as it travels to process 0.
-#[derive(Serialize, Deserialize)]
-struct Wire {
-    spans: Vec<Span>,
-    transfers: Vec<Transfer>,
-    /// `(microbatch, loss bits)`: exact.
-    losses: Vec<(usize, u32)>,
-    peak_held: usize,
-    action_seconds: Vec<(String, f64)>,
-    /// The process's wall seconds of the step.
-    seconds: f64,
-}
-
-impl Wire {
-    fn of(o: RankOutcome, seconds: f64) -> Self {
-        Wire {
-            spans: o.spans,
-            transfers: o.transfers,
-            losses: o.losses.iter().map(|&(k, l)| (k, l.to_bits())).collect(),
-            peak_held: o.peak_held,
-            action_seconds: o
-                .action_seconds
-                .iter()
-                .map(|(a, t)| (a.to_string(), *t))
-                .collect(),
-            seconds,
-        }
-    }
-
-    fn outcome(self) -> Result<(RankOutcome, f64), String> {
-        let action_seconds = self
-            .action_seconds
-            .into_iter()
-            .map(|(a, t)| {
-                a.parse::<Action>()
-                    .map(|a| (a, t))
-                    .map_err(|e| e.to_string())
-            })
-            .collect::<Result<_, _>>()?;
-        let outcome = RankOutcome {
-            spans: self.spans,
-            transfers: self.transfers,
-            losses: self
-                .losses
-                .into_iter()
-                .map(|(k, b)| (k, f32::from_bits(b)))
-                .collect(),
-            peak_held: self.peak_held,
-            action_seconds,
-            outputs: Vec::new(),
-            result: Ok(()),
-        };
-        Ok((outcome, self.seconds))
-    }
-}
-
 /// Sends this process's outcome to process 0; on process 0, gathers every process's into the
 /// step report (`None` elsewhere): each replica's ranks assembled, the loss the mean over
 /// replicas, the time the slowest process's, the timeline replica 0's (as the threaded run).
@@ -364,8 +306,8 @@ fn gather(job: &Job<'_>, out: RankOutcome, seconds: f64) -> Result<Option<StepRe
     let (world, place) = (job.world, job.place);
     let failed = TrainError::Runner;
     if place.world != 0 {
-        let bytes =
-            serde_json::to_vec(&Wire::of(out, seconds)).map_err(|e| failed(e.to_string()))?;
+        // The outcome (serde data, losses exact) and the process's wall seconds of the step.
+        let bytes = serde_json::to_vec(&(out, seconds)).map_err(|e| failed(e.to_string()))?;
         world.send_slice(0, OUTCOME, &bytes[..]);
         return Ok(None);
     }
@@ -374,9 +316,8 @@ fn gather(job: &Job<'_>, out: RankOutcome, seconds: f64) -> Result<Option<StepRe
     for w in 1..world.size() {
         let bytes: Vec<u8> = world.recv_vec(w, OUTCOME);
         let from = Place::of(w, place.ranks, place.replicas);
-        let wire: Wire = serde_json::from_slice(&bytes)
+        let (o, s): (RankOutcome, f64) = serde_json::from_slice(&bytes)
             .map_err(|e| failed(format!("the step outcome of {}: {e}", from.name())))?;
-        let (o, s) = wire.outcome().map_err(failed)?;
         slowest = slowest.max(s);
         if from.rank == 0 {
             replicas.push(Vec::with_capacity(place.ranks));

@@ -5,6 +5,8 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use serde::{Deserialize, Serialize};
+
 use crate::runtime::clock::panic_message;
 use crate::runtime::{Payload, RuntimeError, Stage, Tensor};
 use crate::schedule::Action;
@@ -27,22 +29,51 @@ impl From<RuntimeError> for RankStop {
 
 /// What one rank's runner hands back at the end of a step; [`assemble`](crate::runtime::assemble)
 /// turns the outcomes of all ranks into a [`StepReport`](crate::runtime::StepReport).
-#[derive(Debug, Clone)]
+///
+/// Serde data (how a rank process sends it to the one that assembles): the losses travel as their
+/// bits (exact, NaN included); `result` does not travel and reads back `Ok` (a rank that failed
+/// reports its own error where it runs).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RankOutcome {
     /// Rank's items as they ran.
     pub spans: Vec<Span>,
     /// Transfers this rank received.
     pub transfers: Vec<Transfer>,
     /// `(microbatch, loss)` computed here (on the last stage's rank).
+    #[serde(with = "loss_bits")]
     pub losses: Vec<(usize, f32)>,
     /// The most activation bytes this rank's stashes held at once.
     pub peak_held: usize,
     /// Seconds spent in layer calls, per action, in execution order.
     pub action_seconds: Vec<(Action, f64)>,
     /// In an evaluation, `(microbatch, output of the last stage)` computed here (empty in training).
+    /// Does not travel between processes (evaluation runs on the threaded runner).
+    #[serde(skip)]
     pub outputs: Vec<(usize, Tensor)>,
     /// How the rank ended.
+    #[serde(skip, default = "succeeded")]
     pub result: Result<(), RankStop>,
+}
+
+fn succeeded() -> Result<(), RankStop> {
+    Ok(())
+}
+
+/// `(microbatch, loss)` pairs as `[microbatch, loss bits]`: exact through any format.
+mod loss_bits {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[(usize, f32)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|&(k, l)| (k, l.to_bits())))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(usize, f32)>, D::Error> {
+        let bits = Vec::<(usize, u32)>::deserialize(d)?;
+        Ok(bits
+            .into_iter()
+            .map(|(k, b)| (k, f32::from_bits(b)))
+            .collect())
+    }
 }
 
 impl RankOutcome {

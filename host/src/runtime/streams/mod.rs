@@ -23,7 +23,7 @@
 //!
 //! 5. For one process per rank (GPU ranks over NCCL), [`RankStreams`] runs one rank's part of the
 //!    same program on a device holding only that rank's stages, the data crossing ranks through a
-//!    [`PeerLink`]; [`peer_ops`] posts every rank's sends and receives in one shared order (receives
+//!    device [`Transport`](crate::runtime::Transport); [`peer_ops`] posts every rank's sends and receives in one shared order (receives
 //!    in the sender's order), which a link that matches messages in order (NCCL) cannot mismatch or
 //!    deadlock on. [`CpuPeers`] is its CPU twin: in-order matching, rendezvous, deadlines.
 //!
@@ -49,7 +49,7 @@ pub use check::check;
 pub use cpu::{CpuPeer, CpuPeers, CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
 pub use device::{Device, DeviceError, Misplaced};
 pub use executor::StreamExecutor;
-pub use peer::{peer_ops, PeerError, PeerLink, PeerOp, PostOrder, RankPlan};
+pub use peer::{peer_ops, PeerOp, PostOrder, RankPlan};
 pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};
 pub use rank::{RankBatch, RankStreams};
 
@@ -59,6 +59,7 @@ use crate::schedule::Action;
 
 /// A stream program that cannot be built or that [`check`] refuses.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum StreamError {
     /// The schedule deadlocks: no enqueue order exists (validate it first).
     #[error("no enqueue order: rank {rank} waits at `{item}` for data no rank sends first")]

@@ -1,8 +1,8 @@
-//! [`PeerLink`]: how one rank's device program exchanges data with the other ranks when every rank
-//! runs in its own process (NCCL point-to-point on GPUs), and [`peer_ops`]: the order in which a
-//! rank posts its sends and receives so that such a link matches them right and never deadlocks.
+//! [`peer_ops`]: the order in which one rank's device program posts its sends and receives on a
+//! device [`Transport`](crate::runtime::Transport) (NCCL point-to-point on GPUs, every rank in its own process) so that the
+//! link matches them right and never deadlocks.
 //!
-//! NCCL's rules, which [`PeerLink`] models: per (sender, receiver) pair, messages match strictly in
+//! NCCL's rules, which a device transport models: per (sender, receiver) pair, messages match strictly in
 //! posting order (the n-th receive a rank posts from a peer gets the n-th message that peer sent
 //! it, whatever it is), and a transfer completes only when both sides have posted (a rendezvous:
 //! a send can hold up its stream until the receiver posts).
@@ -25,125 +25,14 @@
 
 use std::collections::HashMap;
 
-use thiserror::Error;
-
-use super::{Device, EventRole, StreamId, StreamOp, StreamProgram};
+use super::{EventRole, StreamId, StreamOp, StreamProgram};
 use crate::schedule::deps::Edge;
-
-/// One rank's end of the links to the other ranks, on a device `D`: sends and receives enqueued on
-/// the link's own communication stream, ordered against the device's streams by events.
-///
-/// Implementations: [`CpuPeer`](super::CpuPeer) (threads, for tests; enforces NCCL's matching and
-/// rendezvous and reports what breaks them) in this crate; NCCL on CUDA streams in `pipefill`.
-pub trait PeerLink<D: Device> {
-    /// Enqueues sending `data` (the data of `edge`) to rank `to`, once `after` (recorded on the
-    /// producer's stream after the producer) has completed. The link owns `data` from now on.
-    fn send(
-        &mut self,
-        after: D::Event,
-        edge: Edge,
-        data: D::Payload,
-        to: usize,
-    ) -> Result<(), PeerError>;
-
-    /// Enqueues receiving `edge`'s data, of shape `shape`, from rank `from`: the payload (filled
-    /// once the transfer completes) and an event that completes with it, for the consumer's stream
-    /// to wait on.
-    fn recv(
-        &mut self,
-        edge: Edge,
-        from: usize,
-        shape: &[usize],
-    ) -> Result<(D::Payload, D::Event), PeerError>;
-
-    /// Waits until every transfer enqueued so far has completed; the first failure, if any.
-    fn complete(&mut self) -> Result<(), PeerError>;
-
-    /// Tells the other ranks that this one failed, so that none waits for it forever (a no-op
-    /// where the launcher ends the job on a failure, as `MPI_Abort` does).
-    fn abort(&mut self);
-
-    /// Waits until every rank has finished its step; `true` when all succeeded (`ok` is this
-    /// rank's outcome). Only then may the ranks apply their optimizer steps.
-    fn finish(&mut self, ok: bool) -> bool;
-}
-
-/// Why a transfer between ranks failed.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum PeerError {
-    /// A receive got the message of another edge: the two ranks posted in different orders.
-    #[error(
-        "posted a receive of {} from rank {from}, but rank {from}'s next message is {}: messages \
-         match in posting order, so receives must be posted in the sender's order",
-        expected.send(), got.send()
-    )]
-    Mismatch {
-        /// The sending rank.
-        from: usize,
-        /// The edge the receive was posted for.
-        expected: Edge,
-        /// The edge of the message it got.
-        got: Edge,
-    },
-    /// A message has another shape than its receive was posted with.
-    #[error("the message of {} from rank {from} has shape {got:?}, the receive expected {expected:?}", edge.send())]
-    Shape {
-        /// The sending rank.
-        from: usize,
-        /// The edge.
-        edge: Edge,
-        /// The shape the receive was posted with.
-        expected: Vec<usize>,
-        /// The shape that came.
-        got: Vec<usize>,
-    },
-    /// A rendezvous did not complete in time: the ranks' posting orders cannot meet (a deadlock).
-    #[error(
-        "the {} of {} {} rank {peer} did not complete within {millis} ms: the two ranks' posting \
-         orders cannot meet (a deadlock)",
-        if *sending { "send" } else { "receive" }, edge.send(),
-        if *sending { "to" } else { "from" }
-    )]
-    Deadline {
-        /// Whether this rank was sending (else receiving).
-        sending: bool,
-        /// The edge.
-        edge: Edge,
-        /// The other rank.
-        peer: usize,
-        /// Milliseconds waited.
-        millis: u64,
-    },
-    /// The producer left no data to send (its device failed before it).
-    #[error("nothing to send for {}: its producer left no data", edge.send())]
-    NoData {
-        /// The edge.
-        edge: Edge,
-    },
-    /// Another rank failed and the step is being stopped.
-    #[error("another rank stopped the step")]
-    Aborted,
-    /// The link itself failed (an NCCL call, a lost peer).
-    #[error("{message}")]
-    Link {
-        /// What the link reported.
-        message: String,
-    },
-}
-
-impl PeerError {
-    /// Whether this error is a cause (a wrong order, a wrong shape, a deadlock, a failed link),
-    /// not a consequence of a failure elsewhere (no data, another rank's abort).
-    pub fn is_cause(&self) -> bool {
-        !matches!(self, PeerError::NoData { .. } | PeerError::Aborted)
-    }
-}
 
 /// Where a rank posts its receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostOrder {
     /// In the sender's order: where the whole program records the transfer (correct for every
-    /// schedule; see [`peer_ops`] and [`PeerLink`]).
+    /// schedule; see [`peer_ops`] and the module).
     Sender,
     /// Where the rank's own list receives the data: the sender's order too for a schedule
     /// [lowered](crate::schedule::lower) by pipefill; wrong for a file whose receives come in
@@ -151,7 +40,7 @@ pub enum PostOrder {
     Receiver,
 }
 
-/// One operation of one rank's program for a [`PeerLink`]. Stream indices are the rank's own
+/// One operation of one rank's program for a device [`Transport`](crate::runtime::Transport). Stream indices are the rank's own
 /// (into [`RankPlan::streams`]); event indices are the whole program's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerOp {

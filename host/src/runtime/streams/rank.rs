@@ -1,16 +1,18 @@
 //! [`RankStreams`]: one rank's part of a training step on a [`Device`], for a process that runs only
 //! that rank (one process per GPU): the rank's stages on the rank's streams, in the program's
-//! order, with the data crossing ranks through a [`PeerLink`] posted as [`peer_ops`] says.
+//! order, with the data crossing ranks through a device [`Transport`] posted as [`peer_ops`] says.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::peer::{peer_ops, PeerError, PeerLink, PeerOp, PostOrder, RankPlan};
+use super::peer::{peer_ops, PeerOp, PostOrder, RankPlan};
 use super::step::{run_action, Step};
 use super::{check, Device, DeviceError, StreamOp, StreamProgram};
 use crate::runtime::clock::panic_message;
 use crate::runtime::machine::{end_of_step, optimizer_steps, zero_grads};
-use crate::runtime::{Loss, Payload, RankOutcome, RankStop, RuntimeError, Stage};
+use crate::runtime::{
+    Loss, Payload, RankOutcome, RankStop, RuntimeError, Stage, Transport, TransportError,
+};
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Schedule};
 use crate::timeline::Span;
@@ -35,7 +37,7 @@ pub struct RankBatch<'a, P: Payload, L> {
 /// schedule), the rank's part is taken with [`peer_ops`] (receives in the sender's order), and the
 /// device makes the rank's streams. Each [`step`](RankStreams::step) zeroes the gradients, enqueues
 /// the rank's runs, lane events, sends and receives from the calling thread, synchronises the
-/// device and the link, agrees with the other ranks ([`PeerLink::finish`]) and only then applies
+/// device and the link, agrees with the other ranks ([`Transport::finish`]) and only then applies
 /// the optimizer steps. It returns the same [`RankOutcome`] as the threaded
 /// [`run_rank`](crate::runtime::run_rank), so [`assemble`](crate::runtime::assemble) turns the
 /// outcomes of all ranks into a step report.
@@ -125,7 +127,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
 
     /// Runs the rank's part of one training step over `peer`. Never panics on a failure: the
     /// outcome's `result` says how the rank ended (a failure here also aborts the peers).
-    pub fn step<L: Loss<D::Payload>, P: PeerLink<D>>(
+    pub fn step<L: Loss<D::Payload>, P: Transport<D::Payload, D::Event>>(
         &mut self,
         batch: RankBatch<'_, D::Payload, L>,
         peer: &mut P,
@@ -147,7 +149,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         let result = match (enqueued, device, link) {
             (Err(e), _, _) => Err(RankStop::Failed(e)),
             (Ok(_), _, Err(error)) if error.is_cause() => Err(self.peer_failed(error)),
-            (Ok(_), _, Err(PeerError::Aborted)) => Err(RankStop::Aborted),
+            (Ok(_), _, Err(TransportError::Aborted)) => Err(RankStop::Aborted),
             (Ok(_), Err(e), _) => Err(RankStop::Failed(device_error(e))),
             (Ok(_), Ok(()), Err(error)) => Err(self.peer_failed(error)),
             (Ok(step), Ok(()), Ok(())) => self.report(step, &mut out),
@@ -159,7 +161,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         out
     }
 
-    fn peer_failed(&self, error: PeerError) -> RankStop {
+    fn peer_failed(&self, error: TransportError) -> RankStop {
         RankStop::Failed(RuntimeError::Peer {
             rank: self.rank,
             error: Box::new(error),
@@ -167,7 +169,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
     }
 
     /// Zeroes the gradients and walks the plan once; the step state and the origin mark.
-    fn enqueue<L: Loss<D::Payload>, P: PeerLink<D>>(
+    fn enqueue<L: Loss<D::Payload>, P: Transport<D::Payload, D::Event>>(
         &mut self,
         mut batch: RankBatch<'_, D::Payload, L>,
         peer: &mut P,
@@ -190,7 +192,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
     }
 
     /// Enqueues one op of the plan.
-    fn op<L: Loss<D::Payload>, P: PeerLink<D>>(
+    fn op<L: Loss<D::Payload>, P: Transport<D::Payload, D::Event>>(
         &mut self,
         op: PeerOp,
         step: &mut Step<D, S::Stash>,
@@ -198,7 +200,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         batch: &RankBatch<'_, D::Payload, L>,
         peer: &mut P,
     ) -> Result<(), RuntimeError> {
-        let link = |error: PeerError| RuntimeError::Peer {
+        let link = |error: TransportError| RuntimeError::Peer {
             rank: self.rank,
             error: Box::new(error),
         };
@@ -241,10 +243,11 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
                         self.internal(format!("{} has nothing to send yet", edge.send()))
                     })?;
                 let after = self.device.record(stream).map_err(device_error)?;
-                peer.send(after, edge, data, to).map_err(link)?;
+                peer.send(edge, to, data, after).map_err(link)?;
             }
             PeerOp::Post { edge, from } => {
-                let posted = peer.recv(edge, from, &(batch.shape)(edge)).map_err(link)?;
+                let shape = (batch.shape)(edge);
+                let posted = peer.recv(edge, from, Some(&shape)).map_err(link)?;
                 walk.posted.insert(edge, posted);
             }
             PeerOp::Ready { stream, edge } => {

@@ -1,13 +1,13 @@
-//! [`CpuPeers`]: the CPU twin of NCCL point-to-point between ranks, for [`CpuStreams`] devices on
-//! threads: a [`PeerLink`] that enforces what NCCL does and reports what breaks it.
+//! [`CpuPeers`]: the CPU twin of NCCL point-to-point between ranks, for [`CpuStreams`](super::CpuStreams) devices on
+//! threads: a device [`Transport`] that enforces what NCCL does and reports what breaks it.
 //!
 //! Each rank's [`CpuPeer`] has one communication thread (its "stream") that runs the rank's sends
 //! and receives in the order they were posted. Per (sender, receiver) pair there is one queue:
 //! the n-th receive a rank posts from a peer takes the n-th message that peer sent, whatever edge
 //! it carries, as NCCL matches; a receive that gets another edge's message is
-//! [`PeerError::Mismatch`], naming both. A send holds its stream until the receiver takes the
+//! [`TransportError::Mismatch`], naming both. A send holds its stream until the receiver takes the
 //! message and a receive until a message comes (a rendezvous, NCCL's protocol for large messages);
-//! one that does not complete within the deadline is [`PeerError::Deadline`], so a deadlock is
+//! one that does not complete within the deadline is [`TransportError::Deadline`], so a deadlock is
 //! reported, not hung. [`CpuPeers::eager`] models small messages instead, which NCCL buffers: a
 //! send completes without waiting for its receive, so a wrong posting order swaps messages
 //! (caught as a mismatch) instead of deadlocking.
@@ -19,9 +19,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{CpuStreams, Flag, Pending};
-use crate::runtime::streams::peer::{PeerError, PeerLink};
-use crate::runtime::Tensor;
+use super::{Flag, Pending};
+use crate::runtime::{Tensor, Transport, TransportError};
 use crate::schedule::deps::Edge;
 
 /// A message on its way from one rank to another.
@@ -102,7 +101,7 @@ impl Hub {
         (pairs, Ok(()))
     }
 
-    fn send(&self, from: usize, to: usize, message: Message) -> Result<(), PeerError> {
+    fn send(&self, from: usize, to: usize, message: Message) -> Result<(), TransportError> {
         let edge = message.edge;
         let mut pairs = lock(&self.pairs);
         let pair = pairs.entry((from, to)).or_default();
@@ -132,11 +131,11 @@ impl Hub {
     }
 
     /// The error of a rendezvous that ended without its partner: the deadline, or an abort.
-    fn lost(&self, timed_out: bool, sending: bool, edge: Edge, peer: usize) -> PeerError {
+    fn lost(&self, timed_out: bool, sending: bool, edge: Edge, peer: usize) -> TransportError {
         if !timed_out {
-            return PeerError::Aborted;
+            return TransportError::Aborted;
         }
-        PeerError::Deadline {
+        TransportError::Deadline {
             sending,
             edge,
             peer,
@@ -194,7 +193,7 @@ enum Job {
     Sync(mpsc::Sender<()>),
 }
 
-/// Links between ranks that are threads of one process, each rank on its own [`CpuStreams`]:
+/// Links between ranks that are threads of one process, each rank on its own [`CpuStreams`](super::CpuStreams):
 /// [`CpuPeers::connect`] gives one [`CpuPeer`] per rank.
 pub struct CpuPeers;
 
@@ -227,13 +226,13 @@ impl CpuPeers {
     }
 }
 
-/// One rank's [`PeerLink`] of [`CpuPeers`].
+/// One rank's [`Transport`] of [`CpuPeers`].
 pub struct CpuPeer {
     rank: usize,
     hub: Arc<Hub>,
     jobs: Option<Sender<Job>>,
     worker: Option<JoinHandle<()>>,
-    error: Arc<Mutex<Option<PeerError>>>,
+    error: Arc<Mutex<Option<TransportError>>>,
 }
 
 impl CpuPeer {
@@ -270,8 +269,8 @@ impl CpuPeer {
         self.hub.sent_bytes.load(Ordering::SeqCst)
     }
 
-    fn post(&self, job: Job) -> Result<(), PeerError> {
-        let stopped = || PeerError::Link {
+    fn post(&self, job: Job) -> Result<(), TransportError> {
+        let stopped = || TransportError::Link {
             message: format!("rank {}'s communication thread has stopped", self.rank),
         };
         let tx = self.jobs.as_ref().ok_or_else(stopped)?;
@@ -282,8 +281,8 @@ impl CpuPeer {
 /// Runs one job on the communication thread; a failure is kept (the first wins), poisons the hub
 /// so no other rank waits for this one, and still raises the receive's flag so the consumer's
 /// stream goes on (to find no data).
-fn run(rank: usize, hub: &Hub, error: &Mutex<Option<PeerError>>, job: Job) {
-    let fail = |e: PeerError| {
+fn run(rank: usize, hub: &Hub, error: &Mutex<Option<TransportError>>, job: Job) {
+    let fail = |e: TransportError| {
         lock(error).get_or_insert(e);
         hub.poison();
     };
@@ -296,7 +295,7 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<PeerError>>, job: Job) {
         } => {
             after.wait(&hub.failed);
             if hub.failed.load(Ordering::SeqCst) {
-                return fail(PeerError::Aborted);
+                return fail(TransportError::Aborted);
             }
             match data.take_tensor() {
                 Ok(tensor) => {
@@ -305,7 +304,7 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<PeerError>>, job: Job) {
                         fail(e);
                     }
                 }
-                Err(_) => fail(PeerError::NoData { edge }),
+                Err(_) => fail(TransportError::NoData { edge }),
             }
         }
         Job::Recv {
@@ -316,12 +315,12 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<PeerError>>, job: Job) {
             done,
         } => {
             match hub.recv(from, rank) {
-                Ok(m) if m.edge != edge => fail(PeerError::Mismatch {
+                Ok(m) if m.edge != edge => fail(TransportError::Mismatch {
                     from,
                     expected: edge,
                     got: m.edge,
                 }),
-                Ok(m) if m.tensor.shape() != shape.as_slice() => fail(PeerError::Shape {
+                Ok(m) if m.tensor.shape() != shape.as_slice() => fail(TransportError::Shape {
                     from,
                     edge,
                     expected: shape,
@@ -338,14 +337,14 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<PeerError>>, job: Job) {
     }
 }
 
-impl PeerLink<CpuStreams> for CpuPeer {
+impl Transport<Pending<Tensor>, Arc<Flag>> for CpuPeer {
     fn send(
         &mut self,
-        after: Arc<Flag>,
         edge: Edge,
-        data: Pending<Tensor>,
         to: usize,
-    ) -> Result<(), PeerError> {
+        data: Pending<Tensor>,
+        after: Arc<Flag>,
+    ) -> Result<(), TransportError> {
         self.post(Job::Send {
             after,
             edge,
@@ -354,12 +353,17 @@ impl PeerLink<CpuStreams> for CpuPeer {
         })
     }
 
+    /// Posts the receive; `shape` is required (a message of another shape is
+    /// [`TransportError::Shape`], as NCCL's byte count would not match).
     fn recv(
         &mut self,
         edge: Edge,
         from: usize,
-        shape: &[usize],
-    ) -> Result<(Pending<Tensor>, Arc<Flag>), PeerError> {
+        shape: Option<&[usize]>,
+    ) -> Result<(Pending<Tensor>, Arc<Flag>), TransportError> {
+        let shape = shape.ok_or_else(|| TransportError::Link {
+            message: format!("a receive of {} posted without its shape", edge.recv()),
+        })?;
         let (data, done) = (Pending::empty(), Flag::new());
         self.post(Job::Recv {
             edge,
@@ -371,10 +375,10 @@ impl PeerLink<CpuStreams> for CpuPeer {
         Ok((data, done))
     }
 
-    fn complete(&mut self) -> Result<(), PeerError> {
+    fn complete(&mut self) -> Result<(), TransportError> {
         let (tx, rx) = mpsc::channel();
         self.post(Job::Sync(tx))?;
-        rx.recv().map_err(|_| PeerError::Link {
+        rx.recv().map_err(|_| TransportError::Link {
             message: format!("rank {}'s communication thread has stopped", self.rank),
         })?;
         match lock(&self.error).take() {
