@@ -9,7 +9,7 @@
 use pipefill_host::runtime::streams::{
     CpuStreams, Device, DeviceError, EventRole, Pending, StreamExecutor, StreamId, StreamStage,
 };
-use pipefill_host::runtime::{sequential_step, RuntimeError, Stage, Tensor};
+use pipefill_host::runtime::{sequential_step, RuntimeError, Tensor};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::{Params, Schedule};
 
