@@ -200,13 +200,16 @@ impl<D: Device, L: StreamLoss<D::Stream, D::Payload>> Loss<D::Payload> for Bound
     }
 }
 
+/// A stage bound to a stream, with its global index.
+pub(super) type BoundAt<'a, D, S> = (usize, Bound<'a, D, S>);
+
 /// `stages` (`(global stage, stage)`), each bound to stream `home(stage)` of `device`: what the
 /// host calls of a step (`zero_grad`, `optimizer_step`) are given.
 pub(super) fn bound_home<'a, D: Device, S: 'a>(
     device: &'a D,
     stages: impl IntoIterator<Item = (usize, &'a mut S)>,
     home: impl Fn(usize) -> Option<usize>,
-) -> Result<Vec<(usize, Bound<'a, D, S>)>, RuntimeError> {
+) -> Result<Vec<BoundAt<'a, D, S>>, RuntimeError> {
     stages
         .into_iter()
         .map(|(s, stage)| {
