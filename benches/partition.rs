@@ -104,6 +104,7 @@ fn measure(
     for step in 0..=steps {
         let (x, t) = teacher.batch(step as u64, spec.batch, schedule.microbatches);
         let r = ex.step(x, &t, &spec.loss).expect("step");
+        ex.optimizer_step().expect("optimizer step");
         if step == 0 {
             continue;
         }

@@ -6,6 +6,9 @@
 //!   (thread start, channels, stash bookkeeping, timing), the figure the issue asks to keep < 2 us.
 //!   `executor_variants`: the same steps with the stages boxed as `BoxedStage` (type-erased stashes,
 //!   virtual calls) and with a no-op step hook (`step_with`), against the plain generic path.
+//! - `stream_executor`: the same per-action host time for the one-thread stream executor on the
+//!   CPU twin of the CUDA device (`CpuStreams`: the step enqueues every action, the stream workers
+//!   run them, one synchronisation), empty layers, a 2-rank 1F1B and ZB-H1 step with `M = 16`.
 //! - `gemm`: `matrixmultiply` against `gemm` (single-threaded) on the built-in layer's three
 //!   products at the default shapes (32 rows, 256 x 256), to pick the default backend.
 //!
@@ -142,7 +145,45 @@ fn gemm_backends(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, executor_overhead, executor_variants, gemm_backends);
+/// The stream executor on `CpuStreams` with empty layers: host time per action of a whole step.
+fn stream_executor(c: &mut Criterion) {
+    use pipefill_host::runtime::streams::{CpuStreams, Pending, StreamExecutor};
+    pipefill::alloc::keep_freed_memory();
+    let mut g = c.benchmark_group("stream_executor");
+    let m = 16;
+    for family in ["1f1b", "zb-h1"] {
+        let Ok(schedule) = families::generate(family, &Params::new(2, m)) else {
+            continue;
+        };
+        g.throughput(Throughput::Elements(schedule.action_count() as u64));
+        let device = CpuStreams::new();
+        let stages = (0..schedule.stages())
+            .map(|_| device.stage(Empty))
+            .collect();
+        let loss = device.loss(zero_loss);
+        let Ok(mut ex) = StreamExecutor::new(schedule, stages, device) else {
+            continue;
+        };
+        let empty = || {
+            (0..m)
+                .map(|_| Pending::ready(Tensor::empty()))
+                .collect::<Vec<_>>()
+        };
+        let targets = empty();
+        g.bench_function(BenchmarkId::new(family, format!("P2-M{m}")), |b| {
+            b.iter(|| ex.step(empty(), &targets, &loss))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    executor_overhead,
+    executor_variants,
+    stream_executor,
+    gemm_backends
+);
 
 fn main() -> ExitCode {
     let run = support::Run::start("runtime");

@@ -116,7 +116,12 @@ fn measure(s: &Setup) -> Result<Figures, Box<dyn std::error::Error>> {
     for step in 0..s.warmup + s.steps {
         let (x, t) = teacher.batch(step as u64, spec.batch, s.m);
         let q = sequential_step(&mut seq, x.clone(), &t, &spec.loss)?;
-        let r = ex.step(x, &t, &spec.loss)?;
+        let mut r = ex.step(x, &t, &spec.loss)?;
+        // The optimizer is the trainer's call after the step; a training step includes it, as
+        // the sequential one does.
+        let optimizer = std::time::Instant::now();
+        ex.optimizer_step()?;
+        r.seconds += optimizer.elapsed().as_secs_f64();
         if step >= s.warmup {
             seq_times.push(q.seconds);
             reports.push(r);

@@ -7,9 +7,13 @@
 //! and reads timing marks around every action into the step's timeline. Running inline is correct
 //! because the [`StreamExecutor`] enqueues in an order that respects every dependency; `wait`
 //! checks that promise instead of trusting it. A real device (CUDA, a remote accelerator) does the
-//! same calls, with work that runs later on the bound stream.
+//! same calls, with work that runs later on the stream each stage call is given
+//! ([`Device::Stream`]: here `()`, as nothing is queued).
 //!
-//! [`Tanh`] is the embedder's stage type: `y = tanh(w x)` with one scalar weight and plain SGD.
+//! [`Tanh`] is the embedder's stage type: `y = tanh(w x)` with one scalar weight and plain SGD. A
+//! host [`Stage`] runs on any device whose payload is a host [`Tensor`], ignoring the stream; a
+//! stage of a device that queues work implements `StreamStage<ItsDevice>`, whose methods take the
+//! stream. The optimizer is the trainer's call after each step ([`StreamExecutor::optimizer_step`]).
 //!
 //! ```sh
 //! cargo run --release --example custom_device       # zbv, 2 ranks, 4 stages, 8 microbatches
@@ -30,6 +34,7 @@ pub struct Inline {
 
 impl Device for Inline {
     type Payload = Tensor;
+    type Stream = ();
     type Event = (usize, usize);
     type Mark = Instant;
 
@@ -37,8 +42,8 @@ impl Device for Inline {
         self.recorded = vec![0; streams.len()];
         Ok(())
     }
-    fn bind(&mut self, _stream: usize) -> Result<(), DeviceError> {
-        Ok(()) // work runs at once, wherever it is bound
+    fn stream(&self, index: usize) -> Option<&()> {
+        (index < self.recorded.len()).then_some(&()) // work runs at once: nothing to queue on
     }
     fn record(&mut self, stream: usize) -> Result<(usize, usize), DeviceError> {
         let n = self
@@ -173,6 +178,7 @@ pub fn train(ranks: usize, steps: usize) -> Result<Vec<(f32, f32)>, Box<dyn std:
             .unzip();
         let seq = sequential_step(&mut reference, xs.clone(), &ts, &mse)?;
         let report = ex.step(xs, &ts, &mse)?;
+        ex.optimizer_step()?;
         losses.push((report.loss, seq.loss));
     }
     Ok(losses)

@@ -10,6 +10,10 @@
 //! would start that stage's gradient all-reduce there, overlapping it with the rest of the
 //! pipeline; this one hands the stage to a "reducer" thread that records when it could start.
 //!
+//! The step ends with the gradients ready, not applied: the optimizer is the trainer's call. This
+//! trainer clips the global gradient norm (over every stage's [`Stage::gradients`]) to
+//! [`MAX_NORM`] first, then calls [`Executor::optimizer_step`].
+//!
 //! After training it runs an evaluation step ([`Executor::evaluate`]): the same schedule's
 //! forwards only, on a batch it never trained on, with no stash kept and no gradient.
 //!
@@ -31,6 +35,8 @@ const D: usize = 8;
 const VOCAB: usize = 16;
 /// Outputs per token.
 const OUT: usize = 2;
+/// The trainer clips the global gradient norm to this.
+pub const MAX_NORM: f32 = 0.05;
 
 /// A small deterministic pseudo-random init in `[-scale, scale)`.
 fn init(n: usize, seed: u32, scale: f32) -> Vec<f32> {
@@ -70,8 +76,9 @@ fn sgd(w: &mut [f32], g: &[f32], lr: f32) {
 }
 
 /// Token ids (a `[rows, 1]` tensor of whole numbers) to rows of a `VOCAB x D` table.
-struct Embedding {
-    table: Vec<f32>,
+pub struct Embedding {
+    /// The table.
+    pub table: Vec<f32>,
     grad: Vec<f32>,
     lr: f32,
 }
@@ -124,17 +131,22 @@ impl Stage for Embedding {
         sgd(&mut self.table, &self.grad, self.lr);
         Ok(())
     }
+
+    fn gradients(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.grad]
+    }
 }
 
 /// `y = x + tanh(x W)`, `W` is `D x D`.
-struct Residual {
-    w: Vec<f32>,
+pub struct Residual {
+    /// `W`.
+    pub w: Vec<f32>,
     grad: Vec<f32>,
     lr: f32,
 }
 
 /// What backward needs: the input, `t = tanh(x W)`, and after `I` the gradient at `x W`.
-struct ResidualStash {
+pub struct ResidualStash {
     x: Tensor,
     t: Vec<f32>,
     dz: Option<Vec<f32>>,
@@ -199,11 +211,16 @@ impl Stage for Residual {
         sgd(&mut self.w, &self.grad, self.lr);
         Ok(())
     }
+
+    fn gradients(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.grad]
+    }
 }
 
 /// `y = x V`, `V` is `D x OUT`.
-struct Head {
-    v: Vec<f32>,
+pub struct Head {
+    /// `V`.
+    pub v: Vec<f32>,
     grad: Vec<f32>,
     lr: f32,
 }
@@ -252,6 +269,10 @@ impl Stage for Head {
         sgd(&mut self.v, &self.grad, self.lr);
         Ok(())
     }
+
+    fn gradients(&mut self) -> Vec<&mut [f32]> {
+        vec![&mut self.grad]
+    }
 }
 
 /// The model for `stages` pipeline stages: an embedding, `stages - 2` residual blocks, a head.
@@ -278,7 +299,7 @@ pub fn model(stages: usize) -> Vec<BoxedStage> {
 }
 
 /// Half the mean squared error.
-fn loss(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
+pub fn loss(y: &Tensor, t: &Tensor) -> Result<(f32, Tensor), StageError> {
     let n = y.len() as f32;
     let d: Vec<f32> = y.data().iter().zip(t.data()).map(|(a, b)| a - b).collect();
     let v = d.iter().map(|x| x * x).sum::<f32>() / (2.0 * n);
@@ -312,16 +333,50 @@ pub fn data(step: usize, m: usize, rows: usize) -> Result<(Vec<Tensor>, Vec<Tens
     Ok((inputs, targets))
 }
 
+/// Every weight of the model, stage by stage (what a test compares).
+pub fn weights(stages: &[BoxedStage]) -> Vec<f32> {
+    let of = |s: &BoxedStage| -> Vec<f32> {
+        let e = s.downcast_ref::<Embedding>().map(|e| &e.table);
+        let r = s.downcast_ref::<Residual>().map(|r| &r.w);
+        let h = s.downcast_ref::<Head>().map(|h| &h.v);
+        e.or(r).or(h).cloned().unwrap_or_default()
+    };
+    stages.iter().flat_map(of).collect()
+}
+
+/// The global norm of every stage's gradients (summed in `f64`); when it exceeds `max_norm`,
+/// scales every gradient by `max_norm / norm`. Returns the norm before clipping.
+pub fn clip_global_norm(stages: &mut [BoxedStage], max_norm: f32) -> f32 {
+    let mut squares = 0.0f64;
+    for stage in stages.iter_mut() {
+        for g in stage.gradients() {
+            squares += g.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>();
+        }
+    }
+    let norm = squares.sqrt();
+    if norm > f64::from(max_norm) {
+        let scale = (f64::from(max_norm) / norm) as f32;
+        for stage in stages.iter_mut() {
+            for g in stage.gradients() {
+                g.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+    }
+    norm as f32
+}
+
 /// `(stage, seconds into the step)` for each stage, in the order their gradients became ready.
 type Ready = Vec<(usize, f64)>;
 
-/// One step, telling a "reducer" (here: a channel) each stage whose gradients are final; returns
-/// the report and when each stage became ready.
+/// One training step, telling a "reducer" (here: a channel) each stage whose gradients are final;
+/// then the global gradient norm clipped to `max_norm` and the optimizer step. Returns the report,
+/// when each stage became ready and the norm before clipping.
 pub fn step(
     ex: &mut Executor<BoxedStage>,
     inputs: Vec<Tensor>,
     targets: &[Tensor],
-) -> Result<(StepReport, Ready), Box<dyn std::error::Error>> {
+    max_norm: f32,
+) -> Result<(StepReport, Ready, f32), Box<dyn std::error::Error>> {
     let (ready, reducer) = mpsc::channel();
     let report = ex.step_with(inputs, targets, &loss, |event| {
         if let StepEvent::GradientsReady { stage, at, .. } = event {
@@ -330,7 +385,10 @@ pub fn step(
         }
     })?;
     drop(ready);
-    Ok((report, reducer.into_iter().collect()))
+    // The step left the gradients ready: clip, then apply them.
+    let norm = clip_global_norm(ex.stages_mut(), max_norm);
+    ex.optimizer_step()?;
+    Ok((report, reducer.into_iter().collect(), norm))
 }
 
 /// An evaluation step on the batch of step `step` (a batch no training step used when `step` is
@@ -360,13 +418,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut ex = Executor::new(schedule.clone(), model(schedule.stages()))?;
     let kinds: Vec<&str> = ex.stages().iter().map(|s| short(s.stage_type())).collect();
     println!("{family} on {ranks} ranks, stages {kinds:?}");
-    let mut last = None;
+    let (mut last, mut clipped) = (None, 0);
     for i in 0..steps {
         let (x, t) = data(i, m, rows)?;
-        let (r, ready) = step(&mut ex, x, &t)?;
+        let (r, ready, norm) = step(&mut ex, x, &t, MAX_NORM)?;
+        clipped += usize::from(norm > MAX_NORM);
         if i % 15 == 0 || i == steps - 1 {
             println!(
-                "step {i:>2}: loss {:.5}, step {:.2} ms, bubble {:.1}%, peak stash per rank {:?} bytes",
+                "step {i:>2}: loss {:.5}, gradient norm {norm:.4}, step {:.2} ms, bubble {:.1}%, peak stash per rank {:?} bytes",
                 r.loss,
                 r.seconds * 1e3,
                 r.timeline.bubble_fraction() * 100.0,
@@ -406,7 +465,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let norm = head.map_or(0.0, |h| h.v.iter().map(|v| v * v).sum::<f32>().sqrt());
     println!(
         "{family} on {ranks} ranks trained an embedding, {} residual blocks and a head; final loss \
-         {:.5}, head weight norm {norm:.3}",
+         {:.5}, head weight norm {norm:.3}; the gradient norm was clipped to {MAX_NORM} in \
+         {clipped} of {steps} steps",
         schedule.stages().saturating_sub(2),
         last.unwrap_or(f32::NAN)
     );

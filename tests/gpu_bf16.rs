@@ -97,12 +97,14 @@ fn one_step(gpu: &Arc<Gpu>, precision: Precision, tol: f64) {
     let (x, t) = Teacher::new(&spec, 11).batch(0, spec.batch, sched.microbatches);
     let mut cpu = Executor::new(sched.clone(), host_stages(ActivationDtype::Bf16)).unwrap();
     let want = cpu.step(x.clone(), &t, &spec.loss).unwrap();
+    cpu.optimizer_step().unwrap();
     let dev = host_stages(ActivationDtype::Bf16)
         .iter()
         .map(|s| CudaStage::from_host_in(gpu, s, precision).unwrap())
         .collect();
     let mut ex = Executor::new(sched, dev).unwrap();
     let got = ex.step(x, &t, &spec.loss).unwrap();
+    ex.optimizer_step().unwrap();
     let what = format!("bf16 storage, {precision} products");
     assert_eq!(
         got.peak_held_bytes, want.peak_held_bytes,
@@ -260,6 +262,7 @@ fn stream_step(
     let last = sched.rank_of(sched.stages() - 1);
     let (inputs, targets) = (upload(&gpus[sched.rank_of(0)], &x), upload(&gpus[last], &t));
     let report = ex.step(inputs, &targets, &device.loss(spec.loss)).unwrap();
+    ex.optimizer_step().unwrap();
     let reported = sent(&report);
     (report.losses, reported, device.copied_bytes())
 }
@@ -299,6 +302,7 @@ fn the_stream_runtime_hands_bf16_payloads_and_copies_half_the_bytes() {
     for (dtype, tol) in [(ActivationDtype::F32, 1e-4), (ActivationDtype::Bf16, 1e-2)] {
         let mut cpu = Executor::new(sched.clone(), host_stages(dtype)).unwrap();
         let want = cpu.step(x.clone(), &t, &spec.loss).unwrap();
+        cpu.optimizer_step().unwrap();
         let (losses, reported, copied) = stream_step(&gpus, &sched, dtype);
         let r = rel(&losses, &want.losses);
         assert!(
@@ -361,7 +365,9 @@ fn one_process_bf16(gpu: &Arc<Gpu>, schedule: &Schedule) -> Vec<Vec<f32>> {
         .map(|step| {
             let (x, t) = teacher.batch(step, spec.batch, schedule.microbatches);
             let (x, t) = (upload(gpu, &x), upload(gpu, &t));
-            ex.step(x, &t, &loss).expect("a step").losses
+            let losses = ex.step(x, &t, &loss).expect("a step").losses;
+            ex.optimizer_step().expect("an optimizer step");
+            losses
         })
         .collect()
 }
@@ -395,6 +401,7 @@ fn nccl_child(rank: usize, id_file: PathBuf) {
         if let Err(e) = &out.result {
             panic!("rank {rank} step {step}: {e:?}");
         }
+        me.optimizer_step().expect("the rank's optimizer step");
         let mut l = out.losses;
         l.sort_by_key(|(k, _)| *k);
         losses.push(l.into_iter().map(|(_, v)| v).collect::<Vec<f32>>());

@@ -105,6 +105,7 @@ fn check_step(gpus: &[Arc<Gpu>; 2], sched: Schedule, map: &[usize]) {
     let got = ex
         .step(inputs, &targets, &device.loss(LossKind::Mse))
         .unwrap();
+    ex.optimizer_step().unwrap();
     assert!(rel(&got.losses, &want.losses) <= TOL, "losses: {what}");
     for (s, (a, b)) in ex.stages().iter().zip(&seq).enumerate() {
         let a = a.inner();

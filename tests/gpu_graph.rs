@@ -54,6 +54,7 @@ fn check(gpu: &Arc<Gpu>, family: &str, loss: LossKind, opt: Optimizer) {
         let (x, t) = teacher.batch(step, spec.batch, params.microbatches);
         let (xi, ti) = upload_batch(gpu, loss, &x, &t);
         let want = plain.step(xi, &ti, &pl).unwrap();
+        plain.optimizer_step().unwrap();
         let (xi, ti) = upload_batch(gpu, loss, &x, &t);
         let got = match step {
             0 => graph.step(xi, &ti, &gl),
@@ -61,6 +62,7 @@ fn check(gpu: &Arc<Gpu>, family: &str, loss: LossKind, opt: Optimizer) {
             _ => graph.replay(xi, ti),
         }
         .unwrap_or_else(|e| panic!("step {step}: {e}: {what}"));
+        graph.optimizer_step().unwrap();
         let r = rel(&got.losses, &want.losses);
         assert!(
             r <= TOL,

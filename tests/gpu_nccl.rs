@@ -147,7 +147,9 @@ fn one_process(gpu: &Arc<Gpu>, schedule: &Schedule, spec: &ModelSpec) -> Vec<Vec
         .map(|step| {
             let (x, t) = teacher.batch(step, spec.batch, schedule.microbatches);
             let (x, t) = (upload(gpu, &x), upload(gpu, &t));
-            ex.step(x, &t, &loss).expect("a step").losses
+            let losses = ex.step(x, &t, &loss).expect("a step").losses;
+            ex.optimizer_step().expect("an optimizer step");
+            losses
         })
         .collect()
 }
@@ -184,6 +186,7 @@ fn train_child(rank: usize, id_file: PathBuf) {
             if let Err(e) = &out.result {
                 panic!("rank {rank} {family} step {step}: {e:?}");
             }
+            me.optimizer_step().expect("the rank's optimizer step");
             let mut l = out.losses;
             l.sort_by_key(|(k, _)| *k);
             losses.push(l.into_iter().map(|(_, v)| v).collect::<Vec<f32>>());

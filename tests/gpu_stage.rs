@@ -58,6 +58,7 @@ fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt
     )
     .unwrap();
     let got = ex.step(x, &t, &spec.loss).unwrap();
+    ex.optimizer_step().unwrap();
     assert!(
         rel(&got.losses, &want.losses) <= TOL,
         "losses {:?} vs {:?}: {what}",
@@ -127,6 +128,7 @@ fn twenty_step_loss_curves_on_the_gpu_follow_the_cpu() {
     for step in 0..20 {
         let (x, t) = teacher.batch(step, spec.batch, params.microbatches);
         let a = ex.step(x.clone(), &t, &spec.loss).unwrap().loss;
+        ex.optimizer_step().unwrap();
         let b = sequential_step(&mut seq, x, &t, &spec.loss).unwrap().loss;
         assert!(
             (a - b).abs() <= 1e-3 * b.abs().max(1e-3),

@@ -32,6 +32,7 @@ fn check_step(gpu: &Arc<Gpu>, family: &str, sched: Schedule, loss: LossKind, opt
     let want = sequential_step(&mut seq, x.clone(), &t, &spec.loss).unwrap();
     let (inputs, targets) = upload_batch(gpu, loss, &x, &t);
     let got = ex.step(inputs, &targets, &device.loss(loss)).unwrap();
+    ex.optimizer_step().unwrap();
     assert!(
         rel(&got.losses, &want.losses) <= TOL,
         "losses {:?} vs {:?}: {what}",
@@ -104,6 +105,7 @@ fn twenty_steps_through_cuda_streams_follow_the_cpu() {
         let (x, t) = teacher.batch(step, spec.batch, params.microbatches);
         let (inputs, targets) = upload_batch(&gpu, LossKind::Mse, &x, &t);
         let a = ex.step(inputs, &targets, &loss).unwrap().loss;
+        ex.optimizer_step().unwrap();
         let b = sequential_step(&mut seq, x, &t, &spec.loss).unwrap().loss;
         assert!(
             (a - b).abs() <= 1e-3 * b.abs().max(1e-3),

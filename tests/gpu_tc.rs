@@ -385,6 +385,7 @@ fn one_step(gpu: &Arc<Gpu>, precision: Precision, tol: f64) {
         .collect();
     let mut ex = Executor::new(sched, dev).unwrap();
     let got = ex.step(x, &t, &spec.loss).unwrap();
+    ex.optimizer_step().unwrap();
     let what = format!("one step in {precision}");
     let r = rel(&got.losses, &want.losses);
     assert!(

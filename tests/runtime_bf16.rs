@@ -81,7 +81,9 @@ fn train(
     let reports = (0..steps)
         .map(|step| {
             let (x, t) = teacher.batch(step as u64, spec.batch, sched.microbatches);
-            ex.step(x, &t, &spec.loss).unwrap()
+            let r = ex.step(x, &t, &spec.loss).unwrap();
+            ex.optimizer_step().unwrap();
+            r
         })
         .collect();
     (reports, ex)

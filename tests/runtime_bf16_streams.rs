@@ -118,6 +118,7 @@ fn streams(spec: &ModelSpec, sched: &Schedule, dtype: ActivationDtype) -> (Vec<f
         .collect();
     let targets: Vec<_> = t.into_iter().map(|t| Pending::ready_on(last, t)).collect();
     let report = ex.step(inputs, &targets, &loss).unwrap();
+    ex.optimizer_step().unwrap();
     (report.losses, ex.device().copied_bytes())
 }
 

@@ -83,6 +83,7 @@ fn check_one_step(family: &str, sched: Schedule, spec: &ModelSpec, opt: Optimize
     let want = sequential_step(&mut seq, x.clone(), &t, &spec.loss).unwrap();
     let mut ex = Executor::new(sched.clone(), stages_for(spec, &sched, opt, seed)).unwrap();
     let got = ex.step(x, &t, &spec.loss).unwrap();
+    ex.optimizer_step().unwrap();
     assert!(
         rel(&got.losses, &want.losses) <= TOL,
         "losses differ: {what}"
@@ -196,6 +197,7 @@ fn twenty_step_loss_curves_are_equal() {
             for step in 0..20 {
                 let (x, t) = teacher.batch(step, spec.batch, 4);
                 a.push(ex.step(x.clone(), &t, &spec.loss).unwrap().loss);
+                ex.optimizer_step().unwrap();
                 b.push(sequential_step(&mut seq, x, &t, &spec.loss).unwrap().loss);
             }
             let what = format!("{} {opt}", family.name);

@@ -128,7 +128,8 @@ impl CudaRank {
     /// Runs the rank's part of one step: `inputs` are stage 0's microbatches (on its rank; empty
     /// elsewhere), `targets` the microbatch targets (read on the last stage's rank), `rows` the
     /// rows of each microbatch (what every rank posts its receives with). The outcome says how
-    /// the rank ended; the optimizer steps ran only if every rank succeeded.
+    /// the rank ended (a success only if every rank succeeded); the step leaves the gradients
+    /// for [`optimizer_step`](CudaRank::optimizer_step).
     pub fn step(
         &mut self,
         inputs: Vec<DeviceTensor>,
@@ -144,6 +145,12 @@ impl CudaRank {
             shape: &shape,
         };
         self.runner.step(batch, &mut self.peer)
+    }
+
+    /// Applies the rank's stages' optimizer steps to the gradients the last step left (see
+    /// [`RankStreams::optimizer_step`]).
+    pub fn optimizer_step(&mut self) -> Result<(), RuntimeError> {
+        self.runner.optimizer_step()
     }
 
     /// Gives back the NCCL link (to run another schedule over the same communicator).
@@ -234,6 +241,9 @@ mod tests {
             shape: &shape,
         };
         let out = runner.step(batch, peer);
+        if out.result.is_ok() {
+            runner.optimizer_step().unwrap();
+        }
         let weights = runner
             .stages()
             .iter()
@@ -260,6 +270,7 @@ mod tests {
             let mut threaded =
                 Executor::new(schedule.clone(), stages(&spec, schedule.stages())).unwrap();
             let want = threaded.step(x.clone(), &t, &spec.loss).unwrap();
+            threaded.optimizer_step().unwrap();
             let peers = CpuPeers::connect(2, Duration::from_secs(20));
             let results: Vec<_> = std::thread::scope(|scope| {
                 let handles: Vec<_> = peers

@@ -1,7 +1,8 @@
 //! The CUDA [`Device`] of the stream runtime ([`pipefill_host::runtime::streams`]): [`CudaStreams`]
 //! (cudarc streams; events with timing disabled for the order between streams, timing-enabled ones
-//! as the per-action marks), the stage and loss wrappers that enqueue on the stream the executor
-//! binds, and [`DeviceTensor`] as the runtime's [`Payload`].
+//! as the per-action marks), the stage and loss wrappers that enqueue on the stream each call is
+//! given (a [`Launcher`]: the stream and its device), and [`DeviceTensor`] as the runtime's
+//! [`Payload`].
 //!
 //! The context has cudarc's event tracking off ([`Gpu::open`]): the only order between streams is
 //! the program's records and waits. Buffers crossing streams are re-homed to their consumer
@@ -13,15 +14,15 @@
 //! a payload that crosses devices is peer-copied on the consumer's stream ([`Device::adopt`],
 //! `streams/devices.rs`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 mod devices;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
-use pipefill_host::runtime::streams::{Device, DeviceError, StreamId};
-use pipefill_host::runtime::{Loss, Payload, Stage, StageError};
+use pipefill_host::runtime::streams::{Device, DeviceError, StreamId, StreamLoss, StreamStage};
+use pipefill_host::runtime::{Payload, StageError};
 
 use super::device::Gpu;
 use super::error::CudaError;
@@ -30,7 +31,7 @@ use super::stage::{CudaStage, CudaStash};
 use super::tensor::{DeviceStored, DeviceTensor};
 use pipefill_model::layers::LossKind;
 
-/// The streams and the one bound now, shared by the device and the stage and loss wrappers.
+/// The streams and what crosses devices, shared by the clones of a device.
 #[derive(Debug)]
 struct Link {
     /// The devices, by index (one unless made by [`CudaStreams::on_devices`]).
@@ -40,7 +41,6 @@ struct Link {
     streams: Mutex<Vec<Arc<CudaStream>>>,
     /// The device index of each stream.
     stream_devices: Mutex<Vec<usize>>,
-    current: AtomicUsize,
     /// Bytes peer-copied between devices so far.
     copied: AtomicUsize,
     /// Sources of peer copies, kept until the next device-wide synchronisation (their
@@ -60,13 +60,6 @@ impl Link {
             expected: i + 1,
             got: streams.len(),
         })
-    }
-
-    /// A launcher on the bound stream, for its device.
-    fn launcher(&self) -> Result<Launcher, CudaError> {
-        let i = self.current.load(Ordering::SeqCst);
-        let s = self.stream(i)?;
-        Ok(Launcher::new(self.gpu_of(i).clone(), s))
     }
 }
 
@@ -93,6 +86,8 @@ fn stage_error(e: CudaError) -> StageError {
 /// devices (a graph across devices is not verified here).
 pub struct CudaStreams {
     link: Arc<Link>,
+    /// Each stream with its device, as stage calls are given them.
+    launchers: Vec<Launcher>,
     graph: Option<CudaGraph>,
     /// The step's time origin on each device other than stream 0's (see `Device::origin`).
     origins: Vec<Option<CudaEvent>>,
@@ -102,6 +97,7 @@ impl Clone for CudaStreams {
     fn clone(&self) -> Self {
         CudaStreams {
             link: self.link.clone(),
+            launchers: self.launchers.clone(),
             graph: None,
             origins: Vec::new(),
         }
@@ -130,10 +126,10 @@ impl CudaStreams {
                 rank_devices,
                 streams: Mutex::new(Vec::new()),
                 stream_devices: Mutex::new(Vec::new()),
-                current: AtomicUsize::new(0),
                 copied: AtomicUsize::new(0),
                 parked: Mutex::new(Vec::new()),
             }),
+            launchers: Vec::new(),
             graph: None,
             origins: Vec::new(),
         }
@@ -144,25 +140,20 @@ impl CudaStreams {
         &self.link.gpus[0]
     }
 
-    /// `stage` enqueuing on whichever stream the executor binds.
+    /// `stage`, enqueuing each call on the stream it is given.
     pub fn stage(&self, stage: CudaStage) -> OnCudaStreams {
-        OnCudaStreams {
-            stage,
-            link: self.link.clone(),
-        }
+        OnCudaStreams { stage }
     }
 
-    /// The built-in loss `kind` computed on the bound stream.
+    /// The built-in loss `kind`, computed on the stream it is given.
     pub fn loss(&self, kind: LossKind) -> CudaLoss {
-        CudaLoss {
-            kind,
-            link: self.link.clone(),
-        }
+        CudaLoss { kind }
     }
 }
 
 impl Device for CudaStreams {
     type Payload = DeviceTensor;
+    type Stream = Launcher;
     type Event = CudaEvent;
     type Mark = CudaEvent;
 
@@ -173,15 +164,18 @@ impl Device for CudaStreams {
             .map(|&d| self.link.gpus[d].new_stream())
             .collect::<Result<Vec<_>, _>>()
             .map_err(device_error)?;
+        self.launchers = made
+            .iter()
+            .zip(&devices)
+            .map(|(s, &d)| Launcher::new(self.link.gpus[d].clone(), s.clone()))
+            .collect();
         *self.link.streams() = made;
         *self.link.stream_devices() = devices;
         Ok(())
     }
 
-    fn bind(&mut self, stream: usize) -> Result<(), DeviceError> {
-        self.link.stream(stream).map_err(device_error)?;
-        self.link.current.store(stream, Ordering::SeqCst);
-        Ok(())
+    fn stream(&self, index: usize) -> Option<&Launcher> {
+        self.launchers.get(index)
     }
 
     fn record(&mut self, stream: usize) -> Result<CudaEvent, DeviceError> {
@@ -392,11 +386,10 @@ impl DeviceLoss {
     }
 }
 
-/// A [`CudaStage`] of the stream runtime: each call enqueues on the stream bound at that moment.
+/// A [`CudaStage`] of the stream runtime: each call enqueues on the stream it is given.
 #[derive(Debug)]
 pub struct OnCudaStreams {
     stage: CudaStage,
-    link: Arc<Link>,
 }
 
 impl OnCudaStreams {
@@ -410,43 +403,47 @@ impl OnCudaStreams {
         &mut self.stage
     }
 
-    /// The stage on the bound stream; refused when that stream is on another device than the one
+    /// The stage enqueuing on `on`; refused when that stream is on another device than the one
     /// the stage's parameters live on.
-    fn bound(&mut self) -> Result<&mut CudaStage, StageError> {
-        let la = self.link.launcher().map_err(stage_error)?;
-        let (mine, bound) = (self.stage.launcher().gpu(), la.gpu());
+    fn on(&mut self, on: &Launcher) -> Result<&mut CudaStage, StageError> {
+        let (mine, bound) = (self.stage.launcher().gpu(), on.gpu());
         if mine.context() != bound.context() {
             return Err(StageError::new(format!(
-                "the stage's parameters live on GPU {} (its own context) but the bound stream is \
+                "the stage's parameters live on GPU {} (its own context) but it was given a stream \
                  on GPU {}: build each stage on its rank's device",
                 mine.ordinal(),
                 bound.ordinal()
             )));
         }
-        self.stage.set_stream(la.stream().clone());
+        self.stage.set_stream(on.stream().clone());
         Ok(&mut self.stage)
     }
 }
 
-impl Stage<DeviceTensor> for OnCudaStreams {
+impl StreamStage<Launcher, DeviceTensor> for OnCudaStreams {
     type Stash = CudaStash;
 
-    fn forward(&mut self, input: DeviceTensor) -> Result<(DeviceTensor, CudaStash), StageError> {
-        self.bound()?.forward_device(input).map_err(stage_error)
+    fn forward(
+        &mut self,
+        on: &Launcher,
+        input: DeviceTensor,
+    ) -> Result<(DeviceTensor, CudaStash), StageError> {
+        self.on(on)?.forward_device(input).map_err(stage_error)
     }
 
     fn backward_input(
         &mut self,
+        on: &Launcher,
         stash: &mut CudaStash,
         grad_output: DeviceTensor,
     ) -> Result<DeviceTensor, StageError> {
-        self.bound()?
+        self.on(on)?
             .backward_input_device(stash, grad_output)
             .map_err(stage_error)
     }
 
-    fn backward_weight(&mut self, stash: CudaStash) -> Result<(), StageError> {
-        self.bound()?
+    fn backward_weight(&mut self, on: &Launcher, stash: CudaStash) -> Result<(), StageError> {
+        self.on(on)?
             .backward_weight_device(stash)
             .map_err(stage_error)
     }
@@ -455,36 +452,34 @@ impl Stage<DeviceTensor> for OnCudaStreams {
         stash.bytes()
     }
 
-    fn zero_grad(&mut self) {
+    /// Host-side only (the next gradient overwrites instead of adding).
+    fn zero_grad(&mut self, _: &Launcher) {
         self.stage.zero_grad_device();
     }
 
-    /// The update, then a wait for it: the next step's first action may run on another stream,
-    /// which nothing else orders after this update. It runs on the stream of the stage's last
-    /// action (a stream of its rank, on its device), not the one bound last: after a step that is
-    /// any rank's, possibly on another device.
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
-        let stage = &mut self.stage;
+    /// The update on `on` (its rank's main stream), then a wait for it: the next step's first
+    /// action may run on another stream, which nothing else orders after this update.
+    fn optimizer_step(&mut self, on: &Launcher) -> Result<(), StageError> {
+        let stage = self.on(on)?;
         stage.optimizer_step_device().map_err(stage_error)?;
         stage.synchronize().map_err(stage_error)
     }
 }
 
-/// The built-in loss on the bound stream. Targets are [`DeviceTensor`]s: values of the output's
-/// shape (MSE) or class indices made by [`DeviceTensor::labels`] (cross-entropy).
+/// The built-in loss on the stream it is given. Targets are [`DeviceTensor`]s: values of the
+/// output's shape (MSE) or class indices made by [`DeviceTensor::labels`] (cross-entropy).
 #[derive(Debug, Clone)]
 pub struct CudaLoss {
     kind: LossKind,
-    link: Arc<Link>,
 }
 
 impl CudaLoss {
     fn compute(
         &self,
+        la: &Launcher,
         output: &DeviceTensor,
         target: &DeviceTensor,
     ) -> Result<(DeviceLoss, DeviceTensor), CudaError> {
-        let la = self.link.launcher()?;
         let empty = |what: &str| CudaError::Shape {
             what: what.to_string(),
             expected: 1,
@@ -495,7 +490,7 @@ impl CudaLoss {
         }
         // A BF16 stage's output is widened (exactly) for the loss kernels, which read `f32`; the
         // gradient they write is `f32` and never crosses ranks (the last stage's own backward).
-        let out = output.widen(&la)?.ok_or_else(|| empty("loss input"))?;
+        let out = output.widen(la)?.ok_or_else(|| empty("loss input"))?;
         let t = target
             .slice()
             .ok_or_else(|| empty("loss target (f32 values or labels)"))?;
@@ -530,12 +525,13 @@ impl CudaLoss {
     }
 }
 
-impl Loss<DeviceTensor> for CudaLoss {
+impl StreamLoss<Launcher, DeviceTensor> for CudaLoss {
     fn loss(
         &self,
+        on: &Launcher,
         output: &DeviceTensor,
         target: &DeviceTensor,
     ) -> Result<(DeviceLoss, DeviceTensor), StageError> {
-        self.compute(output, target).map_err(stage_error)
+        self.compute(on, output, target).map_err(stage_error)
     }
 }

@@ -84,6 +84,7 @@
 //! let targets = (0..4).map(|_| one(2.0)).collect::<Result<Vec<_>, _>>()?;
 //! let step = executor.step(inputs, &targets, &loss)?;
 //! assert_eq!(step.loss, 0.5); // (1 * 1 * 1 - 2)^2 / 2
+//! executor.optimizer_step()?; // the step left the gradients ready; the trainer applies them
 //! // The measured timeline has the simulator's shape: one span per item on each rank.
 //! assert_eq!(step.timeline.spans[1].len(), predicted.timeline.spans[1].len());
 //! # Ok(())

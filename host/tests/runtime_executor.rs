@@ -216,8 +216,18 @@ fn every_op_split_and_placement_gives_the_exact_gradient() {
                 let sched = breadth_first(ranks, chunks, m, placement, split);
                 let stages = ws.iter().map(|&w| ScaleStage::new(w)).collect();
                 let ex = Executor::new(sched, stages).unwrap();
-                let (r, ex) = step_with_deadline(ex, m);
+                let (r, mut ex) = step_with_deadline(ex, m);
                 let r = r.unwrap();
+                assert!(
+                    ex.stages().iter().all(|s| s.steps == 0),
+                    "the step leaves the gradients to the trainer's optimizer step"
+                );
+                ex.optimizer_step().unwrap();
+                assert_eq!(
+                    ex.optimizer_step(),
+                    Err(RuntimeError::NoGradients),
+                    "one step's gradients are applied once"
+                );
                 let want = expected_grads(&ws, m);
                 for (s, st) in ex.stages().iter().enumerate() {
                     let rel = (st.grad as f64 - want[s]).abs() / want[s].abs();
@@ -307,7 +317,7 @@ fn failing_run(fault: Fault, fail_stage: usize) -> (RuntimeError, Executor<Scale
 #[test]
 fn an_error_in_a_layer_stops_every_rank_and_names_rank_and_action() {
     for (op, stage) in [(Op::F, 4), (Op::I, 1), (Op::W, 5), (Op::F, 0)] {
-        let (e, ex) = failing_run(Fault::Error(op, 2), stage);
+        let (e, mut ex) = failing_run(Fault::Error(op, 2), stage);
         let rank = stage % 3;
         assert_eq!(
             e,
@@ -318,6 +328,11 @@ fn an_error_in_a_layer_stops_every_rank_and_names_rank_and_action() {
             }
         );
         assert!(e.to_string().contains(&format!("rank {rank}")), "{e}");
+        assert_eq!(
+            ex.optimizer_step(),
+            Err(RuntimeError::NoGradients),
+            "a failed step's gradients are refused"
+        );
         assert!(
             ex.stages().iter().all(|s| s.steps == 0),
             "no optimizer step after a failure"

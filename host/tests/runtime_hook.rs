@@ -19,8 +19,8 @@ fn executor(schedule: Schedule) -> Executor<Scale> {
     Executor::new(schedule, stages).unwrap()
 }
 
-/// Runs one hooked step on another thread (failing instead of hanging); returns the report, the
-/// events in the order the hook saw them, and the executor.
+/// Runs one hooked step on another thread (failing instead of hanging), then its optimizer step if
+/// it succeeded; returns the report, the events in the order the hook saw them, and the executor.
 fn hooked_step(
     mut ex: Executor<Scale>,
     panic_at: Option<Action>,
@@ -44,6 +44,9 @@ fn hooked_step(
                 }
             }
         });
+        if r.is_ok() {
+            ex.optimizer_step().unwrap();
+        }
         let _ = tx.send((r, events.into_inner().unwrap(), ex));
     });
     rx.recv_timeout(Duration::from_secs(20))
@@ -155,6 +158,7 @@ fn a_hooked_step_trains_exactly_like_a_plain_one() {
         .map(|k| Tensor::new(vec![1, 2], vec![k as f32, 1.0]).unwrap())
         .collect();
     let plain = b.step(x.clone(), &x, &mse).unwrap();
+    b.optimizer_step().unwrap();
     assert_eq!(hooked.unwrap().losses, plain.losses);
     for (x, y) in a.stages().iter().zip(b.stages()) {
         assert_eq!((x.w, x.grad), (y.w, y.grad));

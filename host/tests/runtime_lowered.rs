@@ -88,6 +88,7 @@ fn train(schedule: Schedule) -> (Vec<f32>, Vec<(f32, f32)>, StepReport) {
                 &loss,
             )
             .unwrap();
+        ex.optimizer_step().unwrap();
         losses.push(r.loss);
         last = Some(r);
     }

@@ -72,6 +72,13 @@ where
         },
         peer,
     );
+    // The trainer's optimizer step: applied after a step every rank finished, refused otherwise.
+    let applied = runner.optimizer_step();
+    if outcome.result.is_ok() {
+        applied?;
+    } else {
+        assert_eq!(applied, Err(RuntimeError::NoGradients), "rank {rank}");
+    }
     let states = runner
         .stages()
         .iter()

@@ -32,12 +32,22 @@ fn replicas_average_to_one_replica_on_all_microbatches() {
         &mse,
     )
     .unwrap();
+    one.optimizer_step().unwrap();
     // Two replicas, two microbatches each.
     let mut two = Replicas::new(vec![executor(2), executor(2)]).unwrap();
     let inputs = vec![vec![t(xs[0]), t(xs[1])], vec![t(xs[2]), t(xs[3])]];
     let targets = vec![vec![t(ts[0]), t(ts[1])], vec![t(ts[2]), t(ts[3])]];
     let reports = two.step(inputs, &targets, &mse).unwrap();
     assert_eq!(reports.len(), 2);
+    // The step ends with every replica holding the mean gradient, equal to one replica's.
+    for s in 0..2 {
+        let g1 = one.stages()[s].grad[0];
+        for ex in two.executors() {
+            let g = ex.stages()[s].grad[0];
+            assert!((g - g1).abs() < 1e-6, "stage {s}: gradient {g} vs {g1}");
+        }
+    }
+    two.optimizer_step().unwrap();
     for s in 0..2 {
         let w1 = one.stages()[s].w;
         for ex in two.executors() {
@@ -55,9 +65,14 @@ fn a_failing_replica_stops_the_step_without_a_hang() {
     let targets = vec![vec![t(0.0), t(0.0)], vec![t(0.0), t(0.0)]];
     let err = two.step(inputs, &targets, &mse).unwrap_err().to_string();
     assert!(err.contains("unlucky input"), "{err}");
+    assert!(
+        two.optimizer_step().is_err(),
+        "a failed step's gradients are refused"
+    );
     // The replicas were left untouched and a new step works.
     let inputs = vec![vec![t(1.0), t(1.0)], vec![t(2.0), t(1.0)]];
     two.step(inputs, &targets, &mse).unwrap();
+    two.optimizer_step().unwrap();
 }
 
 #[test]

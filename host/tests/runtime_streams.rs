@@ -43,6 +43,8 @@ fn agrees(schedule: Schedule) {
     let report = ex
         .step(inputs, &targets, &loss)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
+    ex.optimizer_step()
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
 
     for (k, (a, b)) in report.losses.iter().zip(&seq.losses).enumerate() {
         assert!(

@@ -7,9 +7,9 @@
 //! and replay copy on every replay.
 
 use pipefill_host::runtime::streams::{
-    CpuStreams, Device, DeviceError, EventRole, Pending, StreamExecutor, StreamId,
+    CpuStreams, Device, DeviceError, EventRole, Pending, StreamExecutor, StreamId, StreamStage,
 };
-use pipefill_host::runtime::{sequential_step, RuntimeError, Stage, Tensor};
+use pipefill_host::runtime::{sequential_step, RuntimeError, Tensor};
 use pipefill_host::schedule::families::{self, FAMILIES};
 use pipefill_host::schedule::{Params, Schedule};
 
@@ -83,7 +83,7 @@ fn executor(schedule: &Schedule, devices: Vec<usize>) -> Ex {
 }
 
 /// A step's inputs on stage 0's device and targets on the last stage's.
-fn placed<D: Device, S: Stage<D::Payload>>(
+fn placed<D: Device, S: StreamStage<D::Stream, D::Payload>>(
     ex: &StreamExecutor<D, S>,
     stages: usize,
     x: Vec<Tensor>,
@@ -115,6 +115,8 @@ fn agrees(schedule: &Schedule, map: Map) {
     let (inputs, targets) = placed(&ex, schedule.stages(), xs, ts);
     let report = ex
         .step(inputs, &targets, &loss)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    ex.optimizer_step()
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     for (k, (a, b)) in report.losses.iter().zip(&seq.losses).enumerate() {
         assert!((a - b).abs() <= 1e-5, "{name}: loss {k}: {a} vs {b}");
@@ -186,14 +188,15 @@ struct NoAdopt(CpuStreams);
 
 impl Device for NoAdopt {
     type Payload = Pending<Tensor>;
+    type Stream = <CpuStreams as Device>::Stream;
     type Event = <CpuStreams as Device>::Event;
     type Mark = <CpuStreams as Device>::Mark;
 
     fn make_streams(&mut self, streams: &[StreamId]) -> Result<(), DeviceError> {
         self.0.make_streams(streams)
     }
-    fn bind(&mut self, stream: usize) -> Result<(), DeviceError> {
-        self.0.bind(stream)
+    fn stream(&self, index: usize) -> Option<&Self::Stream> {
+        self.0.stream(index)
     }
     fn record(&mut self, stream: usize) -> Result<Self::Event, DeviceError> {
         self.0.record(stream)
@@ -278,10 +281,14 @@ fn a_target_on_another_device_than_the_last_stage_is_refused() {
 
 #[test]
 fn a_stage_refuses_a_payload_from_another_device() {
-    let device = CpuStreams::with_devices(vec![0]);
+    let mut device = CpuStreams::with_devices(vec![0]);
+    device
+        .make_streams(&[StreamId { rank: 0, lane: 0 }])
+        .unwrap();
     let mut stage = device.stage(cells(1).remove(0));
     let x = Tensor::new(vec![2, 2], vec![0.0; 4]).unwrap();
-    let err = stage.forward(Pending::ready_on(1, x)).err().unwrap();
+    let on = device.stream(0).unwrap(); // a stream of device 0
+    let err = stage.forward(on, Pending::ready_on(1, x)).err().unwrap();
     assert!(err.message().contains("device 1"), "{}", err.message());
 }
 
@@ -322,6 +329,7 @@ fn captured_steps_adopt_on_every_replay() {
             let (x, t) = batch(6, step);
             let (px, pt) = placed(&plain, s, x.clone(), t.clone());
             let want = plain.step(px, &pt, &pl).unwrap();
+            plain.optimizer_step().unwrap();
             let (gx, gt) = placed(&graph, s, x, t);
             let got = match step {
                 0 => graph.step(gx, &gt, &gl),
@@ -329,6 +337,7 @@ fn captured_steps_adopt_on_every_replay() {
                 _ => graph.replay(gx, gt),
             }
             .unwrap_or_else(|e| panic!("{family} step {step}: {e}"));
+            graph.optimizer_step().unwrap();
             for (a, b) in got.losses.iter().zip(&want.losses) {
                 assert!((a - b).abs() <= 1e-5, "{family} step {step}: {a} vs {b}");
             }

@@ -54,6 +54,7 @@ fn agrees(schedule: &Schedule) {
     for step in 0..STEPS {
         let (x, t) = batch(m, step);
         let want = plain.step(x, &t, &plain_loss).unwrap();
+        plain.optimizer_step().unwrap();
         let (x, t) = batch(m, step);
         let got = match step {
             0 => graph.step(x, &t, &graph_loss),
@@ -61,6 +62,9 @@ fn agrees(schedule: &Schedule) {
             _ => graph.replay(x, t),
         }
         .unwrap_or_else(|e| panic!("{name}: step {step}: {e}"));
+        graph
+            .optimizer_step()
+            .unwrap_or_else(|e| panic!("{name}: step {step}: {e}"));
         for (k, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5,

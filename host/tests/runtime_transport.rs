@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use pipefill_host::runtime::{
-    assemble, run_rank, Channels, Executor, Parcel, RankOutcome, RankProgram, RankStep, Tensor,
-    Transport, TransportError,
+    assemble, optimizer_steps, run_rank, Channels, Executor, Parcel, RankOutcome, RankProgram,
+    RankStep, Tensor, Transport, TransportError,
 };
 use pipefill_host::schedule::deps::Edge;
 use pipefill_host::schedule::lower::lower;
@@ -129,6 +129,8 @@ fn by_hand(schedule: &Schedule, sends: &AtomicUsize, recvs: &AtomicUsize) -> (Ve
     assert_eq!(back.losses, report.losses);
     assert_eq!(back.peak_held_bytes, report.peak_held_bytes);
     assert_eq!(back.action_seconds.len(), report.action_seconds.len());
+    // Every rank succeeded: the optimizer steps are the caller's.
+    optimizer_steps(all.iter_mut().enumerate(), |s| schedule.rank_of(s)).unwrap();
     (report.losses, all.iter().map(|s| s.w).collect())
 }
 
@@ -176,6 +178,7 @@ fn check(schedule: Schedule) {
     let (xs, ts) = data(schedule.microbatches);
     let mut ex = Executor::new(schedule.clone(), stages(schedule.stages())).unwrap();
     let report = ex.step(xs, &ts, &mse).unwrap();
+    ex.optimizer_step().unwrap();
     assert_eq!(losses, report.losses, "{}", schedule.name);
     let ex_w: Vec<f32> = ex.stages().iter().map(|s| s.w).collect();
     assert_eq!(weights, ex_w, "{}", schedule.name);

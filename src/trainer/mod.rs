@@ -2,16 +2,17 @@
 //! [`StepRunner`] interface that every backend and launcher implements.
 //!
 //! [`train`] draws each step's global batch from the [`Teacher`] (it depends on `(seed, step)`
-//! only, so a resumed run sees what an uninterrupted one would), hands it to the runner, shows the
-//! step's loss and time through a [`Progress`], saves a checkpoint when the [`Saver`] says one is
-//! due, and at the end sums the steps' reports up into an [`Outcome`]. The runners:
+//! only, so a resumed run sees what an uninterrupted one would), hands it to the runner (whose step
+//! ends with the gradients ready, averaged over replicas), asks the runner for the optimizer step,
+//! shows the step's loss and time through a [`Progress`], saves a checkpoint when the [`Saver`]
+//! says one is due, and at the end sums the steps' reports up into an [`Outcome`]. The runners:
 //!
 //! - [`Threads`]: the threaded executor, one OS thread per rank, `D` replicas side by side with
 //!   their gradients averaged as soon as each stage's last backward is done ([`threads`]);
 //! - [`Streams`]: the stream executor on any [`Device`](pipefill_host::runtime::streams::Device)
 //!   (CUDA streams, with or without a captured whole-step graph, or their CPU twin
 //!   [`CpuStreams`](pipefill_host::runtime::streams::CpuStreams)), `D` replicas with their
-//!   gradients averaged before every optimizer step ([`streams`]);
+//!   gradients averaged at the end of every step ([`streams`]);
 //! - one process per rank under MPI, CPU ranks or GPU ranks over NCCL (the `mpi` feature; the
 //!   command line's launcher builds them).
 //!
@@ -27,11 +28,12 @@ pub mod threads;
 
 pub use outcome::{median_index, Outcome};
 pub use saver::Saver;
-pub use stage::{mean_over_replicas, states_of, Deferred, Trainable};
+pub use stage::{mean_over_replicas, states_of, Trainable};
 pub use streams::{HostEnqueue, Streams, Upload};
 pub use threads::Threads;
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use pipefill_host::plan::Plan;
 use pipefill_host::runtime::{StepReport, Tensor};
@@ -97,13 +99,26 @@ pub type HostBatch = (Vec<Tensor>, Vec<Tensor>);
 /// What [`StepRunner::step`] returns: the step's report where this process reports.
 pub type StepResult = Result<Option<StepReport>, TrainError>;
 
+/// The error of step `step`'s optimizer step.
+pub fn optimizer_failed(step: usize, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Step {
+        step,
+        message: format!("optimizer step: {e}"),
+    }
+}
+
 /// One training step's work, on whatever backend and launcher: implemented by every runner.
 pub trait StepRunner {
     /// Runs step `step` on its global batch (inputs and targets of the `M x D` microbatches,
     /// replica `d` taking `d*M .. (d+1)*M`); the step's report where this process reports
     /// (`None` on the other processes of a multi-process run). The report's loss is the mean over
-    /// replicas, its time the slowest replica's, its timeline replica 0's.
+    /// replicas, its time the slowest replica's, its timeline replica 0's. The step ends with the
+    /// gradients ready (averaged over the replicas), not applied.
     fn step(&mut self, step: usize, batch: HostBatch) -> StepResult;
+
+    /// Applies the optimizer to the gradients step `step` left, on every replica and rank this
+    /// process runs (the runtime's `optimizer_step`); called by [`train`] after each step.
+    fn optimizer_step(&mut self, step: usize) -> Result<(), TrainError>;
 
     /// Saves the checkpoint after `done` steps (replica 0's stages: every replica holds the same).
     fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError>;
@@ -129,8 +144,9 @@ impl Progress for Silent {
     fn step(&mut self, _: usize, _: f32, _: f64) {}
 }
 
-/// Trains `run`'s steps with `runner`: for each step, its batch, the step, its progress and, when
-/// due, a checkpoint; then the report. `None` on a process that does not report.
+/// Trains `run`'s steps with `runner`: for each step, its batch, the step, the optimizer step, its
+/// progress and, when due, a checkpoint; then the report. `None` on a process that does not
+/// report. A step's reported time includes its optimizer step.
 pub fn train(
     run: &Run<'_>,
     runner: &mut dyn StepRunner,
@@ -140,7 +156,11 @@ pub fn train(
     let mut reporting = false;
     for step in run.first_step..run.steps {
         let batch = run.teacher.batch(step as u64, run.batch, run.microbatches);
-        if let Some(r) = runner.step(step, batch)? {
+        let report = runner.step(step, batch)?;
+        let optimizer = Instant::now();
+        runner.optimizer_step(step)?;
+        if let Some(mut r) = report {
+            r.seconds += optimizer.elapsed().as_secs_f64();
             progress.step(step, r.loss, r.seconds);
             reports.push(r);
             reporting = true;

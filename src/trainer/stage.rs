@@ -1,10 +1,8 @@
 //! What the trainer needs of a stage beyond running it ([`Trainable`]: its checkpoint state and its
-//! gradients for the replica mean), and [`Deferred`], which holds a stage's optimizer step back so
-//! the trainer can average the replicas' gradients first (the stream executor steps the optimizer
-//! itself at the end of each step).
+//! gradients for the replica mean), and the replica mean itself ([`mean_over_replicas`]).
 
 use pipefill_host::runtime::streams::OnStreams;
-use pipefill_host::runtime::{AllReduce, Payload, Stage, StageError};
+use pipefill_host::runtime::{AllReduce, Stage, StageError};
 
 use super::TrainError;
 use crate::checkpoint::StageState;
@@ -44,80 +42,6 @@ impl<S: Trainable> Trainable for OnStreams<S> {
 
     fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
         self.inner().with_gradients(f)
-    }
-}
-
-/// A stage whose optimizer step the executor's call skips when `defer` is set: the trainer runs it
-/// (on [`Deferred::inner_mut`]) after the replicas' gradients are averaged.
-pub struct Deferred<S> {
-    inner: S,
-    defer: bool,
-}
-
-impl<S> Deferred<S> {
-    /// `inner`, its optimizer step held back when `defer`.
-    pub fn new(inner: S, defer: bool) -> Self {
-        Deferred { inner, defer }
-    }
-
-    /// The stage.
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
-    /// The stage, for its own optimizer step (the one [`Stage::optimizer_step`] skips when
-    /// deferred).
-    pub fn inner_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-}
-
-impl<S: Trainable> Trainable for Deferred<S> {
-    fn state(&self, index: usize) -> Result<StageState, StageError> {
-        self.inner.state(index)
-    }
-
-    fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
-        self.inner.with_gradients(f)
-    }
-}
-
-impl<P: Payload, S: Stage<P>> Stage<P> for Deferred<S> {
-    type Stash = S::Stash;
-
-    fn forward(&mut self, input: P) -> Result<(P, Self::Stash), StageError> {
-        self.inner.forward(input)
-    }
-
-    fn backward_input(&mut self, stash: &mut Self::Stash, grad_output: P) -> Result<P, StageError> {
-        self.inner.backward_input(stash, grad_output)
-    }
-
-    fn backward_weight(&mut self, stash: Self::Stash) -> Result<(), StageError> {
-        self.inner.backward_weight(stash)
-    }
-
-    fn backward(&mut self, stash: Self::Stash, grad_output: P) -> Result<P, StageError> {
-        self.inner.backward(stash, grad_output)
-    }
-
-    fn held_bytes(&self, stash: &Self::Stash) -> usize {
-        self.inner.held_bytes(stash)
-    }
-
-    fn zero_grad(&mut self) {
-        self.inner.zero_grad();
-    }
-
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
-        if self.defer {
-            return Ok(());
-        }
-        self.inner.optimizer_step()
-    }
-
-    fn gradients(&mut self) -> Vec<&mut [f32]> {
-        self.inner.gradients()
     }
 }
 

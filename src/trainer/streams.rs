@@ -4,23 +4,23 @@
 //!
 //! One host thread enqueues each step of each replica and waits for it. With `D > 1` replicas, the
 //! replicas run one after the other (each with its own streams and its own copy of the stages, on
-//! the same devices), their optimizer steps held back ([`Deferred`]); then each stage's gradients
-//! are averaged over the replicas ([`mean_over_replicas`]: the runtime's `AllReduce`, through the
-//! host on a GPU) and every replica steps its optimizer. The step's time is the wall time of all
-//! of it (the host enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`]
+//! the same devices), then each stage's gradients are averaged over the replicas
+//! ([`mean_over_replicas`]: the runtime's `AllReduce`, through the host on a GPU), which ends the
+//! step; the trainer's optimizer step then steps every replica. The step's time is the wall time of
+//! all of it (the host enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`]
 //! steps run plain, the next is captured and the later ones replay it; a captured or replayed step
 //! has no per-action timing (nothing is marked inside a graph), so its report carries the last
 //! plain step's timeline and action times.
 
 use std::time::Instant;
 
-use pipefill_host::runtime::streams::{Device, Pending, StreamExecutor};
-use pipefill_host::runtime::{Loss, RuntimeError, Stage, StepReport, Tensor};
+use pipefill_host::runtime::streams::{Device, Pending, StreamExecutor, StreamLoss, StreamStage};
+use pipefill_host::runtime::{RuntimeError, StepReport, Tensor};
 use pipefill_host::schedule::Schedule;
 
 use super::{
-    by_replica, combine, mean_over_replicas, states_of, Deferred, HostBatch, Saver, StepResult,
-    StepRunner, TrainError, Trainable,
+    by_replica, combine, mean_over_replicas, optimizer_failed, states_of, HostBatch, Saver,
+    StepResult, StepRunner, TrainError, Trainable,
 };
 
 /// Steps run plain before the captured one with a graph: a warm-up and a plain, measured step.
@@ -84,11 +84,11 @@ fn mode(graph: bool, ran: usize) -> Mode {
 }
 
 /// One replica: its executor and its loss (on its device).
-type Replica<D, S, L> = (StreamExecutor<D, Deferred<S>>, L);
+type Replica<D, S, L> = (StreamExecutor<D, S>, L);
 
 /// The stream runner: `D` replicas of stages `S` on devices `D` with losses `L`, batches put on
 /// the device by `U`.
-pub struct Streams<D: Device, S: Stage<D::Payload>, L, U> {
+pub struct Streams<D: Device, S: StreamStage<D::Stream, D::Payload>, L, U> {
     schedule: Schedule,
     replicas: Vec<Replica<D, S, L>>,
     upload: U,
@@ -106,8 +106,8 @@ pub struct Streams<D: Device, S: Stage<D::Payload>, L, U> {
 impl<D, S, L, U> Streams<D, S, L, U>
 where
     D: Device,
-    S: Stage<D::Payload> + Trainable + Send,
-    L: Loss<D::Payload>,
+    S: StreamStage<D::Stream, D::Payload> + Trainable + Send,
+    L: StreamLoss<D::Stream, D::Payload>,
     U: Upload<D::Payload>,
 {
     /// The runner for `schedule` over `replicas` (each: its stages in global order, its device,
@@ -119,14 +119,9 @@ where
         microbatches: usize,
         graph: bool,
     ) -> Result<Self, TrainError> {
-        let defer = replicas.len() > 1;
         let replicas = replicas
             .into_iter()
             .map(|(stages, device, loss)| {
-                let stages = stages
-                    .into_iter()
-                    .map(|s| Deferred::new(s, defer))
-                    .collect();
                 StreamExecutor::new(schedule.clone(), stages, device).map(|ex| (ex, loss))
             })
             .collect::<Result<Vec<_>, _>>()
@@ -152,7 +147,7 @@ where
     }
 
     /// Each replica's executor.
-    pub fn executors(&self) -> impl Iterator<Item = &StreamExecutor<D, Deferred<S>>> {
+    pub fn executors(&self) -> impl Iterator<Item = &StreamExecutor<D, S>> {
         self.replicas.iter().map(|(ex, _)| ex)
     }
 
@@ -176,31 +171,22 @@ where
         r.map_err(|e| e.to_string())
     }
 
-    /// The replicas' gradient mean, then every replica's optimizer step (replicas only).
-    fn reduce_and_update(&mut self) -> Result<(), String> {
+    /// The replicas' gradient mean (replicas only).
+    fn reduce(&mut self) -> Result<(), String> {
         let stages = self
             .replicas
             .iter_mut()
             .map(|(ex, _)| ex.stages_mut())
             .collect();
-        mean_over_replicas(stages).map_err(|e| e.to_string())?;
-        for (ex, _) in &mut self.replicas {
-            for (s, stage) in ex.stages_mut().iter_mut().enumerate() {
-                stage
-                    .inner_mut()
-                    .optimizer_step()
-                    .map_err(|e| format!("optimizer step of stage {s}: {e}"))?;
-            }
-        }
-        Ok(())
+        mean_over_replicas(stages).map_err(|e| e.to_string())
     }
 }
 
 impl<D, S, L, U> StepRunner for Streams<D, S, L, U>
 where
     D: Device,
-    S: Stage<D::Payload> + Trainable + Send,
-    L: Loss<D::Payload>,
+    S: StreamStage<D::Stream, D::Payload> + Trainable + Send,
+    L: StreamLoss<D::Stream, D::Payload>,
     U: Upload<D::Payload>,
 {
     fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
@@ -219,7 +205,7 @@ where
         let enqueue = self.replicas[0].0.enqueue_seconds();
         let mut r = combine(reports)?;
         if n > 1 {
-            self.reduce_and_update().map_err(failed)?;
+            self.reduce().map_err(failed)?;
             // The replicas ran one after the other: the step took all of it.
             r.seconds = wall.elapsed().as_secs_f64();
         }
@@ -244,6 +230,13 @@ where
         }
         self.ran += 1;
         Ok(Some(r))
+    }
+
+    fn optimizer_step(&mut self, step: usize) -> Result<(), TrainError> {
+        for (ex, _) in &mut self.replicas {
+            ex.optimizer_step().map_err(|e| optimizer_failed(step, e))?;
+        }
+        Ok(())
     }
 
     fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError> {

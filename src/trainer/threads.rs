@@ -5,7 +5,8 @@
 use pipefill_host::runtime::{Executor, Loss, Replicas, Stage};
 
 use super::{
-    by_replica, combine, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError, Trainable,
+    by_replica, combine, optimizer_failed, states_of, HostBatch, Saver, StepResult, StepRunner,
+    TrainError, Trainable,
 };
 
 /// One executor, or `D` replicas of it.
@@ -67,6 +68,14 @@ impl<S: Stage + Trainable, L: Loss> StepRunner for Threads<S, L> {
             }
         };
         Ok(Some(r))
+    }
+
+    fn optimizer_step(&mut self, step: usize) -> Result<(), TrainError> {
+        match &mut self.pipes {
+            Pipes::One(ex) => ex.optimizer_step(),
+            Pipes::Many(replicas) => replicas.optimizer_step(),
+        }
+        .map_err(|e| optimizer_failed(step, e))
     }
 
     fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError> {

@@ -115,6 +115,13 @@ pub enum RuntimeError {
         /// The message.
         message: String,
     },
+    /// An optimizer step was asked for with no gradients to apply: no step ran since the last
+    /// optimizer step, or the last step failed (its gradients are incomplete).
+    #[error(
+        "no gradients to apply: run a step that succeeds before each optimizer step (a failed \
+         step leaves none)"
+    )]
+    NoGradients,
     /// A transfer between ranks of a per-rank stream runner failed
     /// ([`RankStreams`](super::streams::RankStreams) over a device [`Transport`](super::Transport)).
     #[error("rank {rank}: {error}")]

@@ -3,7 +3,7 @@
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::machine::RankOutcome;
+use super::machine::{optimizer_steps, RankOutcome, Ready};
 use super::program::RankProgram;
 use super::report::{assemble, assemble_evaluation, lost_worker};
 use super::transport::Channels;
@@ -24,8 +24,11 @@ use crate::schedule::Schedule;
 /// - keeps each microbatch's stash from `F` until its `W` (or `B`) and drops it there;
 /// - computes the loss after the last stage's forward, and scales its gradient by `1 / M`;
 /// - lets weight gradients accumulate over the microbatches (after
-///   [`Stage::zero_grad`] at the start) and calls [`Stage::optimizer_step`] once, after every rank
-///   has finished its list;
+///   [`Stage::zero_grad`] at the start), reduces them across replicas where a [`Reducer`] is set,
+///   and ends with them ready: the optimizer is the trainer's call,
+///   [`optimizer_step`](Executor::optimizer_step), so that a trainer can read and change every
+///   stage's [`gradients`](Stage::gradients) first (clip their global norm, skip a step on
+///   overflow) or step the stages itself through [`stages_mut`](Executor::stages_mut);
 /// - times every item, returning a measured [`Timeline`](crate::timeline::Timeline) (the type the simulator returns).
 ///
 /// A rank waiting for data polls its channel for a while before it blocks (see
@@ -34,8 +37,8 @@ use crate::schedule::Schedule;
 /// and stage boundary.
 ///
 /// If a layer fails (an error or a panic) on any rank, the whole step stops: every other rank is
-/// told to stop, no rank waits forever, no optimizer step is applied, and the error names the rank
-/// and the action.
+/// told to stop, no rank waits forever, the error names the rank and the action, and
+/// [`optimizer_step`](Executor::optimizer_step) refuses the step's incomplete gradients.
 ///
 /// ```
 /// use pipefill_host::runtime::{Executor, Stage, StageError, Tensor};
@@ -82,7 +85,10 @@ use crate::schedule::Schedule;
 /// let x = |v: f32| Tensor::new(vec![1, 1], vec![v]).unwrap();
 /// let report = ex.step(vec![x(0.0), x(0.0)], &[x(1.0), x(1.0)], &loss).unwrap();
 /// assert_eq!(report.loss, 0.5);
-/// // d(mean loss)/d(b) = -1 for both biases; SGD with lr 0.5 moves each to 0.5.
+/// // The step leaves the gradients ready: d(mean loss)/d(b) = -1 for both biases.
+/// assert_eq!(ex.stages()[0].grad, -1.0);
+/// // The optimizer is the trainer's call: SGD with lr 0.5 moves each bias to 0.5.
+/// ex.optimizer_step().unwrap();
 /// assert_eq!(ex.stages()[0].b, 0.5);
 /// assert_eq!(report.timeline.spans[1].len(), 4);
 /// ```
@@ -96,6 +102,8 @@ pub struct Executor<S: Stage> {
     exclusive: bool,
     poll: Duration,
     reducer: Option<Arc<Reducer>>,
+    /// Whether the stages hold a finished step's gradients, not yet applied.
+    ready: Ready,
 }
 
 impl<S: Stage> Executor<S> {
@@ -112,6 +120,7 @@ impl<S: Stage> Executor<S> {
             exclusive: false,
             poll,
             reducer: None,
+            ready: Ready::default(),
         })
     }
 
@@ -137,7 +146,8 @@ impl<S: Stage> Executor<S> {
 
     /// Sets the data-parallel gradient reduction every rank calls for each of its stages right after
     /// the stage's last `W`/`B` of a step (so a stage's reduction overlaps the cool-down of the
-    /// others) and before any optimizer step: see [`Reducer`] and [`AllReduce`](super::AllReduce).
+    /// others); the step ends with the reduced gradients: see [`Reducer`] and
+    /// [`AllReduce`](super::AllReduce).
     pub fn set_reducer(&mut self, reducer: Option<Arc<Reducer>>) {
         self.reducer = reducer;
     }
@@ -168,15 +178,15 @@ impl<S: Stage> Executor<S> {
     }
 
     /// Runs one training step: `inputs[k]` and `targets[k]` are microbatch `k`'s input (to stage 0)
-    /// and target (for `loss` after the last stage); there must be `M` of each.
+    /// and target (for `loss` after the last stage); there must be `M` of each. The step ends with
+    /// every stage's gradients ready; [`optimizer_step`](Executor::optimizer_step) applies them.
     pub fn step<L: Loss>(
         &mut self,
         inputs: Vec<Tensor>,
         targets: &[Tensor],
         loss: &L,
     ) -> Result<StepReport, RuntimeError> {
-        let (outcomes, seconds) = self.run_ranks(false, inputs, targets, loss, None)?;
-        assemble(&self.schedule, outcomes, seconds)
+        self.train_step(inputs, targets, loss, None)
     }
 
     /// Runs one evaluation step: the schedule's forwards only, in the order its ranks run them
@@ -228,7 +238,7 @@ impl<S: Stage> Executor<S> {
     /// the event down a channel, or start an asynchronous data-parallel reduction of a stage's
     /// gradients on [`StepEvent::GradientsReady`]. Each rank's events come in its list's order;
     /// events of different ranks interleave. If the hook panics, the step stops with
-    /// [`RuntimeError::HookPanicked`] and no optimizer step is applied.
+    /// [`RuntimeError::HookPanicked`], as if a layer had failed.
     ///
     /// ```
     /// # use pipefill_host::runtime::{Executor, Stage, StageError, StepEvent, Tensor};
@@ -266,8 +276,31 @@ impl<S: Stage> Executor<S> {
         loss: &L,
         hook: H,
     ) -> Result<StepReport, RuntimeError> {
-        let (outcomes, seconds) = self.run_ranks(false, inputs, targets, loss, Some(&hook))?;
-        assemble(&self.schedule, outcomes, seconds)
+        self.train_step(inputs, targets, loss, Some(&hook))
+    }
+
+    /// Applies every stage's optimizer step ([`Stage::optimizer_step`]) to the gradients the last
+    /// [`step`](Executor::step) left (after the trainer read or changed them, if it wants to): each
+    /// rank's stages on a thread of their own, as the step ran them. Refused with
+    /// [`RuntimeError::NoGradients`] when no step succeeded since the last optimizer step; the
+    /// first stage that fails (an error or a panic) is named.
+    pub fn optimizer_step(&mut self) -> Result<(), RuntimeError> {
+        self.ready.take()?;
+        let schedule = &self.schedule;
+        let rank_of = |s: usize| schedule.rank_of(s);
+        let mut ranks = by_rank(schedule, &mut self.stages).into_iter();
+        let here = ranks.next();
+        std::thread::scope(|scope| {
+            let others: Vec<_> = ranks
+                .map(|stages| scope.spawn(move || optimizer_steps(stages, rank_of)))
+                .collect();
+            let mut result = here.map_or(Ok(()), |stages| optimizer_steps(stages, rank_of));
+            for (i, h) in others.into_iter().enumerate() {
+                let r = h.join().unwrap_or_else(|_| Err(lost_optimizer(i + 1)));
+                result = result.and(r);
+            }
+            result
+        })
     }
 
     /// [`step_with`](Executor::step_with) with a hook of its own for each rank: `hook_of(rank)`
@@ -386,10 +419,7 @@ impl<S: Stage> Executor<S> {
         let epoch = Instant::now();
         let first_rank = self.schedule.rank_of(0);
         let mut transports = Channels::connect(p, self.poll);
-        let mut local: Vec<Vec<(usize, &mut S)>> = (0..p).map(|_| Vec::new()).collect();
-        for (s, stage) in self.stages.iter_mut().enumerate() {
-            local[self.schedule.rank_of(s)].push((s, stage));
-        }
+        let local = by_rank(&self.schedule, &mut self.stages);
         let mut inputs = Some(inputs);
         let program = if evaluation {
             &self.evaluation
@@ -447,6 +477,39 @@ impl<S: Stage> Executor<S> {
             outputs.into_iter().map(|(_, o)| o).collect()
         });
         Ok((outputs, epoch.elapsed().as_secs_f64()))
+    }
+
+    /// A training step: the ranks' outcomes assembled into the report; the gradients are ready for
+    /// [`optimizer_step`](Executor::optimizer_step) only when it succeeded.
+    fn train_step<L: Loss>(
+        &mut self,
+        inputs: Vec<Tensor>,
+        targets: &[Tensor],
+        loss: &L,
+        hook: Option<&(dyn Fn(StepEvent) + Sync)>,
+    ) -> Result<StepReport, RuntimeError> {
+        self.ready.stepped(false);
+        let (outcomes, seconds) = self.run_ranks(false, inputs, targets, loss, hook)?;
+        let report = assemble(&self.schedule, outcomes, seconds);
+        self.ready.stepped(report.is_ok());
+        report
+    }
+}
+
+/// `(global stage, stage)` of each rank's stages, by rank.
+fn by_rank<'a, S>(schedule: &Schedule, stages: &'a mut [S]) -> Vec<Vec<(usize, &'a mut S)>> {
+    let mut local: Vec<Vec<(usize, &mut S)>> = (0..schedule.ranks).map(|_| Vec::new()).collect();
+    for (s, stage) in stages.iter_mut().enumerate() {
+        local[schedule.rank_of(s)].push((s, stage));
+    }
+    local
+}
+
+/// The error of a rank whose optimizer thread was lost (the steps themselves catch panics).
+fn lost_optimizer(rank: usize) -> RuntimeError {
+    RuntimeError::Internal {
+        rank,
+        message: "the optimizer step's thread was lost".into(),
     }
 }
 

@@ -2,10 +2,11 @@
 //!
 //! A trainer brings its layers by implementing one trait, [`Stage`] (forward, backward for inputs,
 //! backward for weights, the activation memory held, zero-grad and optimizer hooks), plus a
-//! [`Loss`] for the end of the last stage. Data moves between stages as [`Tensor`]s (values of one
-//! [`Dtype`], `f32`, BF16 or integers, with a shape). The runtime knows nothing of how a stage
-//! computes; it decides nothing about order either: it runs the schedule it is given, in order, on
-//! every rank.
+//! [`Loss`] for the end of the last stage. A step ends with the gradients ready; the optimizer is
+//! the trainer's call (`optimizer_step` on every runner), so it can clip or skip first. Data moves
+//! between stages as [`Tensor`]s (values of one [`Dtype`], `f32`, BF16 or integers, with a shape).
+//! The runtime knows nothing of how a stage computes; it decides nothing about order either: it
+//! runs the schedule it is given, in order, on every rank.
 //!
 //! Pieces:
 //! - [`Tensor`]: the buffer that moves between stages.
@@ -53,7 +54,7 @@ pub use dyn_stage::{AnyStash, BoxedStage, DynStage};
 pub use error::RuntimeError;
 pub use executor::{default_poll, Executor};
 pub use hook::{last_gradient_actions, StepEvent};
-pub use machine::{RankOutcome, RankStop};
+pub use machine::{optimizer_steps, RankOutcome, RankStop};
 pub use program::RankProgram;
 pub use replicas::{AllReduce, Replicas};
 pub use report::{assemble, Evaluation, StepReport};

@@ -6,7 +6,8 @@
 //! gradients is the gradient of the mean loss over the global batch: the math of one replica
 //! training on the whole batch. The reduction of a stage starts on its rank's thread as soon as the
 //! stage's last `W`/`B` is done (through [`Executor::set_reducer`]), so it overlaps the cool-down of
-//! the other stages; no optimizer step runs before every replica's reduction of that stage.
+//! the other stages; a step ends with every replica holding the mean, and
+//! [`Replicas::optimizer_step`] applies it on every replica.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -159,7 +160,7 @@ fn mean(parts: &[Option<Vec<f32>>]) -> Result<Vec<f32>, StageError> {
 }
 
 /// `D` pipeline replicas of one schedule in one process, their gradients averaged by an
-/// [`AllReduce`] before every optimizer step.
+/// [`AllReduce`] during every step; [`optimizer_step`](Replicas::optimizer_step) then applies them.
 pub struct Replicas<S: Stage> {
     executors: Vec<Executor<S>>,
     reduce: Arc<AllReduce>,
@@ -191,8 +192,19 @@ impl<S: Stage> Replicas<S> {
         &mut self.executors
     }
 
+    /// Every replica's optimizer step ([`Executor::optimizer_step`]), on the averaged gradients
+    /// the last [`step`](Replicas::step) left; the first failure is returned.
+    pub fn optimizer_step(&mut self) -> Result<(), RuntimeError> {
+        self.executors
+            .iter_mut()
+            .map(Executor::optimizer_step)
+            .fold(Ok(()), Result::and)
+    }
+
     /// One step of every replica at once: `inputs[d]` / `targets[d]` are replica `d`'s `M`
-    /// microbatches. Returns each replica's report; the step's loss is the mean of theirs.
+    /// microbatches. Returns each replica's report; the step's loss is the mean of theirs. The step
+    /// ends with every replica's gradients averaged; [`optimizer_step`](Replicas::optimizer_step)
+    /// applies them.
     pub fn step<L: Loss>(
         &mut self,
         inputs: Vec<Vec<Tensor>>,

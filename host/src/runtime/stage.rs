@@ -58,8 +58,12 @@ impl From<super::ShapeError> for StageError {
 /// `B` must equal `I` then `W`; the default [`backward`](Stage::backward) is exactly that.
 ///
 /// Once per training step the runtime calls [`zero_grad`](Stage::zero_grad) before the first
-/// microbatch and [`optimizer_step`](Stage::optimizer_step) after the last one; the weight
-/// gradients stay readable between a step's end and the next step's start (tests use this).
+/// microbatch; the step ends with the weight gradients accumulated (and reduced across replicas
+/// where a reducer is set). [`optimizer_step`](Stage::optimizer_step) is the trainer's call:
+/// every runner's `optimizer_step` (e.g. [`Executor::optimizer_step`](super::Executor::optimizer_step))
+/// calls it on every stage, after the trainer read or changed the [`gradients`](Stage::gradients)
+/// if it wants to (clip their global norm, skip a step on overflow). The weight gradients stay
+/// readable between a step's end and the next step's start.
 ///
 /// Gradients arrive already scaled for the step: the last stage's output gradient is the
 /// [`Loss`] gradient times `1 / M`, so accumulating over the `M` microbatches gives the gradient
@@ -160,14 +164,15 @@ pub trait Stage<T: Payload = Tensor>: Send {
     /// Sets the accumulated weight gradients to zero (called before a step's first microbatch).
     fn zero_grad(&mut self);
 
-    /// Applies the accumulated weight gradients with the stage's optimizer (called once per step,
-    /// after the last microbatch).
+    /// Applies the accumulated weight gradients with the stage's optimizer (called when the
+    /// trainer asks a runner for its `optimizer_step`, after a step that succeeded).
     fn optimizer_step(&mut self) -> Result<(), StageError>;
 
-    /// The accumulated weight gradients, as flat buffers, for a data-parallel reduction between
-    /// the stage's last `W`/`B` of a step and its optimizer step (see
-    /// [`Executor::set_reducer`](super::Executor::set_reducer)). Every replica of a stage must
-    /// return the same buffers in the same order. The default, no buffers, suits a stage without
+    /// The accumulated weight gradients, as flat buffers: for a data-parallel reduction right after
+    /// the stage's last `W`/`B` of a step (see
+    /// [`Executor::set_reducer`](super::Executor::set_reducer)), and for a trainer that reads or
+    /// changes them between a step and its optimizer step (a global norm, clipping). Every replica
+    /// of a stage must return the same buffers in the same order. The default, no buffers, suits a stage without
     /// weights; a stage with weights that keeps the default cannot be trained data-parallel (the
     /// replicas would drift apart), and the reducer refuses it when the replicas disagree.
     fn gradients(&mut self) -> Vec<&mut [f32]> {

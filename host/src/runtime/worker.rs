@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::clock::{panic_message, Clock, Timed};
 use super::hook::{Hooked, StepEvent};
-use super::machine::{end_of_step, optimizer_steps, zero_grads, Arrival, Machine};
+use super::machine::{end_of_step, zero_grads, Arrival, Machine};
 use super::program::RankProgram;
 use super::transport::{Parcel, Transport, TransportError};
 use super::Tensor;
@@ -77,9 +77,12 @@ struct RankRun<'c, S: Stage, L, T> {
 }
 
 /// Runs one rank's part of a step over `transport`: zero-grad, the rank's lowered list strictly in
-/// order, then (once [`Transport::finish`] says every rank finished its list and none failed) the
-/// optimizer step. The in-process [`Executor`](super::Executor) runs one per thread over
-/// [`Channels`](super::Channels); a multi-process launcher runs one per process over its own transport.
+/// order, then the finish barrier ([`Transport::finish`]): the outcome is a success only when every
+/// rank finished its list and none failed. The step ends with the rank's gradients ready (reduced
+/// across replicas where `step.reduce` is set); the optimizer is the caller's to apply, after a
+/// success ([`optimizer_steps`](super::optimizer_steps) on the rank's stages). The in-process
+/// [`Executor`](super::Executor) runs one per thread over [`Channels`](super::Channels); a
+/// multi-process launcher runs one per process over its own transport.
 pub fn run_rank<S: Stage, L: Loss, T: Transport>(
     step: RankStep<'_, S, L>,
     transport: &mut T,
@@ -122,13 +125,7 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
             message: format!("the runtime panicked: {}", panic_message(&*p)),
         }))
     });
-    let stages = &mut run.stages;
-    let result = end_of_step(result, run.transport, T::abort, T::finish, || {
-        if evaluation {
-            return Ok(());
-        }
-        optimizer_steps(stages.iter_mut().map(|(s, st)| (*s, &mut **st)), |_| rank)
-    });
+    let result = end_of_step(result, run.transport, T::abort, T::finish);
     run.out.losses = run.machine.take_losses();
     run.out.transfers = run.machine.take_transfers();
     run.out.peak_held = run.machine.peak();

@@ -24,7 +24,8 @@ use std::time::Instant;
 
 use pipefill_host::plan::{Candidates, Plan};
 use pipefill_host::runtime::{
-    assemble, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer, StepReport, Tensor,
+    assemble, optimizer_steps, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer,
+    StepReport, Tensor,
 };
 use pipefill_host::schedule::Item;
 
@@ -34,7 +35,9 @@ use crate::checkpoint::{store, RankFile, RankState, StageState};
 use crate::cli::CliError;
 use crate::layers::LinearStage;
 use crate::mpi::{GradientMean, MpiError, MpiTransport, Place, World};
-use crate::trainer::{combine, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError};
+use crate::trainer::{
+    combine, optimizer_failed, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError,
+};
 
 /// Tag of the plans process 0 sends.
 const PLANS: i32 = 21;
@@ -211,6 +214,13 @@ impl StepRunner for CpuRank<'_> {
             .job
             .step(step, &mut self.stages, x, t, &mut self.transport)?;
         gather(&self.job, out, seconds)
+    }
+
+    /// This rank's stages' optimizer steps (the step succeeded on every rank, or it failed).
+    fn optimizer_step(&mut self, step: usize) -> Result<(), TrainError> {
+        let (rank, stages) = (self.job.place.rank, &mut self.stages);
+        optimizer_steps(stages.iter_mut().map(|(s, st)| (*s, st)), |_| rank)
+            .map_err(|e| optimizer_failed(step, e))
     }
 
     fn save(&mut self, saver: &Saver, done: usize) -> Result<(), TrainError> {

@@ -1,7 +1,8 @@
 //! The ends of a step, the same for every runner: zero-grad before the first action, and after the
 //! last one the end-of-step sequence (a failed rank aborts the others, every rank waits at the
-//! finish barrier, and only when all ranks succeeded do they apply their optimizer steps), and
-//! what a rank's runner hands back ([`RankOutcome`]).
+//! finish barrier, so that a step succeeds on every rank or on none), and what a rank's runner
+//! hands back ([`RankOutcome`]). The optimizer is not part of a step: [`optimizer_steps`] is what
+//! a runner's `optimizer_step` calls when the trainer asks, after a step that succeeded.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -109,9 +110,11 @@ pub(crate) fn zero_grads<'a, P: Payload, S: Stage<P> + 'a>(
     Ok(())
 }
 
-/// Applies the optimizer steps of `stages` (as [`zero_grads`] takes them), once every rank
-/// finished its step; the first failure (an error or a panic) names its stage.
-pub(crate) fn optimizer_steps<'a, P: Payload, S: Stage<P> + 'a>(
+/// Applies the optimizer steps of `stages` (`(global stage, stage)`; `rank_of` names the rank in
+/// an error), after a step that succeeded on every rank; the first failure (an error or a panic)
+/// names its stage. What every runner's `optimizer_step` calls; a runner of one rank driven by the
+/// embedder's own loop ([`run_rank`](crate::runtime::run_rank)) calls it on the rank's stages.
+pub fn optimizer_steps<'a, P: Payload, S: Stage<P> + 'a>(
     stages: impl IntoIterator<Item = (usize, &'a mut S)>,
     rank_of: impl Fn(usize) -> usize,
 ) -> Result<(), RuntimeError> {
@@ -130,23 +133,44 @@ pub(crate) fn optimizer_steps<'a, P: Payload, S: Stage<P> + 'a>(
     Ok(())
 }
 
+/// Whether a runner's stages hold the gradients of a step that succeeded and that no optimizer
+/// step has applied yet: what lets a runner's `optimizer_step` refuse to apply the incomplete
+/// gradients of a failed step, or the same gradients twice.
+#[derive(Debug, Default)]
+pub(crate) struct Ready(bool);
+
+impl Ready {
+    /// A step ended (`ok`: on every rank).
+    pub(crate) fn stepped(&mut self, ok: bool) {
+        self.0 = ok;
+    }
+
+    /// An optimizer step is about to apply the gradients: [`RuntimeError::NoGradients`] when there
+    /// are none to apply.
+    pub(crate) fn take(&mut self) -> Result<(), RuntimeError> {
+        if !std::mem::take(&mut self.0) {
+            return Err(RuntimeError::NoGradients);
+        }
+        Ok(())
+    }
+}
+
 /// The end of one rank's step over `link` (a transport or a peer link), after its list ended with
 /// `result`: a failed rank aborts the others; every rank waits at the finish barrier, failed or
-/// not, so that no rank steps its optimizer unless all ranks finished; then `step` applies the
-/// optimizer steps where every rank succeeded.
+/// not, so that a rank reports success only when every rank finished (and only then may its
+/// gradients be applied).
 pub(crate) fn end_of_step<K: ?Sized>(
     result: Result<(), RankStop>,
     link: &mut K,
     abort: fn(&mut K),
     finish: fn(&mut K, bool) -> bool,
-    step: impl FnOnce() -> Result<(), RuntimeError>,
 ) -> Result<(), RankStop> {
     if let Err(RankStop::Failed(_)) = result {
         abort(link);
     }
     let all_ok = finish(link, result.is_ok());
     match result {
-        Ok(()) if all_ok => step().map_err(RankStop::Failed),
+        Ok(()) if all_ok => Ok(()),
         Ok(()) => Err(RankStop::Aborted),
         other => other,
     }

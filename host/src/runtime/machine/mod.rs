@@ -8,7 +8,8 @@
 //! A runner decides only what is its own: which stage an action runs on, how a layer call is made
 //! ([`Calls`]: timed and guarded on threads, enqueued and checked for placement on a device), and
 //! where a handed-on output goes (this rank's mailbox, or another rank's through a transport). The
-//! end of a step (zero-grad, abort, the finish barrier, the optimizer steps) is in [`end`].
+//! end of a step (zero-grad, abort, the finish barrier) and the optimizer steps a runner applies
+//! when the trainer asks are in [`end`].
 
 use std::collections::HashMap;
 
@@ -22,8 +23,8 @@ mod mailbox;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use end::{end_of_step, optimizer_steps, zero_grads};
-pub use end::{RankOutcome, RankStop};
+pub(crate) use end::{end_of_step, zero_grads, Ready};
+pub use end::{optimizer_steps, RankOutcome, RankStop};
 pub(crate) use mailbox::Arrival;
 use mailbox::Mailbox;
 

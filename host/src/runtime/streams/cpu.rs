@@ -3,8 +3,8 @@
 //!
 //! It exists to test what a GPU backend relies on, without a GPU: the executor enqueues from one
 //! thread and returns at once, the workers run their queues in order and meet only at events. A stage
-//! is wrapped as [`OnStreams`], whose calls enqueue the host stage's work and return [`Pending`]
-//! results; a program that lacked a wait would let a consumer run before its producer, and the
+//! is wrapped as [`OnStreams`], whose calls enqueue the host stage's work on the [`CpuStream`] they
+//! are given and return [`Pending`] results; a program that lacked a wait would let a consumer run before its producer, and the
 //! consumer would find its input missing (an error, not a wrong number).
 //!
 //! Several devices: [`CpuStreams::with_devices`] puts each rank's streams on a device of a map, tags
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::{Device, DeviceError, StreamId};
+use super::{Device, DeviceError, StreamId, StreamLoss, StreamStage};
 
 mod capture;
 mod devices;
@@ -30,6 +30,30 @@ mod flag;
 mod peer;
 
 use crate::runtime::{Loss, Payload, Stage, StageError, Tensor};
+
+/// One stream of a [`CpuStreams`], as a stage call is given it: the worker its work is queued to.
+pub struct CpuStream {
+    link: Arc<Link>,
+    index: usize,
+}
+
+impl CpuStream {
+    /// Enqueues layer work on this stream; skipped once anything failed, and a failure or a panic
+    /// is kept as the device's error.
+    fn enqueue(
+        &self,
+        work: impl Fn() -> Result<(), String> + Send + 'static,
+    ) -> Result<(), StageError> {
+        self.link
+            .enqueue_on(self.index, work)
+            .map_err(|e| StageError::new(e.message))
+    }
+
+    /// The device of this stream, when `payload` lives there (see [`Link::placed`]).
+    fn placed<T>(&self, payload: &Pending<T>) -> Result<usize, StageError> {
+        self.link.placed(self.index, payload)
+    }
+}
 pub use flag::Flag;
 pub use peer::{CpuPeer, CpuPeers};
 
@@ -138,10 +162,9 @@ impl Payload for Pending<Tensor> {
     }
 }
 
-/// What the device and the wrapped stages share: the queues, the bound stream, the first failure.
+/// What the device and its streams share: the queues, the first failure.
 struct Link {
     queues: Mutex<Vec<Sender<Job>>>,
-    current: AtomicUsize,
     failed: AtomicBool,
     error: Mutex<Option<String>>,
     /// Jobs are kept for replay instead of run (between `begin_capture` and `end_capture`).
@@ -179,17 +202,8 @@ impl Link {
         self.failed.store(true, Ordering::SeqCst);
     }
 
-    /// Enqueues layer work on the bound stream; skipped once anything failed, and a failure or a
-    /// panic is kept as the device's error.
-    fn enqueue(
-        self: &Arc<Self>,
-        work: impl Fn() -> Result<(), String> + Send + 'static,
-    ) -> Result<(), StageError> {
-        self.enqueue_on(self.current.load(Ordering::SeqCst), work)
-            .map_err(|e| StageError::new(e.message))
-    }
-
-    /// [`enqueue`](Link::enqueue) on `stream`.
+    /// Enqueues layer work on `stream`; skipped once anything failed, and a failure or a panic is
+    /// kept as the device's error.
     fn enqueue_on(
         self: &Arc<Self>,
         stream: usize,
@@ -216,6 +230,8 @@ impl Link {
 /// devices and counts the bytes it copies between them.
 pub struct CpuStreams {
     link: Arc<Link>,
+    /// The streams made, as stage calls are given them.
+    streams: Vec<CpuStream>,
     /// The device of each rank (empty: every rank on device 0).
     rank_devices: Vec<usize>,
     workers: Vec<JoinHandle<()>>,
@@ -237,13 +253,13 @@ impl CpuStreams {
         CpuStreams {
             link: Arc::new(Link {
                 queues: Mutex::new(Vec::new()),
-                current: AtomicUsize::new(0),
                 failed: AtomicBool::new(false),
                 error: Mutex::new(None),
                 capturing: AtomicBool::new(false),
                 devices: Mutex::new(Vec::new()),
                 copied: AtomicUsize::new(0),
             }),
+            streams: Vec::new(),
             rank_devices: Vec::new(),
             workers: Vec::new(),
             captured_flags: Vec::new(),
@@ -251,19 +267,17 @@ impl CpuStreams {
         }
     }
 
-    /// `stage`, run by this device's stream workers.
+    /// `stage`, run by the stream workers of the streams its calls are given.
     pub fn stage<S: Stage>(&self, stage: S) -> OnStreams<S> {
         OnStreams {
             stage: Arc::new(Mutex::new(stage)),
-            link: Arc::clone(&self.link),
         }
     }
 
-    /// `loss`, computed by this device's stream workers.
+    /// `loss`, computed by the stream workers of the streams its calls are given.
     pub fn loss<L: Loss + Send + 'static>(&self, loss: L) -> OnStreamsLoss<L> {
         OnStreamsLoss {
             loss: Arc::new(loss),
-            link: Arc::clone(&self.link),
         }
     }
 
@@ -288,6 +302,7 @@ impl Drop for CpuStreams {
 
 impl Device for CpuStreams {
     type Payload = Pending<Tensor>;
+    type Stream = CpuStream;
     type Event = Arc<Flag>;
     type Mark = Pending<Instant>;
 
@@ -313,15 +328,18 @@ impl Device for CpuStreams {
                     }
                 })
                 .map_err(|e| DeviceError::new(format!("cannot start a stream worker: {e}")))?;
+            self.streams.push(CpuStream {
+                link: Arc::clone(&self.link),
+                index: queues.len(),
+            });
             queues.push(tx);
             self.workers.push(worker);
         }
         Ok(())
     }
 
-    fn bind(&mut self, stream: usize) -> Result<(), DeviceError> {
-        self.link.current.store(stream, Ordering::SeqCst);
-        Ok(())
+    fn stream(&self, index: usize) -> Option<&CpuStream> {
+        self.streams.get(index)
     }
 
     fn record(&mut self, stream: usize) -> Result<Arc<Flag>, DeviceError> {
@@ -435,11 +453,10 @@ impl Device for CpuStreams {
     }
 }
 
-/// A host [`Stage`] whose calls a [`CpuStreams`] worker runs: each call enqueues the work on the bound
-/// stream and returns [`Pending`] results at once.
+/// A host [`Stage`] whose calls a [`CpuStreams`] worker runs: each call enqueues the work on the
+/// stream it is given and returns [`Pending`] results at once.
 pub struct OnStreams<S> {
     stage: Arc<Mutex<S>>,
-    link: Arc<Link>,
 }
 
 impl<S> OnStreams<S> {
@@ -453,7 +470,7 @@ fn lock<S>(stage: &Mutex<S>) -> MutexGuard<'_, S> {
     stage.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl<S: Stage + 'static> Stage<Pending<Tensor>> for OnStreams<S>
+impl<S: Stage + 'static> StreamStage<CpuStream, Pending<Tensor>> for OnStreams<S>
 where
     S::Stash: 'static,
 {
@@ -461,12 +478,13 @@ where
 
     fn forward(
         &mut self,
+        on: &CpuStream,
         input: Pending<Tensor>,
     ) -> Result<(Pending<Tensor>, Self::Stash), StageError> {
-        let device = self.link.placed(&input)?;
+        let device = on.placed(&input)?;
         let (out, stash) = (Pending::empty_on(device), Pending::empty_on(device));
         let (o, st, stage) = (out.share(), stash.share(), Arc::clone(&self.stage));
-        self.link.enqueue(move || {
+        on.enqueue(move || {
             let x = input.take_tensor()?;
             let (y, s) = lock(&stage).forward(x).map_err(|e| e.to_string())?;
             o.fill(y);
@@ -478,12 +496,13 @@ where
 
     fn backward_input(
         &mut self,
+        on: &CpuStream,
         stash: &mut Self::Stash,
         grad_output: Pending<Tensor>,
     ) -> Result<Pending<Tensor>, StageError> {
-        let out = Pending::empty_on(self.link.placed(&grad_output)?);
+        let out = Pending::empty_on(on.placed(&grad_output)?);
         let (o, st, stage) = (out.share(), stash.share(), Arc::clone(&self.stage));
-        self.link.enqueue(move || {
+        on.enqueue(move || {
             let g = grad_output.take_tensor()?;
             let mut held = st.lock();
             let s = held
@@ -499,9 +518,9 @@ where
         Ok(out)
     }
 
-    fn backward_weight(&mut self, stash: Self::Stash) -> Result<(), StageError> {
+    fn backward_weight(&mut self, on: &CpuStream, stash: Self::Stash) -> Result<(), StageError> {
         let stage = Arc::clone(&self.stage);
-        self.link.enqueue(move || {
+        on.enqueue(move || {
             let s = stash.take()?;
             lock(&stage).backward_weight(s).map_err(|e| e.to_string())
         })
@@ -509,12 +528,13 @@ where
 
     fn backward(
         &mut self,
+        on: &CpuStream,
         stash: Self::Stash,
         grad_output: Pending<Tensor>,
     ) -> Result<Pending<Tensor>, StageError> {
-        let out = Pending::empty_on(self.link.placed(&grad_output)?);
+        let out = Pending::empty_on(on.placed(&grad_output)?);
         let (o, stage) = (out.share(), Arc::clone(&self.stage));
-        self.link.enqueue(move || {
+        on.enqueue(move || {
             let (s, g) = (stash.take()?, grad_output.take_tensor()?);
             o.fill(lock(&stage).backward(s, g).map_err(|e| e.to_string())?);
             Ok(())
@@ -526,45 +546,46 @@ where
         0
     }
 
-    /// Now, or (while the device captures) as a job on the bound stream, kept for every replay.
-    fn zero_grad(&mut self) {
-        if !self.link.capturing.load(Ordering::SeqCst) {
+    /// Now, or (while the device captures) as a job on `on`, kept for every replay.
+    fn zero_grad(&mut self, on: &CpuStream) {
+        if !on.link.capturing.load(Ordering::SeqCst) {
             lock(&self.stage).zero_grad();
             return;
         }
         let stage = Arc::clone(&self.stage);
-        let queued = self.link.enqueue(move || {
+        let queued = on.enqueue(move || {
             lock(&stage).zero_grad();
             Ok(())
         });
         if let Err(e) = queued {
-            self.link.fail(format!("zero_grad: {e}"));
+            on.link.fail(format!("zero_grad: {e}"));
         }
     }
 
-    fn optimizer_step(&mut self) -> Result<(), StageError> {
+    /// On the host, after the step was synchronised.
+    fn optimizer_step(&mut self, _: &CpuStream) -> Result<(), StageError> {
         lock(&self.stage).optimizer_step()
     }
 }
 
-/// A host [`Loss`] computed by a [`CpuStreams`] worker.
+/// A host [`Loss`] computed by a [`CpuStreams`] worker, on the stream it is given.
 pub struct OnStreamsLoss<L> {
     loss: Arc<L>,
-    link: Arc<Link>,
 }
 
-impl<L: Loss + Send + 'static> Loss<Pending<Tensor>> for OnStreamsLoss<L> {
+impl<L: Loss + Send + 'static> StreamLoss<CpuStream, Pending<Tensor>> for OnStreamsLoss<L> {
     fn loss(
         &self,
+        on: &CpuStream,
         output: &Pending<Tensor>,
         target: &Pending<Tensor>,
     ) -> Result<(Pending<f32>, Pending<Tensor>), StageError> {
-        self.link.placed(output)?;
-        let device = self.link.placed(target)?;
+        on.placed(output)?;
+        let device = on.placed(target)?;
         let (value, grad) = (Pending::empty_on(device), Pending::empty_on(device));
         let (v, g, y, t) = (value.share(), grad.share(), output.share(), target.share());
         let loss = Arc::clone(&self.loss);
-        self.link.enqueue(move || {
+        on.enqueue(move || {
             let y = y.take_tensor()?;
             let t = t.lock().clone().ok_or("no target for this microbatch")?;
             let (lv, lg) = loss.loss(&y, &t).map_err(|e| e.to_string())?;

@@ -41,16 +41,20 @@ impl DeviceError {
 /// A device with in-order streams and events, driven from one host thread.
 ///
 /// The [`StreamExecutor`](super::StreamExecutor) calls [`make_streams`](Device::make_streams) once,
-/// then per step [`bind`](Device::bind)s a stream before each stage call (a stage enqueues its work on
-/// the bound stream), records and waits on events as the [`StreamProgram`](super::StreamProgram) says,
-/// puts timing [`mark`](Device::mark)s around each action, and finally
-/// [`synchronize`](Device::synchronize)s and reads the marks.
+/// then per step hands each stage call the [`Stream`](Device::Stream) it runs on (a
+/// [`StreamStage`](super::StreamStage) enqueues its work there; nothing is bound in between),
+/// records and waits on events as the [`StreamProgram`](super::StreamProgram) says, puts timing
+/// [`mark`](Device::mark)s around each action, and finally [`synchronize`](Device::synchronize)s and
+/// reads the marks.
 ///
 /// Implementations: [`CpuStreams`](super::CpuStreams) (worker threads, flags as events) in this crate;
 /// CUDA (cudarc streams and events, tracking disabled) in the `pipefill` crate.
 pub trait Device {
     /// What stages exchange on this device.
     type Payload: crate::runtime::Payload;
+    /// What a stage call is given to enqueue its work on one stream (a CUDA stream with its
+    /// device; `()` for a device that runs work at once).
+    type Stream: Sync;
     /// A recorded event.
     type Event;
     /// A recorded timing mark.
@@ -59,8 +63,9 @@ pub trait Device {
     /// Creates the streams (index `i` is `streams[i]`); called once, before any step.
     fn make_streams(&mut self, streams: &[StreamId]) -> Result<(), DeviceError>;
 
-    /// Stage calls from now on enqueue on stream `stream`.
-    fn bind(&mut self, stream: usize) -> Result<(), DeviceError>;
+    /// Stream `index` (of those [`make_streams`](Device::make_streams) made), for the stage calls
+    /// enqueued on it; `None` for a stream it does not have.
+    fn stream(&self, index: usize) -> Option<&Self::Stream>;
 
     /// Records an event on `stream`: it completes when the work enqueued there before it has.
     fn record(&mut self, stream: usize) -> Result<Self::Event, DeviceError>;

@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::program::lanes;
+use super::stage::bound_home;
 use super::step::{run_action, Step};
 use super::{check, Device, EventRole, StreamId, StreamOp, StreamProgram};
-use crate::runtime::machine::{optimizer_steps, zero_grads};
-use crate::runtime::{Loss, Payload, RuntimeError, Stage, StageError, StepReport};
+use super::{StreamLoss, StreamStage};
+use crate::runtime::machine::{optimizer_steps, zero_grads, Ready};
+use crate::runtime::{Payload, RuntimeError, StageError, StepReport};
 use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::{Source, Timeline, Transfer};
@@ -18,9 +20,10 @@ mod graph;
 ///
 /// Built once per schedule: the [`StreamProgram`] is built and [`check`]ed, the device makes the
 /// streams. Each [`step`](StreamExecutor::step) then enqueues the whole step from the calling thread
-/// (stage calls, records, waits and timing marks), synchronises once, applies the optimizer steps
-/// and returns the same [`StepReport`] as the threaded [`Executor`](crate::runtime::Executor), with the
-/// timeline measured by the device's marks.
+/// (stage calls, records, waits and timing marks), synchronises once and returns the same
+/// [`StepReport`] as the threaded [`Executor`](crate::runtime::Executor), with the timeline measured
+/// by the device's marks. The step ends with the gradients ready; the optimizer is the trainer's
+/// call, [`optimizer_step`](StreamExecutor::optimizer_step).
 ///
 /// ```
 /// use pipefill_host::runtime::streams::{CpuStreams, Pending, StreamExecutor};
@@ -45,7 +48,7 @@ mod graph;
 /// let report = ex.step(vec![x(), x()], &[x(), x()], &loss).unwrap();
 /// assert_eq!(report.losses, vec![6.0, 6.0]); // 1.5 * 2 * 2
 /// ```
-pub struct StreamExecutor<D: Device, S: Stage<D::Payload>> {
+pub struct StreamExecutor<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     schedule: Schedule,
     program: StreamProgram,
     device: D,
@@ -54,9 +57,11 @@ pub struct StreamExecutor<D: Device, S: Stage<D::Payload>> {
     enqueue_seconds: f64,
     /// The captured step, once [`capture`](StreamExecutor::capture) ran (dropped after the device).
     graph: Option<graph::Captured<D>>,
+    /// Whether the stages hold a finished step's gradients, not yet applied.
+    ready: Ready,
 }
 
-impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
+impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
     /// An executor for `schedule` over `stages` (global order) on `device`. Refuses a schedule that
     /// does not validate, a stage count that does not fit, and a program [`check`] refuses.
     pub fn new(schedule: Schedule, stages: Vec<S>, mut device: D) -> Result<Self, RuntimeError> {
@@ -73,6 +78,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             stages,
             enqueue_seconds: 0.0,
             graph: None,
+            ready: Ready::default(),
         })
     }
 
@@ -110,12 +116,13 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
     }
 
     /// Runs one training step: `inputs[k]` and `targets[k]` are microbatch `k`'s input and target.
-    pub fn step<L: Loss<D::Payload>>(
+    pub fn step<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         inputs: Vec<D::Payload>,
         targets: &[D::Payload],
         loss: &L,
     ) -> Result<StepReport, RuntimeError> {
+        self.ready.stepped(false);
         self.check_batch(inputs.len(), targets.len())?;
         let wall = Instant::now();
         self.zero_grads()?;
@@ -124,8 +131,23 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         self.enqueue_ops(&mut step, targets, loss, true)?;
         self.enqueue_seconds = wall.elapsed().as_secs_f64();
         self.device.synchronize().map_err(device_error)?;
-        self.optimizer_steps()?;
-        self.report(step, &origin, wall.elapsed().as_secs_f64())
+        let report = self.report(step, &origin, wall.elapsed().as_secs_f64());
+        self.ready.stepped(report.is_ok());
+        report
+    }
+
+    /// Applies every stage's optimizer step (host calls, in stage order) to the gradients the last
+    /// step (plain, captured or replayed) left, after the trainer read or changed them if it
+    /// wants to. Refused with [`RuntimeError::NoGradients`] when no step succeeded since the last
+    /// optimizer step; the first stage that fails is named.
+    pub fn optimizer_step(&mut self) -> Result<(), RuntimeError> {
+        self.ready.take()?;
+        let (schedule, program) = (&self.schedule, &self.program);
+        let home = |s| home_stream(schedule, program, s);
+        let mut stages = bound_home(&self.device, self.stages.iter_mut().enumerate(), home)?;
+        optimizer_steps(stages.iter_mut().map(|(s, b)| (*s, b)), |s| {
+            schedule.rank_of(s)
+        })
     }
 
     /// Host seconds the last step spent enqueuing its work before waiting for the device: with
@@ -145,16 +167,15 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             .count()
     }
 
-    /// Every stage's zero-grad (host calls, before the step's work is enqueued).
+    /// Every stage's zero-grad (host calls on the stage's main stream, before the step's work is
+    /// enqueued).
     fn zero_grads(&mut self) -> Result<(), RuntimeError> {
-        let schedule = &self.schedule;
-        zero_grads(self.stages.iter_mut().enumerate(), |s| schedule.rank_of(s))
-    }
-
-    /// Every stage's optimizer step (host calls, after the step's work is done).
-    fn optimizer_steps(&mut self) -> Result<(), RuntimeError> {
-        let schedule = &self.schedule;
-        optimizer_steps(self.stages.iter_mut().enumerate(), |s| schedule.rank_of(s))
+        let (schedule, program) = (&self.schedule, &self.program);
+        let home = |s| home_stream(schedule, program, s);
+        let mut stages = bound_home(&self.device, self.stages.iter_mut().enumerate(), home)?;
+        zero_grads(stages.iter_mut().map(|(s, b)| (*s, b)), |s| {
+            schedule.rank_of(s)
+        })
     }
 
     /// Refuses a batch whose size is not the schedule's microbatch count.
@@ -175,9 +196,9 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         Step::all_ranks(&self.schedule, inputs)
     }
 
-    /// Walks the program once: binds, runs each action (between timing marks when `timed`),
-    /// records and waits on events.
-    fn enqueue_ops<L: Loss<D::Payload>>(
+    /// Walks the program once: runs each action on its stream (between timing marks when
+    /// `timed`), records and waits on events.
+    fn enqueue_ops<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         step: &mut Step<D, S::Stash>,
         targets: &[D::Payload],
@@ -188,14 +209,12 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         for i in 0..self.program.ops.len() {
             match self.program.ops[i] {
                 StreamOp::Run { stream, action } if timed => {
-                    self.device.bind(stream).map_err(device_error)?;
                     let start = self.device.mark(stream).map_err(device_error)?;
                     self.run(step, stream, action, targets, loss)?;
                     let end = self.device.mark(stream).map_err(device_error)?;
                     step.marks.push((action, start, end));
                 }
                 StreamOp::Run { stream, action } => {
-                    self.device.bind(stream).map_err(device_error)?;
                     self.run(step, stream, action, targets, loss)?;
                 }
                 StreamOp::Record { stream, .. } => {
@@ -238,7 +257,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
     }
     /// Enqueues one action on `stream`: takes its input (refused when it lives on another device),
     /// calls the stage, holds the stash, hands on the output.
-    fn run<L: Loss<D::Payload>>(
+    fn run<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         step: &mut Step<D, S::Stash>,
         stream: usize,
@@ -345,6 +364,14 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         }
         t
     }
+}
+
+/// The main stream of stage `s`'s rank in `program`: where its host calls run.
+fn home_stream(schedule: &Schedule, program: &StreamProgram, s: usize) -> Option<usize> {
+    program.stream(StreamId {
+        rank: schedule.rank_of(s),
+        lane: 0,
+    })
 }
 
 fn device_error(e: super::DeviceError) -> RuntimeError {

@@ -12,9 +12,10 @@
 //!    events.
 //! 2. [`check`] verifies statically that every wait follows its record and that every action is
 //!    ordered after what it needs (vector clocks over streams and events).
-//! 3. [`StreamExecutor`] walks the ops once per step on the calling thread, calling the [`Stage`](super::Stage)
-//!    methods (which only enqueue, on a device) and the [`Device`]'s record / wait / timing marks,
-//!    then synchronises once and reads the timeline from the marks.
+//! 3. [`StreamExecutor`] walks the ops once per step on the calling thread, calling the
+//!    [`StreamStage`] methods with the [`Device::Stream`] each runs on (they only enqueue there, on a
+//!    device) and the [`Device`]'s record / wait / timing marks, then synchronises once and reads the
+//!    timeline from the marks.
 //! 4. Optionally, [`StreamExecutor::capture`] enqueues one whole step while the device records it
 //!    (a CUDA graph; kept jobs on [`CpuStreams`]) and [`StreamExecutor::replay`] reruns it on new
 //!    inputs copied into fixed buffers, so later steps cost the host one launch instead of one
@@ -43,15 +44,17 @@ mod executor;
 mod peer;
 mod program;
 mod rank;
+mod stage;
 mod step;
 
 pub use check::check;
-pub use cpu::{CpuPeer, CpuPeers, CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
+pub use cpu::{CpuPeer, CpuPeers, CpuStream, CpuStreams, Flag, OnStreams, OnStreamsLoss, Pending};
 pub use device::{Device, DeviceError, Misplaced};
 pub use executor::StreamExecutor;
 pub use peer::{peer_ops, PeerOp, PostOrder, RankPlan};
 pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};
 pub use rank::{RankBatch, RankStreams};
+pub use stage::{StreamLoss, StreamStage};
 
 use thiserror::Error;
 

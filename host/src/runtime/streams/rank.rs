@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::peer::{peer_ops, PeerOp, PostOrder, RankPlan};
+use super::stage::bound_home;
 use super::step::{run_action, Step};
 use super::{check, Device, DeviceError, StreamOp, StreamProgram};
+use super::{StreamId, StreamLoss, StreamStage};
 use crate::runtime::clock::panic_message;
-use crate::runtime::machine::{end_of_step, optimizer_steps, zero_grads};
-use crate::runtime::{
-    Loss, Payload, RankOutcome, RankStop, RuntimeError, Stage, Transport, TransportError,
-};
+use crate::runtime::machine::{end_of_step, optimizer_steps, zero_grads, Ready};
+use crate::runtime::{Payload, RankOutcome, RankStop, RuntimeError, Transport, TransportError};
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Schedule};
 use crate::timeline::Span;
@@ -37,11 +37,12 @@ pub struct RankBatch<'a, P: Payload, L> {
 /// schedule), the rank's part is taken with [`peer_ops`] (receives in the sender's order), and the
 /// device makes the rank's streams. Each [`step`](RankStreams::step) zeroes the gradients, enqueues
 /// the rank's runs, lane events, sends and receives from the calling thread, synchronises the
-/// device and the link, agrees with the other ranks ([`Transport::finish`]) and only then applies
-/// the optimizer steps. It returns the same [`RankOutcome`] as the threaded
+/// device and the link, and agrees with the other ranks ([`Transport::finish`]): the step succeeds
+/// on every rank or on none, and ends with the rank's gradients ready for
+/// [`optimizer_step`](RankStreams::optimizer_step). It returns the same [`RankOutcome`] as the threaded
 /// [`run_rank`](crate::runtime::run_rank), so [`assemble`](crate::runtime::assemble) turns the
 /// outcomes of all ranks into a step report.
-pub struct RankStreams<D: Device, S: Stage<D::Payload>> {
+pub struct RankStreams<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     schedule: Schedule,
     rank: usize,
     plan: RankPlan,
@@ -50,6 +51,8 @@ pub struct RankStreams<D: Device, S: Stage<D::Payload>> {
     stages: Vec<(usize, S)>,
     /// Global stage index -> position in `stages`.
     index: HashMap<usize, usize>,
+    /// Whether the stages hold a finished step's gradients, not yet applied.
+    ready: Ready,
 }
 
 /// A step enqueued: its state and the origin of its timing marks.
@@ -61,7 +64,7 @@ struct Walk<D: Device> {
     posted: HashMap<Edge, (D::Payload, D::Event)>,
 }
 
-impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
+impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
     /// The runner of rank `rank` of `schedule` over its `stages` (`(global index, stage)`, exactly
     /// the stages the schedule places on the rank) on `device`, receives posted in `order`
     /// ([`PostOrder::Sender`] unless a test shows what the other order breaks).
@@ -102,6 +105,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
             device,
             stages,
             index,
+            ready: Ready::default(),
         })
     }
 
@@ -127,7 +131,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
 
     /// Runs the rank's part of one training step over `peer`. Never panics on a failure: the
     /// outcome's `result` says how the rank ended (a failure here also aborts the peers).
-    pub fn step<L: Loss<D::Payload>, P: Transport<D::Payload, D::Event>>(
+    pub fn step<L: StreamLoss<D::Stream, D::Payload>, P: Transport<D::Payload, D::Event>>(
         &mut self,
         batch: RankBatch<'_, D::Payload, L>,
         peer: &mut P,
@@ -154,11 +158,31 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
             (Ok(_), Ok(()), Err(error)) => Err(self.peer_failed(error)),
             (Ok(step), Ok(()), Ok(())) => self.report(step, &mut out),
         };
-        let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
-        out.result = end_of_step(result, peer, P::abort, P::finish, || {
-            optimizer_steps(stages, |_| rank)
-        });
+        out.result = end_of_step(result, peer, P::abort, P::finish);
+        self.ready.stepped(out.result.is_ok());
         out
+    }
+
+    /// Applies the rank's stages' optimizer steps (host calls) to the gradients the last
+    /// [`step`](RankStreams::step) left; every rank of the job calls it after the same step.
+    /// Refused with [`RuntimeError::NoGradients`] when no step succeeded since the last optimizer
+    /// step.
+    pub fn optimizer_step(&mut self) -> Result<(), RuntimeError> {
+        self.ready.take()?;
+        let rank = self.rank;
+        let home = self.home();
+        let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
+        let mut stages = bound_home(&self.device, stages, |_| home)?;
+        optimizer_steps(stages.iter_mut().map(|(s, b)| (*s, b)), |_| rank)
+    }
+
+    /// The rank's main stream (lane 0), where the host calls of its stages run.
+    fn home(&self) -> Option<usize> {
+        let main = StreamId {
+            rank: self.rank,
+            lane: 0,
+        };
+        self.plan.streams.iter().position(|&id| id == main)
     }
 
     fn peer_failed(&self, error: TransportError) -> RankStop {
@@ -169,14 +193,17 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
     }
 
     /// Zeroes the gradients and walks the plan once; the step state and the origin mark.
-    fn enqueue<L: Loss<D::Payload>, P: Transport<D::Payload, D::Event>>(
+    fn enqueue<L: StreamLoss<D::Stream, D::Payload>, P: Transport<D::Payload, D::Event>>(
         &mut self,
         mut batch: RankBatch<'_, D::Payload, L>,
         peer: &mut P,
     ) -> Result<Enqueued<D, S::Stash>, RuntimeError> {
         self.check_batch(batch.inputs.len(), batch.targets.len())?;
         let rank = self.rank;
-        zero_grads(self.stages.iter_mut().map(|(s, st)| (*s, st)), |_| rank)?;
+        let home = self.home();
+        let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
+        let mut stages = bound_home(&self.device, stages, |_| home)?;
+        zero_grads(stages.iter_mut().map(|(s, b)| (*s, b)), |_| rank)?;
         let inputs = std::mem::take(&mut batch.inputs);
         let mut step = Step::one_rank(&self.schedule, rank, inputs);
         let origin = self.device.mark(0).map_err(device_error)?;
@@ -192,7 +219,7 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
     }
 
     /// Enqueues one op of the plan.
-    fn op<L: Loss<D::Payload>, P: Transport<D::Payload, D::Event>>(
+    fn op<L: StreamLoss<D::Stream, D::Payload>, P: Transport<D::Payload, D::Event>>(
         &mut self,
         op: PeerOp,
         step: &mut Step<D, S::Stash>,
@@ -206,7 +233,6 @@ impl<D: Device, S: Stage<D::Payload>> RankStreams<D, S> {
         };
         match op {
             PeerOp::Local(StreamOp::Run { stream, action }) => {
-                self.device.bind(stream).map_err(device_error)?;
                 let start = self.device.mark(stream).map_err(device_error)?;
                 let Some(&at) = self.index.get(&action.stage) else {
                     return Err(self.internal(format!("{action} is not on this rank")));

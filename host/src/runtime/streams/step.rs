@@ -6,9 +6,11 @@
 
 use std::collections::HashMap;
 
+use super::stage::{Bound, BoundLoss};
 use super::{Device, Misplaced};
+use super::{StreamLoss, StreamStage};
 use crate::runtime::machine::{Calls, Machine};
-use crate::runtime::{Loss, Payload, RuntimeError, Stage};
+use crate::runtime::{Payload, RuntimeError};
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Schedule};
 
@@ -100,13 +102,18 @@ impl<D: Device, T> Step<D, T> {
 }
 
 /// Enqueues action `a` of `schedule` on `stage` (the action's stage), on stream `stream` of
-/// `device`: runs it on its rank's [`Machine`] and hands its output on.
+/// `device` (given to every call of the stage and the loss): runs it on its rank's [`Machine`]
+/// and hands its output on.
 ///
 /// Each payload the action reads (input, output gradient, target) must live on the device of
 /// `stream` ([`Device::payload_device`]); else the action is refused with
 /// [`RuntimeError::WrongDevice`] before the stage is called.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run_action<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
+pub(super) fn run_action<
+    D: Device,
+    S: StreamStage<D::Stream, D::Payload>,
+    L: StreamLoss<D::Stream, D::Payload>,
+>(
     schedule: &Schedule,
     device: &D,
     stream: usize,
@@ -117,6 +124,20 @@ pub(super) fn run_action<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
     loss: &L,
 ) -> Result<(), RuntimeError> {
     let rank = schedule.rank_of(a.stage);
+    let stream_of = device
+        .stream(stream)
+        .ok_or_else(|| RuntimeError::Internal {
+            rank,
+            message: format!("{a} is put on stream {stream}, which the device does not have"),
+        })?;
+    let mut stage = Bound::<D, S> {
+        stage,
+        on: stream_of,
+    };
+    let loss = BoundLoss::<D, L> {
+        loss,
+        on: stream_of,
+    };
     let mut on = On {
         device,
         stream,
@@ -126,7 +147,7 @@ pub(super) fn run_action<D: Device, S: Stage<D::Payload>, L: Loss<D::Payload>>(
         rank,
         message: format!("{a} is not on this rank"),
     })?;
-    if let Some((edge, data)) = machine.run(a, stage, targets, loss, &mut on)? {
+    if let Some((edge, data)) = machine.run(a, &mut stage, targets, &loss, &mut on)? {
         step.hand(schedule, rank, edge, data);
     }
     Ok(())

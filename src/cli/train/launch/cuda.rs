@@ -20,7 +20,9 @@ use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer, RankModel};
 use crate::model::stage_ranges;
 use crate::mpi::{Place, World};
 use crate::trainer::cuda::upload_batch;
-use crate::trainer::{states_of, HostBatch, Saver, StepResult, StepRunner, TrainError};
+use crate::trainer::{
+    optimizer_failed, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError,
+};
 
 fn cuda_failed(e: impl std::fmt::Display) -> CliError {
     CliError::Failed(format!("--backend cuda: {e}"))
@@ -125,6 +127,12 @@ impl StepRunner for GpuRank<'_> {
         let out = self.me.step(inputs, &targets, &rows);
         let (out, seconds) = stopped(step, out, epoch.elapsed().as_secs_f64())?;
         gather(job, out, seconds)
+    }
+
+    fn optimizer_step(&mut self, step: usize) -> Result<(), TrainError> {
+        self.me
+            .optimizer_step()
+            .map_err(|e| optimizer_failed(step, e))
     }
 
     /// This rank's stages copied back to the host and written as its file of the checkpoint.

@@ -87,9 +87,12 @@ impl Link {
         devices.get(stream).copied().unwrap_or(0)
     }
 
-    /// The device of the bound stream, when `payload` lives there; a [`Misplaced`] error otherwise.
-    pub(super) fn placed<T>(&self, payload: &Pending<T>) -> Result<usize, StageError> {
-        let stream = self.current.load(Ordering::SeqCst);
+    /// The device of stream `stream`, when `payload` lives there; a [`Misplaced`] error otherwise.
+    pub(super) fn placed<T>(
+        &self,
+        stream: usize,
+        payload: &Pending<T>,
+    ) -> Result<usize, StageError> {
         let device = self.device_of(stream);
         if payload.device != device {
             let m = Misplaced {

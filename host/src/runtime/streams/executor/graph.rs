@@ -3,18 +3,20 @@
 //! job list on [`CpuStreams`](super::super::CpuStreams)), and each later step only refreshes the
 //! fixed input and target buffers and replays it.
 //!
-//! What is captured: every stage's `zero_grad` (bound to stream 0), a copy of each fixed input into
+//! What is captured: every stage's `zero_grad` (on its rank's main stream), a copy of each fixed input into
 //! a step-owned payload (stream 0), the fork of every other stream from stream 0, every op of the
 //! program (untimed: a timing mark inside a graph records nothing readable), the loss values and
 //! gradients, and the join of every stream back into stream 0. What is not: the optimizer steps,
-//! which run after each replay as after a plain step (AdamW's bias corrections change every step,
-//! and a captured kernel keeps the arguments it was captured with).
+//! which the trainer applies after each replay as after a plain step
+//! ([`StreamExecutor::optimizer_step`]; AdamW's bias corrections change every step, and a captured
+//! kernel keeps the arguments it was captured with).
 
 use std::time::Instant;
 
 use super::{device_error, Step, StreamExecutor};
 use crate::runtime::streams::Device;
-use crate::runtime::{Loss, Payload, RuntimeError, Stage, StepReport};
+use crate::runtime::streams::{StreamLoss, StreamStage};
+use crate::runtime::{Payload, RuntimeError, StepReport};
 use crate::timeline::{Source, Timeline};
 
 /// The captured step's state and its events (kept until the capture ends).
@@ -28,7 +30,7 @@ pub(super) struct Captured<D: Device> {
     peak: Vec<usize>,
 }
 
-impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
+impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
     /// Captures one whole training step over `inputs` and `targets` (which the executor keeps as
     /// the fixed buffers later steps [`replay`](StreamExecutor::replay) over), then runs it once and
     /// reports it, as [`step`](StreamExecutor::step) would.
@@ -40,12 +42,13 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
     ///
     /// Errors: a batch of the wrong size, a step already captured, a device that cannot capture
     /// (the [`Device`] defaults), and any failure of the step itself.
-    pub fn capture<L: Loss<D::Payload>>(
+    pub fn capture<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         inputs: Vec<D::Payload>,
         targets: Vec<D::Payload>,
         loss: &L,
     ) -> Result<StepReport, RuntimeError> {
+        self.ready.stepped(false);
         self.check_batch(inputs.len(), targets.len())?;
         if self.graph.is_some() {
             return Err(RuntimeError::Device {
@@ -82,13 +85,15 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         self.launch(wall)
     }
 
-    /// Runs the captured step again on new `inputs` and `targets` (copied into the fixed buffers),
-    /// then the optimizer steps; reports it as [`capture`](StreamExecutor::capture) does.
+    /// Runs the captured step again on new `inputs` and `targets` (copied into the fixed buffers);
+    /// reports it as [`capture`](StreamExecutor::capture) does. Its gradients are ready for
+    /// [`optimizer_step`](StreamExecutor::optimizer_step).
     pub fn replay(
         &mut self,
         inputs: Vec<D::Payload>,
         targets: Vec<D::Payload>,
     ) -> Result<StepReport, RuntimeError> {
+        self.ready.stepped(false);
         self.check_batch(inputs.len(), targets.len())?;
         let wall = Instant::now();
         let graph = self.graph.as_mut().ok_or_else(|| RuntimeError::Device {
@@ -107,13 +112,12 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
     }
 
     /// The captured work: zero-grad, input copies, fork, every op, join (see the module notes).
-    fn capture_body<L: Loss<D::Payload>>(
+    fn capture_body<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         inputs: &[D::Payload],
         targets: &[D::Payload],
         loss: &L,
     ) -> Result<CapturedWork<D, S::Stash>, RuntimeError> {
-        self.device.bind(0).map_err(device_error)?;
         self.zero_grads()?;
         let copies = inputs
             .iter()
@@ -137,12 +141,11 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
         Ok((step, events))
     }
 
-    /// Replays the captured step, waits, runs the optimizer steps and reads the losses.
+    /// Replays the captured step, waits and reads the losses.
     fn launch(&mut self, wall: Instant) -> Result<StepReport, RuntimeError> {
         self.device.replay().map_err(device_error)?;
         self.enqueue_seconds = wall.elapsed().as_secs_f64();
         self.device.synchronize().map_err(device_error)?;
-        self.optimizer_steps()?;
         let graph = self.graph.as_ref().ok_or_else(|| RuntimeError::Device {
             message: "no step has been captured".into(),
         })?;
@@ -153,6 +156,7 @@ impl<D: Device, S: Stage<D::Payload>> StreamExecutor<D, S> {
             .collect::<Result<Vec<f32>, _>>()
             .map_err(device_error)?;
         let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
+        self.ready.stepped(true);
         Ok(StepReport {
             loss,
             losses,
