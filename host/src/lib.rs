@@ -95,6 +95,7 @@ pub mod auto;
 pub mod cost;
 pub mod cpu_time;
 pub mod input;
+pub mod named;
 pub mod partition;
 pub mod plan;
 pub mod profile;

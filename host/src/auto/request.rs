@@ -1,6 +1,5 @@
 //! What the automatic scheduler is asked: shape, costs, memory limit, objective, budget, seed.
 
-use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -24,21 +23,10 @@ pub enum Objective {
     Span,
 }
 
-impl Objective {
-    /// The name used in files and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Objective::Makespan => "makespan",
-            Objective::Span => "span",
-        }
-    }
-}
-
-impl fmt::Display for Objective {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+crate::named_enum!(Objective {
+    Makespan => "makespan",
+    Span => "span",
+});
 
 /// An objective name that is neither `makespan` nor `span`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,11 +37,8 @@ impl FromStr for Objective {
     type Err = UnknownObjective;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "makespan" => Ok(Objective::Makespan),
-            "span" => Ok(Objective::Span),
-            other => Err(UnknownObjective(other.to_string())),
-        }
+        let s = s.trim();
+        Objective::from_name(s).ok_or_else(|| UnknownObjective(s.to_string()))
     }
 }
 

@@ -19,7 +19,6 @@
 //! [`StageCost::time`]: super::StageCost::time
 //! [`StageCost::footprint`]: super::StageCost::footprint
 
-use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -43,32 +42,16 @@ pub enum Recompute {
     Full,
 }
 
-impl Recompute {
-    /// Every mode, in the order the command line lists them.
-    pub const ALL: [Recompute; 2] = [Recompute::None, Recompute::Full];
-
-    /// The mode's name in flags and files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Recompute::None => "none",
-            Recompute::Full => "full",
-        }
-    }
-}
-
-impl fmt::Display for Recompute {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+crate::named_enum!(Recompute {
+    None => "none",
+    Full => "full",
+});
 
 impl FromStr for Recompute {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        Recompute::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
+        Recompute::from_name(s)
             .ok_or_else(|| format!("unknown recomputation mode `{s}`: use one of none, full"))
     }
 }

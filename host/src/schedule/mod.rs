@@ -18,7 +18,6 @@
 //! assert_eq!(pair.to_string(), "(1F4;2B0)OVERLAP_F_B");
 //! ```
 
-use std::fmt;
 use std::ops::RangeInclusive;
 use std::str::FromStr;
 
@@ -76,31 +75,19 @@ impl Placement {
             }
         }
     }
-
-    /// The name used in files and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Placement::Looped => "looped",
-            Placement::Vshape => "vshape",
-        }
-    }
 }
 
-impl fmt::Display for Placement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+crate::named_enum!(Placement {
+    Looped => "looped",
+    Vshape => "vshape",
+});
 
 impl FromStr for Placement {
     type Err = ScheduleError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "looped" => Ok(Placement::Looped),
-            "vshape" => Ok(Placement::Vshape),
-            other => Err(ScheduleError::ParsePlacement(other.to_string())),
-        }
+        let s = s.trim();
+        Placement::from_name(s).ok_or_else(|| ScheduleError::ParsePlacement(s.to_string()))
     }
 }
 

@@ -6,7 +6,6 @@
 //! faster one there, and the other is left out of the default build (it costs compile time).
 //! Transposes are expressed through strides, never copied.
 
-use std::fmt;
 use std::str::FromStr;
 
 /// Which GEMM crate multiplies.
@@ -20,36 +19,18 @@ pub enum GemmBackend {
     Gemm,
 }
 
-impl GemmBackend {
-    /// The backends in this build, default first.
-    pub const ALL: &'static [GemmBackend] = &[
-        GemmBackend::Matrixmultiply,
-        #[cfg(feature = "gemm")]
-        GemmBackend::Gemm,
-    ];
-
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            GemmBackend::Matrixmultiply => "matrixmultiply",
-            #[cfg(feature = "gemm")]
-            GemmBackend::Gemm => "gemm",
-        }
-    }
-}
-
-impl fmt::Display for GemmBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pipefill_host::named_enum!(GemmBackend {
+    Matrixmultiply => "matrixmultiply",
+    #[cfg(feature = "gemm")]
+    Gemm => "gemm",
+});
 
 impl FromStr for GemmBackend {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(b) = GemmBackend::ALL.iter().find(|b| b.name() == s) {
-            return Ok(*b);
+        if let Some(b) = GemmBackend::from_name(s) {
+            return Ok(b);
         }
         if s == "gemm" {
             return Err(

@@ -1,7 +1,6 @@
 //! The losses of the built-in model, as a [`Loss`] for the runtime: MSE and softmax cross-entropy
 //! from `pipefill-kernels`.
 
-use std::fmt;
 use std::str::FromStr;
 
 use pipefill_host::runtime::{Loss, StageError, Tensor};
@@ -24,31 +23,16 @@ pub enum LossKind {
     CrossEntropy,
 }
 
-impl LossKind {
-    /// The name on the command line and in model files.
-    pub fn name(self) -> &'static str {
-        match self {
-            LossKind::Mse => "mse",
-            LossKind::CrossEntropy => "ce",
-        }
-    }
-}
-
-impl fmt::Display for LossKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pipefill_host::named_enum!(LossKind {
+    Mse => "mse",
+    CrossEntropy => "ce",
+});
 
 impl FromStr for LossKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "mse" => Ok(LossKind::Mse),
-            "ce" => Ok(LossKind::CrossEntropy),
-            other => Err(format!("unknown loss `{other}`: use `mse` or `ce`")),
-        }
+        LossKind::from_name(s).ok_or_else(|| format!("unknown loss `{s}`: use `mse` or `ce`"))
     }
 }
 
