@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use super::{Span, Timeline};
+use crate::schedule::walk::{walk, Waker, Walk};
 use crate::schedule::Action;
 
 impl Timeline {
@@ -42,42 +43,70 @@ impl Timeline {
     /// `None` where the transfers name an action no span holds or the order does not replay (not
     /// a timeline the runtime measured).
     pub fn without_time_sharing(&self) -> Option<Timeline> {
-        let mut needs: HashMap<Action, Vec<Action>> = HashMap::new();
+        let mut replay = Replay {
+            timeline: self,
+            needs: HashMap::new(),
+            to: HashMap::new(),
+            ended: HashMap::new(),
+            clock: vec![0.0; self.ranks()],
+            out: Timeline::new(self.name.clone(), self.source, self.ranks()),
+        };
         for t in &self.transfers {
-            needs.entry(t.consumer()).or_default().push(t.producer());
+            replay
+                .needs
+                .entry(t.consumer())
+                .or_default()
+                .push(t.producer());
+            replay.to.entry(t.producer()).or_default().push(t.to_rank());
         }
-        let p = self.ranks();
-        let mut ended: HashMap<Action, f64> = HashMap::new();
-        let (mut next, mut clock) = (vec![0usize; p], vec![0.0f64; p]);
-        let mut out = Timeline::new(self.name.clone(), self.source, p);
-        let mut left = self.span_count();
-        while left > 0 {
-            let before = left;
-            for r in 0..p {
-                while let Some(span) = self.spans[r].get(next[r]) {
-                    let item = span.item();
-                    let mut start = Some(clock[r]);
-                    for x in item
-                        .actions()
-                        .flat_map(|a| needs.get(&a).into_iter().flatten())
-                    {
-                        start = start.zip(ended.get(x)).map(|(s, &e)| s.max(e));
-                    }
-                    // An input not yet produced: the rank waits; replay the others first.
-                    let Some(start) = start else { break };
-                    let end = start + (span.end - span.start - span.descheduled()).max(0.0);
-                    ended.extend(item.actions().map(|a| (a, end)));
-                    out.spans[r].push(Span::new(item, start, end));
-                    clock[r] = end;
-                    next[r] += 1;
-                    left -= 1;
+        // The one walk (`schedule::walk`): a rank whose input is not produced yet waits for it.
+        let stuck = walk(&mut replay, &mut vec![0; self.ranks()]);
+        stuck.is_empty().then_some(replay.out)
+    }
+}
+
+/// [`Timeline::without_time_sharing`] as a [`Walk`]: each item for its CPU time, after its rank's
+/// previous item and its inputs' producers.
+struct Replay<'t> {
+    timeline: &'t Timeline,
+    /// Per consuming action, the producers of its inputs from other ranks.
+    needs: HashMap<Action, Vec<Action>>,
+    /// Per producing action, the ranks its outputs go to.
+    to: HashMap<Action, Vec<usize>>,
+    ended: HashMap<Action, f64>,
+    clock: Vec<f64>,
+    out: Timeline,
+}
+
+impl Walk for Replay<'_> {
+    /// The producer whose end an item waits for.
+    type Wanted = Action;
+
+    fn advance(&mut self, r: usize, pos: &mut usize, waker: &mut Waker<Action>) -> Option<Action> {
+        while let Some(span) = self.timeline.spans[r].get(*pos) {
+            let item = span.item();
+            let mut start = self.clock[r];
+            for x in item
+                .actions()
+                .flat_map(|a| self.needs.get(&a).into_iter().flatten())
+            {
+                match self.ended.get(x) {
+                    Some(&e) => start = start.max(e),
+                    None => return Some(*x),
                 }
             }
-            if left == before {
-                return None;
+            let end = start + (span.end - span.start - span.descheduled()).max(0.0);
+            for a in item.actions() {
+                self.ended.insert(a, end);
+                for &to in self.to.get(&a).into_iter().flatten() {
+                    waker.wake(to, a);
+                }
             }
+            self.out.spans[r].push(Span::new(item, start, end));
+            self.clock[r] = end;
+            *pos += 1;
         }
-        Some(out)
+        None
     }
 }
 
