@@ -38,6 +38,7 @@ mod dyn_stage;
 mod error;
 mod executor;
 mod hook;
+mod key_map;
 mod machine;
 mod program;
 mod replicas;

@@ -5,7 +5,7 @@
 //! bytes, order checks, loss). Only a receive waits; a compute action finds its input already there
 //! (on its own rank, or received just before).
 
-use std::collections::HashMap;
+use super::key_map::KeyMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -65,7 +65,7 @@ struct RankRun<'c, S: Stage, L, T> {
     /// The rank's inputs, mailbox, stashes, held bytes and losses: where its actions run.
     machine: Machine<Tensor, S::Stash>,
     /// Outputs for another rank, waiting for their send.
-    outbox: HashMap<Edge, (Tensor, Action)>,
+    outbox: KeyMap<Edge, (Tensor, Action)>,
     clock: Clock<'c>,
     hook: Option<Hooked<'c>>,
     reduce: Option<&'c Reducer>,
@@ -100,7 +100,7 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
         rank,
         stages: step.stages,
         machine: Machine::new(rank, step.schedule, step.inputs).evaluating(evaluation),
-        outbox: HashMap::new(),
+        outbox: KeyMap::default(),
         clock: Clock::new(step.epoch, step.exclusive),
         hook: step.hook.map(|h| Hooked::new(h, step.schedule, rank)),
         reduce: step.reduce,

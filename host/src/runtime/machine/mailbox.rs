@@ -1,8 +1,7 @@
 //! A rank's mailbox: the data waiting for its consumer on this rank, by [`Edge`], and for data that
 //! crossed from another rank, how it came; the transfer is recorded when the consumer takes it.
 
-use std::collections::HashMap;
-
+use crate::runtime::key_map::KeyMap;
 use crate::schedule::deps::Edge;
 use crate::schedule::Action;
 use crate::timeline::Transfer;
@@ -29,14 +28,14 @@ struct Mail<P> {
 
 /// The data waiting on one rank, and the transfers its consumers took.
 pub(super) struct Mailbox<P> {
-    waiting: HashMap<Edge, Mail<P>>,
+    waiting: KeyMap<Edge, Mail<P>>,
     transfers: Vec<Transfer>,
 }
 
 impl<P> Default for Mailbox<P> {
     fn default() -> Self {
         Mailbox {
-            waiting: HashMap::new(),
+            waiting: KeyMap::default(),
             transfers: Vec::new(),
         }
     }

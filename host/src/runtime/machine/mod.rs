@@ -11,8 +11,7 @@
 //! end of a step (zero-grad, abort, the finish barrier) and the optimizer steps a runner applies
 //! when the trainer asks are in [`end`].
 
-use std::collections::HashMap;
-
+use super::key_map::KeyMap;
 use super::{Loss, Payload, RuntimeError, Stage, StageError};
 use crate::schedule::deps::{output, Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
@@ -81,7 +80,7 @@ pub(crate) struct Machine<P: Payload, T> {
     /// Stage 0's microbatch inputs (empty on a rank without stage 0).
     inputs: Vec<Option<P>>,
     mailbox: Mailbox<P>,
-    stashes: HashMap<(usize, usize), Stashed<T>>,
+    stashes: KeyMap<(usize, usize), Stashed<T>>,
     held: usize,
     peak: usize,
     losses: Vec<(usize, P::Loss)>,
@@ -105,7 +104,7 @@ impl<P: Payload, T> Machine<P, T> {
             scale: 1.0 / schedule.microbatches as f32,
             inputs: inputs.into_iter().map(Some).collect(),
             mailbox: Mailbox::default(),
-            stashes: HashMap::new(),
+            stashes: KeyMap::default(),
             held: 0,
             peak: 0,
             losses: Vec::new(),
