@@ -266,6 +266,11 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
         outcome.resimulated.makespan() * 1e3,
         outcome.work_seconds * 1e3
     );
+    println!(
+        "held: peak activation bytes per rank {:?} (measured; recomputation per stage: {})",
+        outcome.peak_held_bytes,
+        recompute_names(chosen)
+    );
     let split = splits_lost_time(setup);
     let lost = lost_shares(&outcome.measured);
     let cell = |r: usize| match (split, lost.get(r)) {
@@ -338,6 +343,12 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
     if let Some(h) = &outcome.host_enqueue {
         print_host_enqueue(h);
     }
+}
+
+/// Each stage's recomputation mode, by stage (`none none full ...`).
+fn recompute_names(chosen: &Chosen) -> String {
+    let modes = chosen.plan.cost.recompute();
+    modes.iter().map(|m| m.name()).collect::<Vec<_>>().join(" ")
 }
 
 /// The stream runner (`--backend cuda`): the host's enqueue time per action, plain and replayed (`--graph`).
@@ -443,6 +454,8 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
     });
     // Apart from the object above, which is at serde_json's macro recursion limit.
     value["first_step"] = json!(outcome.first_step);
+    value["recompute"] = json!(chosen.plan.cost.recompute());
+    value["peak_held_bytes"] = json!(outcome.peak_held_bytes);
     value["near_tie"] = json!(chosen.near_tie);
     value["graph"] = json!(a.graph);
     value["devices"] = setup

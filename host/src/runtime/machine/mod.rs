@@ -10,10 +10,18 @@
 //! where a handed-on output goes (this rank's mailbox, or another rank's through a transport). The
 //! end of a step (zero-grad, abort, the finish barrier) and the optimizer steps a runner applies
 //! when the trainer asks are in [`end`].
+//!
+//! Recomputation ([`Recompute`], per stage, [`Machine::recomputing`]) is the machine's too, so every
+//! runner has it: on a stage run with [`Recompute::Full`], `F` keeps a copy of the stage's input
+//! ([`Calls::keep`]: a clone on the host, a copy enqueued on the action's stream on a device) and
+//! drops the stash at once, holding the input's bytes; the stage's `I` or `B` runs the forward
+//! again on that input inside its own layer call (timed with the backward, its output dropped),
+//! holds the rebuilt stash from its start, and goes on as without recomputation.
 
 use std::collections::HashMap;
 
 use super::{Loss, Payload, RuntimeError, Stage, StageError};
+use crate::cost::Recompute;
 use crate::schedule::deps::{output, Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::Transfer;
@@ -47,6 +55,13 @@ pub(crate) trait Calls<P> {
         f().map_err(|e| action_failed(self.rank(), action, e).into())
     }
 
+    /// A copy of `input`, the input of `action` (an `F` on a stage run with full recomputation),
+    /// that the machine keeps for the stage's backward to run the forward on again, while the
+    /// forward consumes `input` itself. It must hold `input`'s values as they are when the
+    /// forward reads them: a clone on the host; on a device, a copy enqueued on the action's
+    /// stream before the forward's work.
+    fn keep(&mut self, action: Action, input: &P) -> Result<P, Self::Stop>;
+
     /// Refuses a payload `action` reads when it cannot be read where the action runs (a device
     /// checks the payload's device; the host accepts everything).
     #[inline(always)]
@@ -65,9 +80,18 @@ pub(crate) fn action_failed(rank: usize, action: Action, message: impl ToString)
     }
 }
 
-/// A stash and whether `I` has already run on it.
-struct Stashed<T> {
-    stash: T,
+/// What a microbatch's forward left for its backward: the stash, or with full recomputation the
+/// stage's input to rebuild it from.
+enum Kept<T, P> {
+    Stash(T),
+    Input(P),
+    /// Taken by a rebuild that failed (the step fails with it).
+    Gone,
+}
+
+/// What a forward left, whether `I` has already run on it, and the bytes it holds.
+struct Stashed<T, P> {
+    kept: Kept<T, P>,
     input_done: bool,
     bytes: usize,
 }
@@ -81,7 +105,9 @@ pub(crate) struct Machine<P: Payload, T> {
     /// Stage 0's microbatch inputs (empty on a rank without stage 0).
     inputs: Vec<Option<P>>,
     mailbox: Mailbox<P>,
-    stashes: HashMap<(usize, usize), Stashed<T>>,
+    stashes: HashMap<(usize, usize), Stashed<T, P>>,
+    /// Each stage's recomputation mode (by global stage; a stage past the end has none).
+    recompute: Vec<Recompute>,
     held: usize,
     peak: usize,
     losses: Vec<(usize, P::Loss)>,
@@ -90,6 +116,9 @@ pub(crate) struct Machine<P: Payload, T> {
     evaluation: bool,
     outputs: Vec<(usize, P)>,
 }
+
+/// What a backward says when a failed rebuild took the input it would have rebuilt from.
+const LOST: &str = "the stage's kept input was taken by a rebuild that failed";
 
 /// What a failed check says when an action's input is missing.
 const NO_INPUT: &str = "its input was neither produced on this rank nor received before it (does \
@@ -106,6 +135,7 @@ impl<P: Payload, T> Machine<P, T> {
             inputs: inputs.into_iter().map(Some).collect(),
             mailbox: Mailbox::default(),
             stashes: HashMap::new(),
+            recompute: Vec::new(),
             held: 0,
             peak: 0,
             losses: Vec::new(),
@@ -121,6 +151,19 @@ impl<P: Payload, T> Machine<P, T> {
     pub(crate) fn evaluating(mut self, evaluation: bool) -> Self {
         self.evaluation = evaluation;
         self
+    }
+
+    /// This machine, running stage `s` with recomputation `modes[s]` (a stage past the end of
+    /// `modes` with none). An evaluation ignores it: no stash outlives its forward there.
+    pub(crate) fn recomputing(mut self, modes: &[Recompute]) -> Self {
+        self.recompute = modes.to_vec();
+        self
+    }
+
+    /// Whether `stage`'s forwards keep only their input (and never in an evaluation).
+    #[inline(always)]
+    fn full(&self, stage: usize) -> bool {
+        !self.evaluation && self.recompute.get(stage) == Some(&Recompute::Full)
     }
 
     /// Runs `a` on `stage` (the action's stage): takes its input, calls the stage through
@@ -170,7 +213,8 @@ impl<P: Payload, T> Machine<P, T> {
         Ok(Some((edge, data)))
     }
 
-    /// `F`: the output; the stash is held until `W` (or `B`).
+    /// `F`: the output; the stash is held until `W` (or `B`), or with full recomputation a copy of
+    /// the input instead.
     #[inline(always)]
     fn forward<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
@@ -191,6 +235,9 @@ impl<P: Payload, T> Machine<P, T> {
         if self.stashes.contains_key(&key) {
             return Err(self.fail(a, "this forward already ran and its stash is still held"));
         }
+        if self.full(a.stage) {
+            return self.forward_keeping_input(a, key, input, stage, calls);
+        }
         let (out, stash, bytes) = calls.call(a, || {
             let (out, stash) = stage.forward(input)?;
             let bytes = stage.held_bytes(&stash);
@@ -204,7 +251,31 @@ impl<P: Payload, T> Machine<P, T> {
             return Ok(out);
         }
         let stashed = Stashed {
-            stash,
+            kept: Kept::Stash(stash),
+            input_done: false,
+            bytes,
+        };
+        self.stashes.insert(key, stashed);
+        Ok(out)
+    }
+
+    /// `F` with full recomputation: keeps a copy of `input` (its bytes held until the backward)
+    /// and drops the stash as soon as the forward returns.
+    fn forward_keeping_input<S: Stage<P, Stash = T>, C: Calls<P>>(
+        &mut self,
+        a: Action,
+        key: (usize, usize),
+        input: P,
+        stage: &mut S,
+        calls: &mut C,
+    ) -> Result<P, C::Stop> {
+        let kept = calls.keep(a, &input)?;
+        let (out, stash) = calls.call(a, || stage.forward(input))?;
+        drop(stash);
+        let bytes = kept.bytes();
+        self.hold(bytes, 0);
+        let stashed = Stashed {
+            kept: Kept::Input(kept),
             input_done: false,
             bytes,
         };
@@ -253,20 +324,44 @@ impl<P: Payload, T> Machine<P, T> {
     {
         let grad = self.take(Edge::gradient_of(a), a)?;
         calls.placed(a, &grad)?;
+        let rank = self.rank;
         let Some(slot) = self.stashes.get_mut(&(a.stage, a.microbatch)) else {
             return Err(self.no_stash(a));
         };
         if slot.input_done {
             return Err(self.fail(a, "I already ran for this microbatch"));
         }
-        let (grad_input, bytes) = calls.call(a, || {
-            let grad_input = stage.backward_input(&mut slot.stash, grad)?;
-            Ok((grad_input, stage.held_bytes(&slot.stash)))
-        })?;
         let before = slot.bytes;
+        // `rebuilt`: the bytes held from the start of `I`, the rebuilt stash's with recomputation.
+        let (grad_input, bytes, rebuilt) = match &mut slot.kept {
+            Kept::Stash(stash) => {
+                let (grad_input, bytes) = calls.call(a, || {
+                    let grad_input = stage.backward_input(stash, grad)?;
+                    Ok((grad_input, stage.held_bytes(stash)))
+                })?;
+                (grad_input, bytes, before)
+            }
+            kept => {
+                let Kept::Input(input) = std::mem::replace(kept, Kept::Gone) else {
+                    return Err(action_failed(rank, a, LOST).into());
+                };
+                let (grad_input, stash, rebuilt, bytes) = calls.call(a, || {
+                    let (_, mut stash) = stage.forward(input)?;
+                    let rebuilt = stage.held_bytes(&stash);
+                    let grad_input = stage.backward_input(&mut stash, grad)?;
+                    let bytes = stage.held_bytes(&stash);
+                    Ok((grad_input, stash, rebuilt, bytes))
+                })?;
+                slot.kept = Kept::Stash(stash);
+                (grad_input, bytes, rebuilt)
+            }
+        };
         slot.bytes = bytes;
         slot.input_done = true;
-        self.hold(bytes, before);
+        if rebuilt != before {
+            self.hold(rebuilt, before);
+        }
+        self.hold(bytes, rebuilt);
         Ok(grad_input)
     }
 
@@ -287,7 +382,10 @@ impl<P: Payload, T> Machine<P, T> {
             return Err(self.fail(a, "W before I for this microbatch"));
         }
         self.hold(0, slot.bytes);
-        calls.call(a, || stage.backward_weight(slot.stash))
+        let Kept::Stash(stash) = slot.kept else {
+            return Err(self.fail(a, LOST));
+        };
+        calls.call(a, || stage.backward_weight(stash))
     }
 
     /// `B`: the input gradient; consumes the stash of a forward no `I` ran on.
@@ -303,13 +401,28 @@ impl<P: Payload, T> Machine<P, T> {
         if slot.input_done {
             return Err(self.fail(a, "B after I for this microbatch"));
         }
-        self.hold(0, slot.bytes);
-        calls.call(a, || stage.backward(slot.stash, grad))
+        match slot.kept {
+            Kept::Stash(stash) => {
+                self.hold(0, slot.bytes);
+                calls.call(a, || stage.backward(stash, grad))
+            }
+            Kept::Input(input) => {
+                let (grad_input, rebuilt) = calls.call(a, || {
+                    let (_, stash) = stage.forward(input)?;
+                    let rebuilt = stage.held_bytes(&stash);
+                    Ok((stage.backward(stash, grad)?, rebuilt))
+                })?;
+                self.hold(rebuilt, slot.bytes);
+                self.hold(0, rebuilt);
+                Ok(grad_input)
+            }
+            Kept::Gone => Err(self.fail(a, LOST)),
+        }
     }
 
     /// Removes the stash of `a`'s stage and microbatch.
     #[inline(always)]
-    fn unstash<E: From<RuntimeError>>(&mut self, a: Action) -> Result<Stashed<T>, E> {
+    fn unstash<E: From<RuntimeError>>(&mut self, a: Action) -> Result<Stashed<T, P>, E> {
         match self.stashes.remove(&(a.stage, a.microbatch)) {
             Some(slot) => Ok(slot),
             None => Err(self.no_stash(a)),

@@ -433,7 +433,7 @@ impl Device for CpuStreams {
     }
 
     fn copy(
-        &mut self,
+        &self,
         stream: usize,
         src: &Pending<Tensor>,
     ) -> Result<Pending<Tensor>, DeviceError> {
