@@ -89,7 +89,10 @@ fn a_bad_mode_exits_2_naming_the_flag() {
         first.contains("--recompute") && first.contains("none, full"),
         "{err}"
     );
-    assert!(!dir.join("pipefill-timeline.svg").exists(), "nothing written");
+    assert!(
+        !dir.join("pipefill-timeline.svg").exists(),
+        "nothing written"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -74,7 +74,11 @@ fn counted(n: usize, forwards: &Arc<AtomicUsize>) -> Vec<Counted> {
 fn batch(m: usize, step: usize) -> (Vec<Tensor>, Vec<Tensor>) {
     let s = step as f32;
     let x = |k: usize| {
-        Tensor::new(vec![2, 2], vec![0.1 * k as f32 - 0.2 * s, -0.3, 0.7, 0.2 + s]).unwrap()
+        Tensor::new(
+            vec![2, 2],
+            vec![0.1 * k as f32 - 0.2 * s, -0.3, 0.7, 0.2 + s],
+        )
+        .unwrap()
     };
     let t = |k: usize| Tensor::new(vec![2, 2], vec![0.4, 0.05 * k as f32, -0.2, 0.3 - s]).unwrap();
     ((0..m).map(x).collect(), (0..m).map(t).collect())
@@ -173,12 +177,13 @@ fn rank_streams(schedule: &Schedule, mode: Recompute) -> Run {
                 let (forwards, all, shape) = (&forwards, &all, &shape);
                 scope.spawn(move || {
                     let device = CpuStreams::new();
-                    let mine: Vec<(usize, OnStreams<Counted>)> = counted(schedule.stages(), forwards)
-                        .into_iter()
-                        .enumerate()
-                        .filter(|(s, _)| schedule.rank_of(*s) == rank)
-                        .map(|(s, c)| (s, device.stage(c)))
-                        .collect();
+                    let mine: Vec<(usize, OnStreams<Counted>)> =
+                        counted(schedule.stages(), forwards)
+                            .into_iter()
+                            .enumerate()
+                            .filter(|(s, _)| schedule.rank_of(*s) == rank)
+                            .map(|(s, c)| (s, device.stage(c)))
+                            .collect();
                     let loss = device.loss(mse);
                     let mut runner =
                         RankStreams::new(schedule.clone(), rank, mine, device, PostOrder::Sender)
@@ -256,7 +261,10 @@ fn same_numbers(name: &str, run: fn(&Schedule, Recompute) -> Run) {
         let full = run(&s, Recompute::Full);
         let what = format!("{name}, {family}");
         assert_eq!(full.losses, none.losses, "{what}: losses");
-        assert_eq!(full.weights, none.weights, "{what}: weights after {STEPS} steps");
+        assert_eq!(
+            full.weights, none.weights,
+            "{what}: weights after {STEPS} steps"
+        );
         let once = STEPS * s.stages() * s.microbatches;
         assert_eq!(none.forwards, once, "{what}");
         assert_eq!(full.forwards, 2 * once, "{what}: every forward runs again");

@@ -49,7 +49,10 @@ impl Outcome {
             .ok_or(TrainError::NoStep)?;
         let work_seconds = r.action_seconds.iter().map(|(_, t)| t).sum();
         let mut peak_held_bytes = vec![0; plan.schedule.ranks];
-        for (r, &b) in reports.iter().flat_map(|x| x.peak_held_bytes.iter().enumerate()) {
+        for (r, &b) in reports
+            .iter()
+            .flat_map(|x| x.peak_held_bytes.iter().enumerate())
+        {
             if let Some(p) = peak_held_bytes.get_mut(r) {
                 *p = (*p).max(b);
             }

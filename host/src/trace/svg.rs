@@ -220,7 +220,10 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                 shade,
                 &tip,
             );
-            let (x0, x1) = (x(span.start), x(span.start + share * (span.end - span.start)));
+            let (x0, x1) = (
+                x(span.start),
+                x(span.start + share * (span.end - span.start)),
+            );
             if x1 - x0 >= 0.05 {
                 let _ = writeln!(
                     s,
@@ -529,7 +532,9 @@ mod tests {
         assert_eq!(svg.matches(r#"fill="url(#rebuild)">"#).count(), 1);
         assert!(svg.contains("recomputed forward"));
         let plain = svg_gantt(&[&t], &SvgOptions::default());
-        assert!(!plain.contains(r#"fill="url(#rebuild)">"#) && !plain.contains("recomputed forward"));
+        assert!(
+            !plain.contains(r#"fill="url(#rebuild)">"#) && !plain.contains("recomputed forward")
+        );
     }
 
     #[test]
