@@ -12,11 +12,10 @@
 //! when the trainer asks are in [`end`].
 //!
 //! Recomputation ([`Recompute`], per stage, [`Machine::recomputing`]) is the machine's too, so every
-//! runner has it: on a stage run with [`Recompute::Full`], `F` keeps a copy of the stage's input
-//! ([`Calls::keep`]: a clone on the host, a copy enqueued on the action's stream on a device) and
-//! drops the stash at once, holding the input's bytes; the stage's `I` or `B` runs the forward
-//! again on that input inside its own layer call (timed with the backward, its output dropped),
-//! holds the rebuilt stash from its start, and goes on as without recomputation.
+//! runner has it ([`recompute`]): on a stage run with [`Recompute::Full`], `F` keeps a copy of the
+//! stage's input ([`Calls::keep`]) instead of the stash, and the stage's `I` or `B` runs the forward
+//! again on it first. A run without recomputation never reaches that code: the kept inputs live
+//! apart from the stashes, and a backward looks for one only where it finds no stash.
 
 use std::collections::HashMap;
 
@@ -28,6 +27,7 @@ use crate::timeline::Transfer;
 
 mod end;
 mod mailbox;
+mod recompute;
 #[cfg(test)]
 mod tests;
 
@@ -80,18 +80,9 @@ pub(crate) fn action_failed(rank: usize, action: Action, message: impl ToString)
     }
 }
 
-/// What a microbatch's forward left for its backward: the stash, or with full recomputation the
-/// stage's input to rebuild it from.
-enum Kept<T, P> {
-    Stash(T),
-    Input(P),
-    /// Taken by a rebuild that failed (the step fails with it).
-    Gone,
-}
-
-/// What a forward left, whether `I` has already run on it, and the bytes it holds.
-struct Stashed<T, P> {
-    kept: Kept<T, P>,
+/// A stash and whether `I` has already run on it.
+struct Stashed<T> {
+    stash: T,
     input_done: bool,
     bytes: usize,
 }
@@ -105,9 +96,11 @@ pub(crate) struct Machine<P: Payload, T> {
     /// Stage 0's microbatch inputs (empty on a rank without stage 0).
     inputs: Vec<Option<P>>,
     mailbox: Mailbox<P>,
-    stashes: HashMap<(usize, usize), Stashed<T, P>>,
+    stashes: HashMap<(usize, usize), Stashed<T>>,
     /// Each stage's recomputation mode (by global stage; a stage past the end has none).
     recompute: Vec<Recompute>,
+    /// With recomputation: the inputs kept from `F` until the stash is rebuilt at `I` or `B`.
+    kept: HashMap<(usize, usize), P>,
     held: usize,
     peak: usize,
     losses: Vec<(usize, P::Loss)>,
@@ -116,9 +109,6 @@ pub(crate) struct Machine<P: Payload, T> {
     evaluation: bool,
     outputs: Vec<(usize, P)>,
 }
-
-/// What a backward says when a failed rebuild took the input it would have rebuilt from.
-const LOST: &str = "the stage's kept input was taken by a rebuild that failed";
 
 /// What a failed check says when an action's input is missing.
 const NO_INPUT: &str = "its input was neither produced on this rank nor received before it (does \
@@ -136,6 +126,7 @@ impl<P: Payload, T> Machine<P, T> {
             mailbox: Mailbox::default(),
             stashes: HashMap::new(),
             recompute: Vec::new(),
+            kept: HashMap::new(),
             held: 0,
             peak: 0,
             losses: Vec::new(),
@@ -150,20 +141,19 @@ impl<P: Payload, T> Machine<P, T> {
     /// Only forwards can run then: a backward finds no stash.
     pub(crate) fn evaluating(mut self, evaluation: bool) -> Self {
         self.evaluation = evaluation;
+        if evaluation {
+            self.recompute.clear();
+        }
         self
     }
 
     /// This machine, running stage `s` with recomputation `modes[s]` (a stage past the end of
     /// `modes` with none). An evaluation ignores it: no stash outlives its forward there.
     pub(crate) fn recomputing(mut self, modes: &[Recompute]) -> Self {
-        self.recompute = modes.to_vec();
+        if !self.evaluation {
+            self.recompute = modes.to_vec();
+        }
         self
-    }
-
-    /// Whether `stage`'s forwards keep only their input (and never in an evaluation).
-    #[inline(always)]
-    fn full(&self, stage: usize) -> bool {
-        !self.evaluation && self.recompute.get(stage) == Some(&Recompute::Full)
     }
 
     /// Runs `a` on `stage` (the action's stage): takes its input, calls the stage through
@@ -214,7 +204,7 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     /// `F`: the output; the stash is held until `W` (or `B`), or with full recomputation a copy of
-    /// the input instead.
+    /// the input instead ([`Machine::forward_keeping_input`]).
     #[inline(always)]
     fn forward<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
@@ -235,7 +225,7 @@ impl<P: Payload, T> Machine<P, T> {
         if self.stashes.contains_key(&key) {
             return Err(self.fail(a, "this forward already ran and its stash is still held"));
         }
-        if self.full(a.stage) {
+        if self.recompute.get(a.stage) == Some(&Recompute::Full) {
             return self.forward_keeping_input(a, key, input, stage, calls);
         }
         let (out, stash, bytes) = calls.call(a, || {
@@ -251,31 +241,7 @@ impl<P: Payload, T> Machine<P, T> {
             return Ok(out);
         }
         let stashed = Stashed {
-            kept: Kept::Stash(stash),
-            input_done: false,
-            bytes,
-        };
-        self.stashes.insert(key, stashed);
-        Ok(out)
-    }
-
-    /// `F` with full recomputation: keeps a copy of `input` (its bytes held until the backward)
-    /// and drops the stash as soon as the forward returns.
-    fn forward_keeping_input<S: Stage<P, Stash = T>, C: Calls<P>>(
-        &mut self,
-        a: Action,
-        key: (usize, usize),
-        input: P,
-        stage: &mut S,
-        calls: &mut C,
-    ) -> Result<P, C::Stop> {
-        let kept = calls.keep(a, &input)?;
-        let (out, stash) = calls.call(a, || stage.forward(input))?;
-        drop(stash);
-        let bytes = kept.bytes();
-        self.hold(bytes, 0);
-        let stashed = Stashed {
-            kept: Kept::Input(kept),
+            stash,
             input_done: false,
             bytes,
         };
@@ -324,44 +290,20 @@ impl<P: Payload, T> Machine<P, T> {
     {
         let grad = self.take(Edge::gradient_of(a), a)?;
         calls.placed(a, &grad)?;
-        let rank = self.rank;
         let Some(slot) = self.stashes.get_mut(&(a.stage, a.microbatch)) else {
-            return Err(self.no_stash(a));
+            return self.backward_input_rebuilt(a, grad, stage, calls);
         };
         if slot.input_done {
             return Err(self.fail(a, "I already ran for this microbatch"));
         }
+        let (grad_input, bytes) = calls.call(a, || {
+            let grad_input = stage.backward_input(&mut slot.stash, grad)?;
+            Ok((grad_input, stage.held_bytes(&slot.stash)))
+        })?;
         let before = slot.bytes;
-        // `rebuilt`: the bytes held from the start of `I`, the rebuilt stash's with recomputation.
-        let (grad_input, bytes, rebuilt) = match &mut slot.kept {
-            Kept::Stash(stash) => {
-                let (grad_input, bytes) = calls.call(a, || {
-                    let grad_input = stage.backward_input(stash, grad)?;
-                    Ok((grad_input, stage.held_bytes(stash)))
-                })?;
-                (grad_input, bytes, before)
-            }
-            kept => {
-                let Kept::Input(input) = std::mem::replace(kept, Kept::Gone) else {
-                    return Err(action_failed(rank, a, LOST).into());
-                };
-                let (grad_input, stash, rebuilt, bytes) = calls.call(a, || {
-                    let (_, mut stash) = stage.forward(input)?;
-                    let rebuilt = stage.held_bytes(&stash);
-                    let grad_input = stage.backward_input(&mut stash, grad)?;
-                    let bytes = stage.held_bytes(&stash);
-                    Ok((grad_input, stash, rebuilt, bytes))
-                })?;
-                slot.kept = Kept::Stash(stash);
-                (grad_input, bytes, rebuilt)
-            }
-        };
         slot.bytes = bytes;
         slot.input_done = true;
-        if rebuilt != before {
-            self.hold(rebuilt, before);
-        }
-        self.hold(bytes, rebuilt);
+        self.hold(bytes, before);
         Ok(grad_input)
     }
 
@@ -382,10 +324,7 @@ impl<P: Payload, T> Machine<P, T> {
             return Err(self.fail(a, "W before I for this microbatch"));
         }
         self.hold(0, slot.bytes);
-        let Kept::Stash(stash) = slot.kept else {
-            return Err(self.fail(a, LOST));
-        };
-        calls.call(a, || stage.backward_weight(stash))
+        calls.call(a, || stage.backward_weight(slot.stash))
     }
 
     /// `B`: the input gradient; consumes the stash of a forward no `I` ran on.
@@ -397,32 +336,19 @@ impl<P: Payload, T> Machine<P, T> {
     {
         let grad = self.take(Edge::gradient_of(a), a)?;
         calls.placed(a, &grad)?;
-        let slot = self.unstash(a)?;
+        let Some(slot) = self.stashes.remove(&(a.stage, a.microbatch)) else {
+            return self.backward_rebuilt(a, grad, stage, calls);
+        };
         if slot.input_done {
             return Err(self.fail(a, "B after I for this microbatch"));
         }
-        match slot.kept {
-            Kept::Stash(stash) => {
-                self.hold(0, slot.bytes);
-                calls.call(a, || stage.backward(stash, grad))
-            }
-            Kept::Input(input) => {
-                let (grad_input, rebuilt) = calls.call(a, || {
-                    let (_, stash) = stage.forward(input)?;
-                    let rebuilt = stage.held_bytes(&stash);
-                    Ok((stage.backward(stash, grad)?, rebuilt))
-                })?;
-                self.hold(rebuilt, slot.bytes);
-                self.hold(0, rebuilt);
-                Ok(grad_input)
-            }
-            Kept::Gone => Err(self.fail(a, LOST)),
-        }
+        self.hold(0, slot.bytes);
+        calls.call(a, || stage.backward(slot.stash, grad))
     }
 
     /// Removes the stash of `a`'s stage and microbatch.
     #[inline(always)]
-    fn unstash<E: From<RuntimeError>>(&mut self, a: Action) -> Result<Stashed<T, P>, E> {
+    fn unstash<E: From<RuntimeError>>(&mut self, a: Action) -> Result<Stashed<T>, E> {
         match self.stashes.remove(&(a.stage, a.microbatch)) {
             Some(slot) => Ok(slot),
             None => Err(self.no_stash(a)),
@@ -450,6 +376,12 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     fn no_stash<E: From<RuntimeError>>(&self, a: Action) -> E {
+        if self.kept.contains_key(&(a.stage, a.microbatch)) {
+            return self.fail(
+                a,
+                "W before I for this microbatch (its stash is not rebuilt)",
+            );
+        }
         self.fail(
             a,
             "no stash: the forward of this stage and microbatch has not run",
