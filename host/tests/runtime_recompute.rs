@@ -163,13 +163,16 @@ fn streams(schedule: &Schedule, mode: Recompute) -> Run {
     }
 }
 
+/// Each step's losses, and every stage `(index, state)` after the last.
+type Trained = (Vec<Vec<f32>>, Vec<(usize, Cell)>);
+
 /// Every rank on its own thread with its own `CpuStreams` and `RankStreams`, over `CpuPeers`.
 fn rank_streams(schedule: &Schedule, mode: Recompute) -> Run {
     let forwards = Arc::new(AtomicUsize::new(0));
     let peers = CpuPeers::connect(schedule.ranks, Duration::from_secs(20));
     let all = modes(schedule, mode);
     let shape = |_: Edge| vec![2, 2];
-    let per_rank: Vec<(Vec<Vec<f32>>, Vec<(usize, Cell)>)> = std::thread::scope(|scope| {
+    let (losses, mut states): Trained = std::thread::scope(|scope| {
         let handles: Vec<_> = peers
             .into_iter()
             .enumerate()
@@ -231,9 +234,8 @@ fn rank_streams(schedule: &Schedule, mode: Recompute) -> Run {
             .into_iter()
             .map(|o| assemble(schedule, o, 0.0).unwrap().losses)
             .collect();
-        vec![(losses, states.into_iter().flatten().collect())]
+        (losses, states.into_iter().flatten().collect())
     });
-    let (losses, mut states) = per_rank.into_iter().next().unwrap();
     states.sort_by_key(|(s, _)| *s);
     Run {
         losses: losses.iter().map(|l| bits(l)).collect(),
