@@ -6,7 +6,9 @@
 //!   microbatches, the same gradient mean summed in replica order, the same optimizer);
 //! - a run saved after 3 steps and resumed, on the streams or on the threads, continues with the
 //!   losses of the uninterrupted run, bit for bit; the checkpoint holds replica 0's stages;
-//! - a captured and replayed step (`--graph`) gives the plain steps' losses.
+//! - a captured and replayed step (`--graph`) gives the plain steps' losses;
+//! - full recomputation on the streams (`train --backend cuda --recompute full`'s twin), plain
+//!   and captured, gives the threaded run's losses without it, bit for bit.
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +18,7 @@ use pipefill::layers::{LinearStage, LossKind, Optimizer};
 use pipefill::model::{stage_ranges, ModelSpec, Teacher};
 use pipefill::trainer::streams::CpuUpload;
 use pipefill::trainer::{train, Outcome, Run, Saver, Silent, StepRunner, Streams, Threads};
-use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+use pipefill_host::cost::{CostFile, LayerCost, LinkCost, Recompute};
 use pipefill_host::plan::{plan_schedule, Plan, Split};
 use pipefill_host::runtime::streams::CpuStreams;
 use pipefill_host::runtime::Executor;
@@ -35,6 +37,8 @@ fn optimizer() -> Optimizer {
 struct Case {
     spec: ModelSpec,
     plan: Plan,
+    /// Each stage's recomputation mode on the runners (empty: none).
+    recompute: Vec<Recompute>,
 }
 
 impl Case {
@@ -52,7 +56,11 @@ impl Case {
         params.chunks = (family == "zbv").then_some(2);
         let schedule = families::generate(family, &params).unwrap();
         let plan = plan_schedule(&costs, &schedule, Split::Uniform, None).unwrap();
-        Case { spec, plan }
+        Case {
+            spec,
+            plan,
+            recompute: Vec::new(),
+        }
     }
 
     /// The model's stages with the seed's weights, or the checkpoint's state in `resume`.
@@ -91,7 +99,8 @@ impl Case {
                 (on, device, loss)
             })
             .collect();
-        Box::new(Streams::new(schedule, replicas, CpuUpload, M, graph).unwrap())
+        let runner = Streams::new(schedule, replicas, CpuUpload, M, graph).unwrap();
+        Box::new(runner.recomputing(&self.recompute))
     }
 
     /// Saves into `dir` after step `steps`.
@@ -219,4 +228,18 @@ fn captured_steps_with_replicas_train_as_plain_ones() {
     // Steps 0 and 1 plain, step 2 captured, 3..5 replayed.
     assert_eq!(host.captured_at, Some(2));
     assert_eq!((host.plain.len(), host.graph.len()), (1, 3));
+}
+
+#[test]
+fn recomputing_on_the_streams_trains_as_the_threads_without_it() {
+    for family in ["1f1b", "zbv"] {
+        let mut c = Case::new(family);
+        let d = 2;
+        let plain = c.losses(d, (0, 6), None, c.threads(d, None));
+        c.recompute = vec![Recompute::Full; c.plan.schedule.stages()];
+        for graph in [false, true] {
+            let streamed = c.losses(d, (0, 6), None, c.streams(d, graph, None));
+            assert_eq!(streamed, plain, "{family}, graph {graph}");
+        }
+    }
 }

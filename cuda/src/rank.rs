@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use pipefill_host::cost::ActivationDtype;
+use pipefill_host::cost::{ActivationDtype, Recompute};
 use pipefill_host::runtime::streams::{PostOrder, RankBatch, RankStreams};
 use pipefill_host::runtime::{RankOutcome, RuntimeError};
 use pipefill_host::schedule::deps::Edge;
@@ -123,6 +123,12 @@ impl CudaRank {
             loss,
             widths: model.widths,
         })
+    }
+
+    /// Runs stage `s` with recomputation `modes[s]` from the next step on
+    /// ([`RankStreams::set_recompute`]: the kept input is a copy on the forward's stream).
+    pub fn set_recompute(&mut self, modes: &[Recompute]) {
+        self.runner.set_recompute(modes);
     }
 
     /// Runs the rank's part of one step: `inputs` are stage 0's microbatches (on its rank; empty

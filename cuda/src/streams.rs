@@ -282,7 +282,7 @@ impl Device for CudaStreams {
             .map_err(|e| device_error(CudaError::driver("cuGraphLaunch")(e)))
     }
 
-    fn copy(&mut self, stream: usize, src: &DeviceTensor) -> Result<DeviceTensor, DeviceError> {
+    fn copy(&self, stream: usize, src: &DeviceTensor) -> Result<DeviceTensor, DeviceError> {
         let s = self.link.stream(stream).map_err(device_error)?;
         copy_on(&s, src).map_err(device_error)
     }

@@ -102,6 +102,7 @@ fn by_hand(schedule: &Schedule, sends: &AtomicUsize, recvs: &AtomicUsize) -> (Ve
                     exclusive: None,
                     hook: None,
                     reduce: None,
+                    recompute: &[],
                 };
                 let mut t = Counted {
                     inner: ch,

@@ -24,6 +24,7 @@ mod devices;
 mod launch;
 mod load;
 mod output;
+mod recompute;
 mod setup;
 
 use std::io::IsTerminal;
@@ -86,7 +87,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
 /// The candidate plans, best first, and the profile's measured spread: profiled and planned, or
 /// the `--resume` checkpoint's plan (a resumed run keeps its schedule, partition and costs).
 pub fn candidates(setup: &Setup) -> Result<Candidates, CliError> {
-    Ok(match &setup.resume {
+    let mut c = match &setup.resume {
         Some(r) => Candidates {
             plans: vec![r.manifest.plan.clone()],
             spread: 0.0,
@@ -98,7 +99,10 @@ pub fn candidates(setup: &Setup) -> Result<Candidates, CliError> {
                 spread: recorded_spread(&costs).unwrap_or(0.0),
             }
         }
-    })
+    };
+    // `--recompute`: every plan priced as it will run (a resumed one too: the flag is the run's).
+    c.plans = recompute::recomputed(c.plans, setup.args.recompute.mode())?;
+    Ok(c)
 }
 
 /// The plan to run among `candidates` ([`pipefill_host::plan::choose`]: the fastest, or in a
@@ -280,6 +284,7 @@ fn threads(setup: &Setup, plan: &Plan) -> Result<(Box<dyn StepRunner>, usize), C
         let mut ex =
             Executor::new(plan.schedule.clone(), stages).map_err(|e| failed(e.to_string()))?;
         ex.set_exclusive(a.replay);
+        ex.set_recompute(&plan.cost.recompute());
         executors.push(ex);
     }
     let runner = Threads::new(executors, setup.spec.loss, a.microbatches)?;

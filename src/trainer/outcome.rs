@@ -25,6 +25,10 @@ pub struct Outcome {
     pub resimulated: Timeline,
     /// Sequential step time estimate: the sum of the median step's layer seconds.
     pub work_seconds: f64,
+    /// Per rank, the most activation bytes its stashes (and kept inputs, with recomputation)
+    /// held at once over the run's steps, as the runtime measured them (replica 0's; 0 where the
+    /// runner does not count them: pending payloads on streams).
+    pub peak_held_bytes: Vec<usize>,
     /// The stream runner's host enqueue time per action, plain and with a captured graph.
     pub host_enqueue: Option<HostEnqueue>,
 }
@@ -44,6 +48,15 @@ impl Outcome {
             .get(median_index(&step_seconds))
             .ok_or(TrainError::NoStep)?;
         let work_seconds = r.action_seconds.iter().map(|(_, t)| t).sum();
+        let mut peak_held_bytes = vec![0; plan.schedule.ranks];
+        for (r, &b) in reports
+            .iter()
+            .flat_map(|x| x.peak_held_bytes.iter().enumerate())
+        {
+            if let Some(p) = peak_held_bytes.get_mut(r) {
+                *p = (*p).max(b);
+            }
+        }
         // The run's own action durations, simulated: what the schedule takes if the runtime adds
         // nothing to the layers' time.
         let resimulated = simulate(&plan.schedule, &plan.cost.with_durations(&r.action_seconds))
@@ -63,6 +76,7 @@ impl Outcome {
             measured,
             resimulated,
             work_seconds,
+            peak_held_bytes,
             host_enqueue: None,
         })
     }

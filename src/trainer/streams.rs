@@ -14,6 +14,7 @@
 
 use std::time::Instant;
 
+use pipefill_host::cost::Recompute;
 use pipefill_host::runtime::streams::{Device, Pending, StreamExecutor, StreamLoss, StreamStage};
 use pipefill_host::runtime::{RuntimeError, StepReport, Tensor};
 use pipefill_host::schedule::Schedule;
@@ -144,6 +145,15 @@ where
             last_plain: None,
             warmup: None,
         })
+    }
+
+    /// This runner with stage `s` of every replica run with recomputation `modes[s]`
+    /// ([`StreamExecutor::set_recompute`]).
+    pub fn recomputing(mut self, modes: &[Recompute]) -> Self {
+        for (ex, _) in &mut self.replicas {
+            ex.set_recompute(modes);
+        }
+        self
     }
 
     /// Each replica's executor.

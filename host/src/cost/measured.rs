@@ -16,7 +16,12 @@ impl CostModel {
     /// - `F` from the forwards;
     /// - `I` and `W` from the split backwards when both ran (`B` from the fused ones, else `I + W`);
     /// - with only fused backwards, `B` from them, split into `I` and `W` in this model's ratio
-    ///   (half and half when this model's `I + W` is 0).
+    ///   (half and half when this model's `I + W` is 0);
+    /// - on a stage with recomputation, a measured `I` or `B` includes the forward run again
+    ///   before it: that stage's (new) forward time is taken off, since [`StageCost::time`]
+    ///   adds it back.
+    ///
+    /// [`StageCost::time`]: super::StageCost::time
     ///
     /// ```
     /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
@@ -35,10 +40,17 @@ impl CostModel {
     pub fn with_durations(&self, durations: &[(Action, f64)]) -> CostModel {
         let mut cost = self.clone();
         for (s, st) in cost.stages.iter_mut().enumerate() {
-            let mean = |op: Op| mean_of(durations, s, op);
-            if let Some(f) = mean(Op::F) {
+            if let Some(f) = mean_of(durations, s, Op::F) {
                 st.forward = f;
             }
+            let rebuild = st.rebuild_time();
+            let mean = |op: Op| {
+                let t = mean_of(durations, s, op)?;
+                Some(match op {
+                    Op::I | Op::B => (t - rebuild).max(0.0),
+                    _ => t,
+                })
+            };
             match (mean(Op::I), mean(Op::W), mean(Op::B)) {
                 (Some(i), Some(w), b) => {
                     st.backward_input = i;
@@ -75,7 +87,22 @@ fn mean_of(durations: &[(Action, f64)], stage: usize, op: Op) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{LinkCost, StageCost};
+    use crate::cost::{LinkCost, Recompute, StageCost};
+
+    #[test]
+    fn a_recomputing_stages_measured_backward_is_priced_once_with_its_rebuild() {
+        let st = StageCost::uniform(1.0, 1.0, 1.0).with_recompute(Recompute::Full);
+        let base = CostModel::uniform(st, 1, LinkCost::default());
+        // Measured: F 2, and I 5 of which the rebuild (a forward) took 2.
+        let run = [
+            (Action::new(Op::F, 0, 0), 2.0),
+            (Action::new(Op::I, 0, 0), 5.0),
+            (Action::new(Op::W, 0, 0), 1.0),
+        ];
+        let m = base.with_durations(&run);
+        assert_eq!(m.stages[0].backward_input, 3.0);
+        assert_eq!(m.stages[0].time(Op::I), 5.0, "the run's I, not 7");
+    }
 
     #[test]
     fn split_backwards_replace_i_w_and_keep_bytes_and_share() {

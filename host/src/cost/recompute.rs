@@ -55,3 +55,19 @@ impl FromStr for Recompute {
             .ok_or_else(|| format!("unknown recomputation mode `{s}`: use one of none, full"))
     }
 }
+
+impl super::CostModel {
+    /// Each stage's recomputation mode, by stage: what a runtime is told to run
+    /// (e.g. [`Executor::set_recompute`](crate::runtime::Executor::set_recompute)), so that what
+    /// runs is what the simulator priced.
+    ///
+    /// ```
+    /// use pipefill_host::cost::{CostModel, LinkCost, Recompute, StageCost};
+    /// let mut m = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 2, LinkCost::default());
+    /// m.stages[1].recompute = Recompute::Full;
+    /// assert_eq!(m.recompute(), vec![Recompute::None, Recompute::Full]);
+    /// ```
+    pub fn recompute(&self) -> Vec<Recompute> {
+        self.stages.iter().map(|s| s.recompute).collect()
+    }
+}

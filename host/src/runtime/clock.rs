@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::machine::{action_failed, Calls, RankStop};
-use super::{RuntimeError, StageError};
+use super::{RuntimeError, StageError, Tensor};
 use crate::cpu_time::thread_cpu_seconds;
 use crate::schedule::Action;
 
@@ -117,11 +117,17 @@ pub(super) struct Timed<'r, 'c> {
     pub seconds: &'r mut Vec<(Action, f64)>,
 }
 
-impl<P> Calls<P> for Timed<'_, '_> {
+impl Calls<Tensor> for Timed<'_, '_> {
     type Stop = RankStop;
 
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// A clone: the forward consumes its input, the rebuild reads the clone.
+    #[inline]
+    fn keep(&mut self, _: Action, input: &Tensor) -> Result<Tensor, RankStop> {
+        Ok(input.clone())
     }
 
     #[inline]

@@ -9,6 +9,7 @@ use super::report::{assemble, assemble_evaluation, lost_worker};
 use super::transport::Channels;
 use super::worker::{run_rank, RankStep, Reducer};
 use super::{Evaluation, Loss, RuntimeError, Stage, StepEvent, StepReport, Tensor};
+use crate::cost::Recompute;
 use crate::schedule::Schedule;
 
 /// Runs training steps of a [`Schedule`] over a trainer's [`Stage`]s, one OS thread per rank.
@@ -102,6 +103,8 @@ pub struct Executor<S: Stage> {
     exclusive: bool,
     poll: Duration,
     reducer: Option<Arc<Reducer>>,
+    /// Each stage's recomputation mode (empty: none).
+    recompute: Vec<Recompute>,
     /// Whether the stages hold a finished step's gradients, not yet applied.
     ready: Ready,
 }
@@ -120,6 +123,7 @@ impl<S: Stage> Executor<S> {
             exclusive: false,
             poll,
             reducer: None,
+            recompute: Vec::new(),
             ready: Ready::default(),
         })
     }
@@ -150,6 +154,20 @@ impl<S: Stage> Executor<S> {
     /// [`AllReduce`](super::AllReduce).
     pub fn set_reducer(&mut self, reducer: Option<Arc<Reducer>>) {
         self.reducer = reducer;
+    }
+
+    /// Runs stage `s` with recomputation `modes[s]` from the next step on (a stage past the end
+    /// of `modes` without): a stage with [`Recompute::Full`] keeps only (a copy of) its input
+    /// from `F` to its backward, which runs the forward again first. The losses, gradients and
+    /// parameters are those of a run without it, bit for bit (the forward is deterministic); the
+    /// peak held bytes are lower where the stash is larger than the input.
+    pub fn set_recompute(&mut self, modes: &[Recompute]) {
+        self.recompute = modes.to_vec();
+    }
+
+    /// Each stage's recomputation mode, as [`set_recompute`](Executor::set_recompute) set it.
+    pub fn recompute(&self) -> &[Recompute] {
+        &self.recompute
     }
 
     /// How long a waiting rank polls before it blocks (see [`set_poll`](Executor::set_poll)).
@@ -433,6 +451,7 @@ impl<S: Stage> Executor<S> {
             self.reducer.as_deref()
         };
         let exclusive = self.exclusive.then_some(&lock);
+        let recompute = &self.recompute;
         let steps: Vec<RankStep<'_, S, L>> = local
             .into_iter()
             .enumerate()
@@ -452,6 +471,7 @@ impl<S: Stage> Executor<S> {
                 exclusive,
                 hook,
                 reduce,
+                recompute,
             })
             .collect();
         let outputs: Vec<RankOutcome> = std::thread::scope(|scope| {

@@ -17,6 +17,7 @@ use super::program::RankProgram;
 use super::transport::{Parcel, Transport, TransportError};
 use super::Tensor;
 use super::{last_gradient_actions, Loss, RankOutcome, RankStop, RuntimeError, Stage, StageError};
+use crate::cost::Recompute;
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Comm, Item, Op, ParamOp, Schedule};
 use crate::timeline::Span;
@@ -46,6 +47,9 @@ pub struct RankStep<'a, S, L> {
     /// The data-parallel reduction, if any: called with each stage's [`Stage::gradients`] right
     /// after the stage's last `W`/`B` of the step, on this rank's thread.
     pub reduce: Option<&'a Reducer>,
+    /// Each global stage's recomputation mode (a stage past its end: none; see
+    /// [`Executor::set_recompute`](super::Executor::set_recompute)).
+    pub recompute: &'a [Recompute],
 }
 
 /// A data-parallel gradient reduction: `(global stage, that stage's gradient buffers)`; it must
@@ -99,7 +103,9 @@ pub fn run_rank<S: Stage, L: Loss, T: Transport>(
         transport,
         rank,
         stages: step.stages,
-        machine: Machine::new(rank, step.schedule, step.inputs).evaluating(evaluation),
+        machine: Machine::new(rank, step.schedule, step.inputs)
+            .evaluating(evaluation)
+            .recomputing(step.recompute),
         outbox: KeyMap::default(),
         clock: Clock::new(step.epoch, step.exclusive),
         hook: step.hook.map(|h| Hooked::new(h, step.schedule, rank)),

@@ -7,8 +7,10 @@
 //! measured rank was ready but not running (descheduled: lost to other work on the machine), dark
 //! hatching covers that share of the item's box (at its end) and the time just before it that the
 //! rank was woken late ([`Span::descheduled`](crate::timeline::Span::descheduled),
-//! [`Span::woken_late`](crate::timeline::Span::woken_late)). A time axis with round ticks and
-//! gridlines and a legend close the chart. No scripts, fonts or external files.
+//! [`Span::woken_late`](crate::timeline::Span::woken_late)). On a stage run with recomputation,
+//! the start of each `I` or `B` box, the forward run again to rebuild the stash, is hatched white
+//! ([`SvgOptions::rebuild_share`]). A time axis with round ticks and gridlines and a legend close
+//! the chart. No scripts, fonts or external files.
 
 use std::fmt::Write;
 
@@ -28,6 +30,10 @@ pub struct SvgOptions {
     /// Time unit of the timelines: `"s"` scales the axis to s, ms or us as fits; anything else is
     /// printed as given.
     pub unit: String,
+    /// Per global stage, the share of each of its `I` and `B` boxes that is the forward run
+    /// again before the backward (recomputation; e.g. `F / (F + I)` from the costs), hatched at
+    /// the box's start; 0 (or a stage past the end) for a stage without recomputation.
+    pub rebuild_share: Vec<f64>,
 }
 
 impl Default for SvgOptions {
@@ -37,6 +43,7 @@ impl Default for SvgOptions {
             lane_height: 22.0,
             title: String::new(),
             unit: "s".into(),
+            rebuild_share: Vec::new(),
         }
     }
 }
@@ -81,7 +88,9 @@ pub fn svg_gantt(timelines: &[&Timeline], opts: &SvgOptions) -> String {
         r##"<defs><pattern id="idle" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"##,
         r##"<rect width="6" height="6" fill="#f2f2f2"/><line x1="0" y1="0" x2="0" y2="6" stroke="#c8c8c8" stroke-width="2"/></pattern>"##,
         r##"<pattern id="lost" width="5" height="5" patternUnits="userSpaceOnUse" patternTransform="rotate(-45)">"##,
-        r##"<line x1="0" y1="0" x2="0" y2="5" stroke="#202020" stroke-width="2" stroke-opacity="0.7"/></pattern></defs>"##,
+        r##"<line x1="0" y1="0" x2="0" y2="5" stroke="#202020" stroke-width="2" stroke-opacity="0.7"/></pattern>"##,
+        r##"<pattern id="rebuild" width="4" height="4" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">"##,
+        r##"<line x1="0" y1="0" x2="0" y2="4" stroke="white" stroke-width="1.5" stroke-opacity="0.8"/></pattern></defs>"##,
         "\n",
         r##"<rect width="100%" height="100%" fill="white"/>"##,
         "\n"
@@ -137,7 +146,8 @@ pub fn svg_gantt(timelines: &[&Timeline], opts: &SvgOptions) -> String {
         .iter()
         .flat_map(|t| t.spans.iter().flatten())
         .any(|sp| sp.descheduled() > 0.0 || sp.woken_late() > 0.0);
-    legend(&mut s, axis_y + AXIS, lost);
+    let rebuilt = opts.rebuild_share.iter().any(|&f| f > 0.0);
+    legend(&mut s, axis_y + AXIS, lost, rebuilt);
     s.push_str("</svg>\n");
     s
 }
@@ -197,6 +207,10 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                     fmt_num(before * scale)
                 );
             }
+            let share = rebuild_share(&span.item(), &opts.rebuild_share);
+            if share > 0.0 {
+                tip.push_str("; starts with its forward run again (recomputation)");
+            }
             span_box(
                 s,
                 &span.item(),
@@ -206,6 +220,18 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                 shade,
                 &tip,
             );
+            let (x0, x1) = (
+                x(span.start),
+                x(span.start + share * (span.end - span.start)),
+            );
+            if x1 - x0 >= 0.05 {
+                let _ = writeln!(
+                    s,
+                    r##"<rect x="{x0:.2}" y="{y:.1}" width="{:.2}" height="{h:.1}" fill="url(#rebuild)"><title>{}</title></rect>"##,
+                    x1 - x0,
+                    esc(&tip)
+                );
+            }
             // Ready but not running: the descheduled share at the box's end, the late wake-up
             // just before it.
             let lost = [
@@ -280,6 +306,16 @@ fn span_box(
     s.push('\n');
 }
 
+/// The share of `item`'s box that rebuilds a stash: an `I` or `B` on a stage with a share.
+fn rebuild_share(item: &Item, shares: &[f64]) -> f64 {
+    match *item {
+        Item::One(a) if matches!(a.op, Op::I | Op::B) => {
+            shares.get(a.stage).copied().unwrap_or(0.0).clamp(0.0, 1.0)
+        }
+        _ => 0.0,
+    }
+}
+
 /// The number of chunks (stages per rank) a timeline shows: `max stage / P + 1`.
 fn chunk_count(t: &Timeline) -> usize {
     let p = t.ranks().max(1);
@@ -315,8 +351,9 @@ fn chunk_opacity(item: &Item, ranks: usize, chunks: usize) -> f64 {
     1.0 - 0.45 * c as f64 / (chunks - 1) as f64
 }
 
-/// The legend: one swatch per op, the pair, idle, and (`lost`) descheduled.
-fn legend(s: &mut String, y: f64, lost: bool) {
+/// The legend: one swatch per op, the pair, idle, and on a second row (`lost`) descheduled and
+/// (`rebuilt`) the recomputed forwards.
+fn legend(s: &mut String, y: f64, lost: bool, rebuilt: bool) {
     let entries: [(&str, &str); 4] = [
         ("F forward", op_colour(Op::F)),
         ("B full backward", op_colour(Op::B)),
@@ -354,13 +391,26 @@ fn legend(s: &mut String, y: f64, lost: bool) {
         x + 19.0 + 6.5 * 14.0,
         y
     );
+    // A second row.
+    let mut x = LEFT;
     if lost {
-        // A second row.
         let _ = writeln!(
             s,
-            r##"<rect x="{LEFT:.1}" y="{:.1}" width="14" height="12" fill="url(#lost)" stroke="#bbb"/><text x="{:.1}" y="{:.1}">descheduled: ready but not running (in an item, or woken late before it)</text>"##,
+            r##"<rect x="{x:.1}" y="{:.1}" width="14" height="12" fill="url(#lost)" stroke="#bbb"/><text x="{:.1}" y="{:.1}">descheduled: ready but not running (in an item, or woken late before it)</text>"##,
             y + 6.0,
-            LEFT + 19.0,
+            x + 19.0,
+            y + 16.0
+        );
+        x += 26.0 + 6.5 * 72.0;
+    }
+    if rebuilt {
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x:.1}" y="{:.1}" width="14" height="12" fill="{}"/><rect x="{x:.1}" y="{:.1}" width="14" height="12" fill="url(#rebuild)"/><text x="{:.1}" y="{:.1}">recomputed forward (start of I/B, its share from the costs)</text>"##,
+            y + 6.0,
+            op_colour(Op::I),
+            y + 6.0,
+            x + 19.0,
             y + 16.0
         );
     }
@@ -459,6 +509,31 @@ mod tests {
         assert!(
             !svg.contains(r#"fill="url(#lost)""#),
             "nothing was descheduled"
+        );
+    }
+
+    #[test]
+    fn the_rebuild_starts_each_backward_of_a_recomputing_stage() {
+        let mut t = Timeline::new("p", Source::Predicted, 2);
+        t.push(0, "0I0".parse().unwrap(), 0.0, 2.0);
+        t.push(1, "1B0".parse().unwrap(), 0.0, 4.0);
+        t.push(1, "1F1".parse().unwrap(), 4.0, 5.0);
+        // Stage 0 does not recompute; stage 1 spends a quarter of each backward rebuilding.
+        let opts = SvgOptions {
+            rebuild_share: vec![0.0, 0.25],
+            ..SvgOptions::default()
+        };
+        let svg = svg_gantt(&[&t], &opts);
+        // 1 s of 1B0 on a 5 s axis of 1100 px: 220 px from its start.
+        assert!(
+            svg.contains(r#"x="90.00" y="65.0" width="220.00" height="22.0" fill="url(#rebuild)""#),
+            "{svg}"
+        );
+        assert_eq!(svg.matches(r#"fill="url(#rebuild)">"#).count(), 1);
+        assert!(svg.contains("recomputed forward"));
+        let plain = svg_gantt(&[&t], &SvgOptions::default());
+        assert!(
+            !plain.contains(r#"fill="url(#rebuild)">"#) && !plain.contains("recomputed forward")
         );
     }
 

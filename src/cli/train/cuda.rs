@@ -80,6 +80,7 @@ pub fn runner(setup: &Setup, plan: &Plan) -> Result<(Box<dyn StepRunner>, usize)
             .map_err(failed)?,
         loss: setup.spec.loss,
     };
-    let runner = Streams::new(&plan.schedule, replicas, upload, a.microbatches, a.graph)?;
+    let runner = Streams::new(&plan.schedule, replicas, upload, a.microbatches, a.graph)?
+        .recomputing(&plan.cost.recompute());
     Ok((Box::new(runner), first_step))
 }

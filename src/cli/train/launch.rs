@@ -22,6 +22,7 @@ mod cuda;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
+use pipefill_host::cost::Recompute;
 use pipefill_host::plan::{Candidates, Plan};
 use pipefill_host::runtime::{
     assemble, optimizer_steps, run_rank, RankOutcome, RankProgram, RankStep, RankStop, Reducer,
@@ -238,6 +239,8 @@ struct Job<'a> {
     program: RankProgram,
     /// The gradient mean over replicas, with more than one.
     reduce: Option<&'a Reducer>,
+    /// Each stage's recomputation mode (from the plan's costs).
+    recompute: Vec<Recompute>,
 }
 
 impl<'a> Job<'a> {
@@ -250,6 +253,7 @@ impl<'a> Job<'a> {
             plan,
             program: RankProgram::of(&plan.schedule),
             reduce: None,
+            recompute: plan.cost.recompute(),
         }
     }
 
@@ -292,6 +296,7 @@ impl<'a> Job<'a> {
             exclusive: None,
             hook: None,
             reduce: self.reduce,
+            recompute: &self.recompute,
         };
         let out = run_rank(rank_step, transport);
         let seconds = epoch.elapsed().as_secs_f64();

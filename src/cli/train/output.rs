@@ -9,6 +9,7 @@ use serde_json::json;
 use pipefill_host::profile::median;
 
 use pipefill_host::plan::Plan;
+use pipefill_host::schedule::Op;
 
 use super::{Chosen, CliError, Outcome, Setup};
 use crate::cli::output::{write_atomic, write_atomic_with};
@@ -93,6 +94,7 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
             "pipefill train: {} on {} ranks, M = {} (measured, then predicted)",
             chosen.plan.family, chosen.plan.schedule.ranks, chosen.plan.microbatches
         ),
+        rebuild_share: rebuild_shares(&chosen.plan),
         ..SvgOptions::default()
     };
     let all: Vec<&Timeline> = all.iter().collect();
@@ -102,6 +104,25 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
         write_atomic_with("--trace", path, |w| write_chrome_trace(&all, w))?;
     }
     Ok(())
+}
+
+/// Per stage, the share of its `I` (or, where the schedule has no `I` on it, `B`) spent on the
+/// forward run again, from the plan's costs (0 without recomputation): what the SVG hatches.
+fn rebuild_shares(plan: &Plan) -> Vec<f64> {
+    let split = |s: usize| {
+        let mut actions = plan.schedule.actions.iter().flatten();
+        actions.any(|i| i.actions().any(|a| a.stage == s && a.op == Op::I))
+    };
+    (plan.cost.stages.iter().enumerate())
+        .map(|(s, st)| {
+            let total = st.time(if split(s) { Op::I } else { Op::B });
+            if total > 0.0 {
+                st.rebuild_time() / total
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
 
 /// The rank threads of the run: ranks times replicas.
@@ -266,6 +287,11 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
         outcome.resimulated.makespan() * 1e3,
         outcome.work_seconds * 1e3
     );
+    println!(
+        "held: peak activation bytes per rank {:?} (measured; recomputation per stage: {})",
+        outcome.peak_held_bytes,
+        recompute_names(chosen)
+    );
     let split = splits_lost_time(setup);
     let lost = lost_shares(&outcome.measured);
     let cell = |r: usize| match (split, lost.get(r)) {
@@ -338,6 +364,12 @@ fn print_outcome(setup: &Setup, chosen: &Chosen, outcome: &Outcome) {
     if let Some(h) = &outcome.host_enqueue {
         print_host_enqueue(h);
     }
+}
+
+/// Each stage's recomputation mode, by stage (`none none full ...`).
+fn recompute_names(chosen: &Chosen) -> String {
+    let modes = chosen.plan.cost.recompute();
+    modes.iter().map(|m| m.name()).collect::<Vec<_>>().join(" ")
 }
 
 /// The stream runner (`--backend cuda`): the host's enqueue time per action, plain and replayed (`--graph`).
@@ -443,6 +475,8 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
     });
     // Apart from the object above, which is at serde_json's macro recursion limit.
     value["first_step"] = json!(outcome.first_step);
+    value["recompute"] = json!(chosen.plan.cost.recompute());
+    value["peak_held_bytes"] = json!(outcome.peak_held_bytes);
     value["near_tie"] = json!(chosen.near_tie);
     value["graph"] = json!(a.graph);
     value["devices"] = setup

@@ -169,6 +169,11 @@ pub struct Args {
     /// `--precision`, `--activations`.
     #[command(flatten)]
     pub numerics: crate::cli::model_flags::NumericsArgs,
+    /// Activation recomputation on every stage: none (keep each stash from F to its backward) or
+    /// full (keep only the stage's input and run its forward again right before I or B: less
+    /// memory, a longer backward; the losses are the same).
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = super::recompute::parse)]
+    pub recompute: super::recompute::RecomputeFlag,
 }
 
 /// Everything checked and ready to run.

@@ -10,15 +10,23 @@
 //! where a handed-on output goes (this rank's mailbox, or another rank's through a transport). The
 //! end of a step (zero-grad, abort, the finish barrier) and the optimizer steps a runner applies
 //! when the trainer asks are in [`end`].
+//!
+//! Recomputation ([`Recompute`], per stage, [`Machine::recomputing`]) is the machine's too, so every
+//! runner has it ([`recompute`]): on a stage run with [`Recompute::Full`], `F` keeps a copy of the
+//! stage's input ([`Calls::keep`]) instead of the stash, and the stage's `I` or `B` runs the forward
+//! again on it first. A run without recomputation never reaches that code: the kept inputs live
+//! apart from the stashes, and a backward looks for one only where it finds no stash.
 
 use super::key_map::KeyMap;
 use super::{Loss, Payload, RuntimeError, Stage, StageError};
+use crate::cost::Recompute;
 use crate::schedule::deps::{output, Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::Transfer;
 
 mod end;
 mod mailbox;
+mod recompute;
 #[cfg(test)]
 mod tests;
 
@@ -45,6 +53,13 @@ pub(crate) trait Calls<P> {
     ) -> Result<R, Self::Stop> {
         f().map_err(|e| action_failed(self.rank(), action, e).into())
     }
+
+    /// A copy of `input`, the input of `action` (an `F` on a stage run with full recomputation),
+    /// that the machine keeps for the stage's backward to run the forward on again, while the
+    /// forward consumes `input` itself. It must hold `input`'s values as they are when the
+    /// forward reads them: a clone on the host; on a device, a copy enqueued on the action's
+    /// stream before the forward's work.
+    fn keep(&mut self, action: Action, input: &P) -> Result<P, Self::Stop>;
 
     /// Refuses a payload `action` reads when it cannot be read where the action runs (a device
     /// checks the payload's device; the host accepts everything).
@@ -81,6 +96,10 @@ pub(crate) struct Machine<P: Payload, T> {
     inputs: Vec<Option<P>>,
     mailbox: Mailbox<P>,
     stashes: KeyMap<(usize, usize), Stashed<T>>,
+    /// Each stage's recomputation mode (by global stage; a stage past the end has none).
+    recompute: Vec<Recompute>,
+    /// With recomputation: the inputs kept from `F` until the stash is rebuilt at `I` or `B`.
+    kept: KeyMap<(usize, usize), P>,
     held: usize,
     peak: usize,
     losses: Vec<(usize, P::Loss)>,
@@ -105,6 +124,8 @@ impl<P: Payload, T> Machine<P, T> {
             inputs: inputs.into_iter().map(Some).collect(),
             mailbox: Mailbox::default(),
             stashes: KeyMap::default(),
+            recompute: Vec::new(),
+            kept: KeyMap::default(),
             held: 0,
             peak: 0,
             losses: Vec::new(),
@@ -119,6 +140,18 @@ impl<P: Payload, T> Machine<P, T> {
     /// Only forwards can run then: a backward finds no stash.
     pub(crate) fn evaluating(mut self, evaluation: bool) -> Self {
         self.evaluation = evaluation;
+        if evaluation {
+            self.recompute.clear();
+        }
+        self
+    }
+
+    /// This machine, running stage `s` with recomputation `modes[s]` (a stage past the end of
+    /// `modes` with none). An evaluation ignores it: no stash outlives its forward there.
+    pub(crate) fn recomputing(mut self, modes: &[Recompute]) -> Self {
+        if !self.evaluation {
+            self.recompute = modes.to_vec();
+        }
         self
     }
 
@@ -169,7 +202,8 @@ impl<P: Payload, T> Machine<P, T> {
         Ok(Some((edge, data)))
     }
 
-    /// `F`: the output; the stash is held until `W` (or `B`).
+    /// `F`: the output; the stash is held until `W` (or `B`), or with full recomputation a copy of
+    /// the input instead ([`Machine::forward_keeping_input`]).
     #[inline(always)]
     fn forward<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
@@ -189,6 +223,9 @@ impl<P: Payload, T> Machine<P, T> {
         let key = (a.stage, a.microbatch);
         if self.stashes.contains_key(&key) {
             return Err(self.fail(a, "this forward already ran and its stash is still held"));
+        }
+        if self.recompute.get(a.stage) == Some(&Recompute::Full) {
+            return self.forward_keeping_input(a, key, input, stage, calls);
         }
         let (out, stash, bytes) = calls.call(a, || {
             let (out, stash) = stage.forward(input)?;
@@ -253,7 +290,7 @@ impl<P: Payload, T> Machine<P, T> {
         let grad = self.take(Edge::gradient_of(a), a)?;
         calls.placed(a, &grad)?;
         let Some(slot) = self.stashes.get_mut(&(a.stage, a.microbatch)) else {
-            return Err(self.no_stash(a));
+            return self.backward_input_rebuilt(a, grad, stage, calls);
         };
         if slot.input_done {
             return Err(self.fail(a, "I already ran for this microbatch"));
@@ -298,7 +335,9 @@ impl<P: Payload, T> Machine<P, T> {
     {
         let grad = self.take(Edge::gradient_of(a), a)?;
         calls.placed(a, &grad)?;
-        let slot = self.unstash(a)?;
+        let Some(slot) = self.stashes.remove(&(a.stage, a.microbatch)) else {
+            return self.backward_rebuilt(a, grad, stage, calls);
+        };
         if slot.input_done {
             return Err(self.fail(a, "B after I for this microbatch"));
         }
@@ -336,6 +375,12 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     fn no_stash<E: From<RuntimeError>>(&self, a: Action) -> E {
+        if self.kept.contains_key(&(a.stage, a.microbatch)) {
+            return self.fail(
+                a,
+                "W before I for this microbatch (its stash is not rebuilt)",
+            );
+        }
         self.fail(
             a,
             "no stash: the forward of this stage and microbatch has not run",

@@ -432,11 +432,7 @@ impl Device for CpuStreams {
         self.replay_captured()
     }
 
-    fn copy(
-        &mut self,
-        stream: usize,
-        src: &Pending<Tensor>,
-    ) -> Result<Pending<Tensor>, DeviceError> {
+    fn copy(&self, stream: usize, src: &Pending<Tensor>) -> Result<Pending<Tensor>, DeviceError> {
         self.copy_on(stream, src)
     }
 

@@ -148,7 +148,9 @@ pub trait Device {
 
     /// A new payload holding `src`'s values, enqueued on `stream` (during capture: the copy is part
     /// of the captured step, so each replay copies `src`'s values *at that time*).
-    fn copy(&mut self, stream: usize, src: &Self::Payload) -> Result<Self::Payload, DeviceError> {
+    ///
+    /// The machine also calls it for what a stage run with full recomputation keeps of its input.
+    fn copy(&self, stream: usize, src: &Self::Payload) -> Result<Self::Payload, DeviceError> {
         let _ = (stream, src);
         Err(not_supported("payload copies"))
     }

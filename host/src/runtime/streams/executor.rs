@@ -8,6 +8,7 @@ use super::stage::bound_home;
 use super::step::{run_action, Step};
 use super::{check, Device, EventRole, StreamId, StreamOp, StreamProgram};
 use super::{StreamLoss, StreamStage};
+use crate::cost::Recompute;
 use crate::runtime::machine::{optimizer_steps, zero_grads, Ready};
 use crate::runtime::{Payload, RuntimeError, StageError, StepReport};
 use crate::schedule::deps::{Edge, Flow};
@@ -59,6 +60,8 @@ pub struct StreamExecutor<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     graph: Option<graph::Captured<D>>,
     /// Whether the stages hold a finished step's gradients, not yet applied.
     ready: Ready,
+    /// Each stage's recomputation mode (empty: none).
+    recompute: Vec<Recompute>,
 }
 
 impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
@@ -79,7 +82,19 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             enqueue_seconds: 0.0,
             graph: None,
             ready: Ready::default(),
+            recompute: Vec::new(),
         })
+    }
+
+    /// Runs stage `s` with recomputation `modes[s]` from the next step on (and in a step captured after) (a stage past the end
+    /// of `modes` without): a stage with [`Recompute::Full`] keeps only (a copy of) its input
+    /// from `F` to its backward, which runs the forward again first. The losses, gradients and
+    /// parameters are those of a run without it, bit for bit (the forward is deterministic); the
+    /// peak held bytes are lower where the stash is larger than the input.
+    ///
+    /// The input's copy is [`Device::copy`], on the forward's stream.
+    pub fn set_recompute(&mut self, modes: &[Recompute]) {
+        self.recompute = modes.to_vec();
     }
 
     /// The program each step enqueues.
@@ -193,7 +208,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
 
     /// The empty state of a step whose microbatch inputs are `inputs`.
     fn new_step(&self, inputs: Vec<D::Payload>) -> Step<D, S::Stash> {
-        Step::all_ranks(&self.schedule, inputs)
+        Step::all_ranks(&self.schedule, inputs, &self.recompute)
     }
 
     /// Walks the program once: runs each action on its stream (between timing marks when

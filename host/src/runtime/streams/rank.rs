@@ -10,6 +10,7 @@ use super::stage::bound_home;
 use super::step::{run_action, Step};
 use super::{check, Device, DeviceError, StreamOp, StreamProgram};
 use super::{StreamId, StreamLoss, StreamStage};
+use crate::cost::Recompute;
 use crate::runtime::clock::panic_message;
 use crate::runtime::machine::{end_of_step, optimizer_steps, zero_grads, Ready};
 use crate::runtime::{Payload, RankOutcome, RankStop, RuntimeError, Transport, TransportError};
@@ -53,6 +54,8 @@ pub struct RankStreams<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     index: HashMap<usize, usize>,
     /// Whether the stages hold a finished step's gradients, not yet applied.
     ready: Ready,
+    /// Each global stage's recomputation mode (empty: none).
+    recompute: Vec<Recompute>,
 }
 
 /// A step enqueued: its state and the origin of its timing marks.
@@ -106,7 +109,19 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             stages,
             index,
             ready: Ready::default(),
+            recompute: Vec::new(),
         })
+    }
+
+    /// Runs stage `s` (of those this rank holds) with recomputation `modes[s]` from the next step on (a stage past the end
+    /// of `modes` without): a stage with [`Recompute::Full`] keeps only (a copy of) its input
+    /// from `F` to its backward, which runs the forward again first. The losses, gradients and
+    /// parameters are those of a run without it, bit for bit (the forward is deterministic); the
+    /// peak held bytes are lower where the stash is larger than the input.
+    ///
+    /// The input's copy is [`Device::copy`], on the forward's stream.
+    pub fn set_recompute(&mut self, modes: &[Recompute]) {
+        self.recompute = modes.to_vec();
     }
 
     /// The rank's plan.
@@ -205,7 +220,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
         let mut stages = bound_home(&self.device, stages, |_| home)?;
         zero_grads(stages.iter_mut().map(|(s, b)| (*s, b)), |_| rank)?;
         let inputs = std::mem::take(&mut batch.inputs);
-        let mut step = Step::one_rank(&self.schedule, rank, inputs);
+        let mut step = Step::one_rank(&self.schedule, rank, inputs, &self.recompute);
         let origin = self.device.mark(0).map_err(device_error)?;
         let mut walk = Walk {
             events: HashMap::new(),

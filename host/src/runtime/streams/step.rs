@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use super::stage::{Bound, BoundLoss};
 use super::{Device, Misplaced};
 use super::{StreamLoss, StreamStage};
-use crate::runtime::machine::{Calls, Machine};
+use crate::cost::Recompute;
+use crate::runtime::machine::{action_failed, Calls, Machine};
 use crate::runtime::{Payload, RuntimeError};
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Schedule};
@@ -28,13 +29,18 @@ pub(super) struct Step<D: Device, T> {
 impl<D: Device, T> Step<D, T> {
     /// The empty state of a step of every rank of `schedule`, whose stage-0 microbatch inputs are
     /// `inputs`.
-    pub(super) fn all_ranks(schedule: &Schedule, inputs: Vec<D::Payload>) -> Self {
+    /// `recompute` is each global stage's recomputation mode.
+    pub(super) fn all_ranks(
+        schedule: &Schedule,
+        inputs: Vec<D::Payload>,
+        recompute: &[Recompute],
+    ) -> Self {
         let first_rank = schedule.rank_of(0);
         let mut inputs = Some(inputs);
         let machines = (0..schedule.ranks)
             .map(|r| {
                 let mine = if r == first_rank { inputs.take() } else { None };
-                Machine::new(r, schedule, mine.unwrap_or_default())
+                Machine::new(r, schedule, mine.unwrap_or_default()).recomputing(recompute)
             })
             .collect();
         Step::of(machines, 0)
@@ -42,8 +48,14 @@ impl<D: Device, T> Step<D, T> {
 
     /// The empty state of rank `rank`'s part of a step of `schedule`, with stage 0's microbatch
     /// inputs `inputs` (empty on a rank without stage 0).
-    pub(super) fn one_rank(schedule: &Schedule, rank: usize, inputs: Vec<D::Payload>) -> Self {
-        Step::of(vec![Machine::new(rank, schedule, inputs)], rank)
+    pub(super) fn one_rank(
+        schedule: &Schedule,
+        rank: usize,
+        inputs: Vec<D::Payload>,
+        recompute: &[Recompute],
+    ) -> Self {
+        let machine = Machine::new(rank, schedule, inputs).recomputing(recompute);
+        Step::of(vec![machine], rank)
     }
 
     fn of(machines: Vec<Machine<D::Payload, T>>, first: usize) -> Self {
@@ -165,6 +177,13 @@ impl<D: Device> Calls<D::Payload> for On<'_, D> {
 
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// A copy enqueued on the action's stream, before the forward that consumes `input`.
+    fn keep(&mut self, a: Action, input: &D::Payload) -> Result<D::Payload, RuntimeError> {
+        self.device
+            .copy(self.stream, input)
+            .map_err(|e| action_failed(self.rank, a, format!("keeping the input: {e}")))
     }
 
     /// Refuses `payload` when it lives on another device than the stream's.

@@ -84,7 +84,9 @@ pub(super) fn train_rank(
         precision: setup.precision,
         loss: setup.spec.loss,
     };
-    let me = CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
+    let mut me =
+        CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
+    me.set_recompute(&chosen.plan.cost.recompute());
     drop(stages);
     let upload = gpu.new_stream().map_err(cuda_failed)?;
     let mut runner = GpuRank {

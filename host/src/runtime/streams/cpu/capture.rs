@@ -48,7 +48,7 @@ impl CpuStreams {
 
     /// A new pending tensor that a job on `stream` fills with `src`'s value at the time it runs.
     pub(super) fn copy_on(
-        &mut self,
+        &self,
         stream: usize,
         src: &Pending<Tensor>,
     ) -> Result<Pending<Tensor>, DeviceError> {

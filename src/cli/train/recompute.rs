@@ -1,0 +1,86 @@
+//! `train --recompute`: the recomputation mode every stage runs with, priced into the candidate
+//! plans (so the prediction `train` prints is the run's) and passed to the runtime through the
+//! plan's costs ([`CostModel::recompute`](pipefill_host::cost::CostModel::recompute)).
+
+use std::str::FromStr;
+
+use pipefill_host::cost::Recompute;
+use pipefill_host::plan::Plan;
+
+use crate::cli::CliError;
+
+/// The value of `train --recompute`: a mode for every stage. A flag value of its own (not
+/// [`Recompute`]) so that a value that is no single mode (the planner's choice) is one more row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecomputeFlag {
+    /// Every stage keeps its whole stash from `F` to its backward.
+    #[default]
+    None,
+    /// Every stage keeps only its input and runs its forward again before `I` or `B`.
+    Full,
+}
+
+pipefill_host::named_enum!(RecomputeFlag {
+    None => "none",
+    Full => "full",
+});
+
+impl FromStr for RecomputeFlag {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let names: Vec<&str> = Self::ALL.iter().map(|v| v.name()).collect();
+        Self::from_name(s).ok_or_else(|| {
+            format!(
+                "unknown recomputation mode `{s}`: use one of {}",
+                names.join(", ")
+            )
+        })
+    }
+}
+
+impl RecomputeFlag {
+    /// The mode every stage runs with.
+    pub fn mode(self) -> Recompute {
+        match self {
+            RecomputeFlag::None => Recompute::None,
+            RecomputeFlag::Full => Recompute::Full,
+        }
+    }
+}
+
+/// `--recompute`: a mode name.
+pub fn parse(s: &str) -> Result<RecomputeFlag, String> {
+    s.parse()
+}
+
+/// `plans` with every stage run in `mode`, each re-scored by the simulator under its costs so
+/// changed (step time, bubble, activation peak; the data-parallel tail kept), best first.
+pub fn recomputed(plans: Vec<Plan>, mode: Recompute) -> Result<Vec<Plan>, CliError> {
+    let mut out = Vec::with_capacity(plans.len());
+    for mut p in plans {
+        if p.cost.stages.iter().all(|s| s.recompute == mode) {
+            out.push(p);
+            continue;
+        }
+        for st in &mut p.cost.stages {
+            *st = st.with_recompute(mode);
+        }
+        let sim = pipefill_host::sim::simulate(&p.schedule, &p.cost)
+            .map_err(|e| CliError::Failed(format!("--recompute {mode}: {e}")))?;
+        let makespan = sim.timeline.makespan();
+        p.step_time = makespan + p.reduce_tail;
+        p.bubble_fraction = sim.timeline.bubble_fraction();
+        p.lower_bound = sim.lower_bound;
+        p.ratio_to_bound = sim.ratio_to_bound();
+        let mut peak = sim.peak_activations;
+        peak.resize(p.schedule.ranks, 0.0);
+        for (s, st) in p.cost.stages.iter().enumerate() {
+            peak[p.schedule.rank_of(s)] += st.parameter_bytes;
+        }
+        p.peak_memory = peak;
+        out.push(p);
+    }
+    out.sort_by(|a, b| a.step_time.total_cmp(&b.step_time));
+    Ok(out)
+}

@@ -1,0 +1,109 @@
+//! `pipefill train --recompute none|full`: full recomputation trains with the losses of the run
+//! without it, bit for bit (threads, ZB-H1 and ZB-V, data parallelism, a checkpoint resumed with
+//! the other mode, and under `mpirun` with the `mpi` feature), holds less at its peak as the
+//! runtime measures it (`peak_held_bytes`), reports the mode per stage, and prices the longer
+//! backward into the prediction; a bad value exits 2 naming the flag.
+
+mod common;
+
+#[cfg(feature = "mpi")]
+use common::losses;
+use common::{pipefill_in, scratch, small_train};
+use serde_json::Value;
+
+/// The small run with `extra`, in `dir`: its JSON (it must succeed).
+fn run(dir: &std::path::Path, extra: &[&str]) -> Value {
+    let args = small_train(&[&["--svg", "t.svg"], extra].concat());
+    let (code, out, err) = pipefill_in(Some(dir), &args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&out).expect("one JSON object")
+}
+
+fn numbers(v: &Value, key: &str) -> Vec<f64> {
+    serde_json::from_value(v[key].clone()).unwrap_or_else(|e| panic!("{key}: {e}: {v}"))
+}
+
+#[test]
+fn full_recomputation_keeps_the_losses_and_holds_less() {
+    let dir = scratch("recompute");
+    for family in ["1f1b", "zb-h1", "zbv"] {
+        let base = ["--schedule", family, "--steps", "3"];
+        let none = run(&dir, &[&base[..], &["--recompute", "none"]].concat());
+        let full = run(&dir, &[&base[..], &["--recompute", "full"]].concat());
+        assert_eq!(full["losses"], none["losses"], "{family}");
+        let stages = none["stages"].as_u64().unwrap() as usize;
+        assert_eq!(none["recompute"], serde_json::json!(vec!["none"; stages]));
+        assert_eq!(full["recompute"], serde_json::json!(vec!["full"; stages]));
+        let (pf, pn) = (
+            numbers(&full, "peak_held_bytes"),
+            numbers(&none, "peak_held_bytes"),
+        );
+        assert_eq!(pf.len(), 2, "{family}: one peak per rank");
+        assert!(pn.iter().all(|&b| b > 0.0), "{family}: {pn:?}");
+        for (r, (f, n)) in pf.iter().zip(&pn).enumerate() {
+            assert!(f <= n, "{family}: rank {r}: {f} > {n}");
+        }
+        assert!(
+            pf.iter().sum::<f64>() < pn.iter().sum::<f64>(),
+            "{family}: {pf:?} vs {pn:?}"
+        );
+        // The prediction prices the forward run again before each backward.
+        let predicted = |v: &Value| v["makespan_predicted_s"].as_f64().unwrap();
+        assert!(predicted(&full) > predicted(&none), "{family}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn replicas_and_a_resume_in_the_other_mode_keep_the_losses() {
+    let dir = scratch("recompute-dp");
+    let dp = ["--schedule", "zbv", "--data-parallel", "2"];
+    let whole = run(&dir, &[&dp[..], &["--steps", "4"]].concat());
+    let full = run(
+        &dir,
+        &[&dp[..], &["--steps", "4", "--recompute", "full"]].concat(),
+    );
+    assert_eq!(full["losses"], whole["losses"]);
+    // Two steps without, saved; resumed with recomputation: the uninterrupted run's losses.
+    let first = [&dp[..], &["--steps", "2", "--checkpoint", "ck"]].concat();
+    run(&dir, &first);
+    let resumed = [
+        &dp[..],
+        &["--steps", "4", "--resume", "ck", "--recompute", "full"],
+    ]
+    .concat();
+    let tail = run(&dir, &resumed);
+    let all: Vec<Value> = serde_json::from_value(whole["losses"].clone()).unwrap();
+    assert_eq!(tail["losses"], Value::Array(all[2..].to_vec()));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_bad_mode_exits_2_naming_the_flag() {
+    let dir = scratch("recompute-bad");
+    let args = small_train(&["--recompute", "half"]);
+    let (code, _, err) = pipefill_in(Some(&dir), &args);
+    assert_eq!(code, 2, "{err}");
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.contains("--recompute") && first.contains("none, full"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("pipefill-timeline.svg").exists(),
+        "nothing written"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn under_mpirun_recomputation_keeps_the_threaded_losses() {
+    let dir = scratch("recompute-mpi");
+    let args = small_train(&["--svg", "t.svg", "--schedule", "zb-h1", "--steps", "3"]);
+    let threads = losses(pipefill_in(Some(&dir), &args));
+    let mpi_args = [&args[..], &["--launcher", "mpi", "--recompute", "full"]].concat();
+    let mpi = losses(common::mpirun(&dir, 2, &mpi_args));
+    assert_eq!(mpi, threads);
+    std::fs::remove_dir_all(&dir).ok();
+}
