@@ -37,28 +37,33 @@ pub(crate) fn schedule_of(inst: &Instance, name: &str, orders: &[Vec<Action>]) -
     }
 }
 
-/// Whether each rank's list keeps its activations within the budget (memory depends only on the
-/// order within a rank: allocation when an item starts, release when it ends).
+/// Per rank, the most activation memory its list holds by the instance's own accounting (in the
+/// instance's unit): an item allocates when it starts (`F` what its stage keeps, `I` what it
+/// rebuilds), releases when it ends. Memory depends only on the order within a rank, so this is
+/// the simulator's peak without simulating.
+pub(crate) fn held_peaks(inst: &Instance, schedule: &Schedule) -> Vec<f64> {
+    schedule
+        .actions
+        .iter()
+        .map(|list| {
+            let (mut now, mut peak) = (0.0_f64, 0.0_f64);
+            for item in list {
+                for a in item.actions() {
+                    now += inst.foot[a.stage].allocated_by(a.op);
+                }
+                peak = peak.max(now);
+                for a in item.actions() {
+                    now -= inst.foot[a.stage].released_by(a.op);
+                }
+            }
+            peak
+        })
+        .collect()
+}
+
+/// Whether each rank's list keeps its activations within the budget ([`held_peaks`]).
 pub(crate) fn fits_budget(inst: &Instance, schedule: &Schedule) -> bool {
-    schedule.actions.iter().enumerate().all(|(r, list)| {
-        let budget = inst.budget[r];
-        if budget == f64::INFINITY {
-            return true;
-        }
-        let mut now = 0.0;
-        for item in list {
-            for a in item.actions() {
-                now += inst.foot[a.stage].allocated_by(a.op);
-            }
-            if now > budget + MEMORY_EPS * now.max(1.0) {
-                return false;
-            }
-            for a in item.actions() {
-                now -= inst.foot[a.stage].released_by(a.op);
-            }
-        }
-        true
-    })
+    within_budget(inst, &held_peaks(inst, schedule))
 }
 
 /// Simulates `schedule` under the instance's costs: `Ok(None)` when it exceeds a budget.
@@ -104,4 +109,70 @@ pub(crate) fn within_budget(inst: &Instance, peak: &[f64]) -> bool {
     peak.iter()
         .zip(&inst.budget)
         .all(|(&p, &b)| p <= b + MEMORY_EPS * p.max(1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auto::{AutoRequest, MemoryLimit, Objective};
+    use crate::cost::{CostModel, LinkCost, Recompute, StageCost};
+    use crate::schedule::Op;
+
+    /// Four stages of uneven cost; each keeps 10 bytes (4 past `I`), its input 1 byte.
+    fn costs(mode: Recompute) -> CostModel {
+        let mut c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+        for (x, st) in c.stages.iter_mut().enumerate() {
+            st.forward = 1.0 + 0.25 * x as f64;
+            st.activation_bytes = 10.0;
+            st.released_at_input = 6.0;
+            st.input_bytes = 1.0;
+            st.recompute = mode;
+        }
+        c
+    }
+
+    fn solved(mode: Recompute, limit: f64) -> (Instance, Scored) {
+        let req = AutoRequest::new(4, 8, costs(mode))
+            .with_limit(MemoryLimit::Bytes(limit))
+            .with_budget(0.05, 1);
+        let inst = Instance::new(&req).unwrap();
+        let out = crate::auto::solve(&req).unwrap();
+        let scored = score(&inst, Objective::Makespan, out.schedule)
+            .unwrap()
+            .unwrap();
+        (inst, scored)
+    }
+
+    #[test]
+    fn own_accounting_is_the_simulators_peak_with_recomputation() {
+        for mode in [Recompute::None, Recompute::Full] {
+            let (inst, s) = solved(mode, 25.0);
+            assert_eq!(held_peaks(&inst, &s.schedule), s.peak, "{mode}");
+            assert!(s.peak.iter().all(|&p| p <= 25.0), "{mode}: {:?}", s.peak);
+        }
+    }
+
+    #[test]
+    fn recomputation_keeps_more_microbatches_in_flight_under_the_same_limit() {
+        // Per rank, the most forwards whose `I` has not run yet.
+        let awaiting_backward = |mode| {
+            let (_, s) = solved(mode, 25.0);
+            let mut most = 0;
+            for list in &s.schedule.actions {
+                let mut open = 0i64;
+                for a in list.iter().flat_map(|i| i.actions()) {
+                    open += match a.op {
+                        Op::F => 1,
+                        Op::I | Op::B => -1,
+                        Op::W => 0,
+                    };
+                    most = most.max(open);
+                }
+            }
+            most
+        };
+        // 25 bytes hold two whole stashes; inputs of one byte leave room for more.
+        assert!(awaiting_backward(Recompute::None) <= 2);
+        assert!(awaiting_backward(Recompute::Full) > 2);
+    }
 }
