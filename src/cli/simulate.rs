@@ -380,7 +380,11 @@ fn schedules(args: &Args, spec: &CostSpec) -> Result<Vec<(Schedule, bool)>, CliE
         .iter()
         .any(|e| e.trim().split(':').next() == Some(AUTO))
     {
-        let limit = args.memory_limit.map(|_| "--memory-limit");
+        // `--recompute auto` reads the limit as well.
+        let limit = args
+            .memory_limit
+            .filter(|_| args.recompute != Some(RecomputeChoice::Auto))
+            .map(|_| "--memory-limit");
         auto_flags::only_for_auto(limit.or(args.auto.given()))?;
     }
     if !args.schedule.is_empty() {
