@@ -151,13 +151,12 @@ impl Search<'_> {
                 t = t.max(self.end[p] + c);
             }
         }
-        if id % 3 == 0 {
-            if a.stage == 0
-                && a.microbatch > 0
-                && self.end[inst.id(0, 0, a.microbatch - 1)] == f64::INFINITY
-            {
-                return None;
-            }
+        if id % 3 == 0
+            && a.stage == 0
+            && a.microbatch > 0
+            && self.end[inst.id(0, 0, a.microbatch - 1)] == f64::INFINITY
+        {
+            return None;
         }
         // Exact: every start within the budget, as the simulator counts it (F keeps its input
         // only under recomputation, I rebuilds the rest at its start).
