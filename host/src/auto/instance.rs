@@ -185,8 +185,14 @@ impl Instance {
     /// remainder.
     #[inline]
     pub(crate) fn delta(&self, op: usize, stage: usize) -> f64 {
+        self.delta_of(OPS[op], stage)
+    }
+
+    /// [`Instance::delta`] of any op (`B` too: it allocates what it rebuilds, releases all).
+    #[inline]
+    pub(crate) fn delta_of(&self, op: Op, stage: usize) -> f64 {
         let f = &self.foot[stage];
-        f.allocated_by(OPS[op]) - f.released_by(OPS[op])
+        f.allocated_by(op) - f.released_by(op)
     }
 
     /// The room `op` on `stage` needs free when it starts: for `F` the most one microbatch of the

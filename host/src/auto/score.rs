@@ -37,10 +37,11 @@ pub(crate) fn schedule_of(inst: &Instance, name: &str, orders: &[Vec<Action>]) -
     }
 }
 
-/// Per rank, the most activation memory its list holds by the instance's own accounting (in the
-/// instance's unit): an item allocates when it starts (`F` what its stage keeps, `I` what it
-/// rebuilds), releases when it ends. Memory depends only on the order within a rank, so this is
-/// the simulator's peak without simulating.
+/// Per rank, the most activation memory its list holds by the instance's own accounting, the one
+/// the constructive phases keep (in the instance's unit): an item allocates when it starts (`F`
+/// what its stage keeps, `I` what it rebuilds), and after it the rank holds [`Instance::delta_of`]
+/// more. Memory depends only on the order within a rank, so this is the simulator's peak without
+/// simulating.
 pub(crate) fn held_peaks(inst: &Instance, schedule: &Schedule) -> Vec<f64> {
     schedule
         .actions
@@ -48,13 +49,15 @@ pub(crate) fn held_peaks(inst: &Instance, schedule: &Schedule) -> Vec<f64> {
         .map(|list| {
             let (mut now, mut peak) = (0.0_f64, 0.0_f64);
             for item in list {
-                for a in item.actions() {
-                    now += inst.foot[a.stage].allocated_by(a.op);
-                }
-                peak = peak.max(now);
-                for a in item.actions() {
-                    now -= inst.foot[a.stage].released_by(a.op);
-                }
+                let start: f64 = item
+                    .actions()
+                    .map(|a| inst.foot[a.stage].allocated_by(a.op))
+                    .sum();
+                peak = peak.max(now + start);
+                now += item
+                    .actions()
+                    .map(|a| inst.delta_of(a.op, a.stage))
+                    .sum::<f64>();
             }
             peak
         })
@@ -116,7 +119,7 @@ mod tests {
     use super::*;
     use crate::auto::{AutoRequest, MemoryLimit, Objective};
     use crate::cost::{CostModel, LinkCost, Recompute, StageCost};
-    use crate::schedule::Op;
+    use crate::schedule::{Op, Params};
 
     /// Four stages of uneven cost; each keeps 10 bytes (4 past `I`), its input 1 byte.
     fn costs(mode: Recompute) -> CostModel {
@@ -149,30 +152,58 @@ mod tests {
             let (inst, s) = solved(mode, 25.0);
             assert_eq!(held_peaks(&inst, &s.schedule), s.peak, "{mode}");
             assert!(s.peak.iter().all(|&p| p <= 25.0), "{mode}: {:?}", s.peak);
+            // The families too (fused B, deferred W), under the same costs.
+            for name in ["1f1b", "zb-h1", "zb-h2", "gpipe"] {
+                let f = crate::schedule::families::generate(name, &Params::new(4, 8)).unwrap();
+                let sim = crate::sim::summarize(&f, &inst.scoring).unwrap();
+                assert_eq!(held_peaks(&inst, &f), sim.peak_activations, "{mode} {name}");
+            }
         }
+    }
+
+    /// The most forwards on one rank whose `I` has not run yet.
+    fn awaiting_backward(s: &Schedule) -> i64 {
+        let mut most = 0;
+        for list in &s.actions {
+            let mut open = 0i64;
+            for a in list.iter().flat_map(|i| i.actions()) {
+                open += match a.op {
+                    Op::F => 1,
+                    Op::I | Op::B => -1,
+                    Op::W => 0,
+                };
+                most = most.max(open);
+            }
+        }
+        most
     }
 
     #[test]
     fn recomputation_keeps_more_microbatches_in_flight_under_the_same_limit() {
-        // Per rank, the most forwards whose `I` has not run yet.
-        let awaiting_backward = |mode| {
-            let (_, s) = solved(mode, 25.0);
-            let mut most = 0;
-            for list in &s.schedule.actions {
-                let mut open = 0i64;
-                for a in list.iter().flat_map(|i| i.actions()) {
-                    open += match a.op {
-                        Op::F => 1,
-                        Op::I | Op::B => -1,
-                        Op::W => 0,
-                    };
-                    most = most.max(open);
-                }
-            }
-            most
-        };
         // 25 bytes hold two whole stashes; inputs of one byte leave room for more.
-        assert!(awaiting_backward(Recompute::None) <= 2);
-        assert!(awaiting_backward(Recompute::Full) > 2);
+        assert!(awaiting_backward(&solved(Recompute::None, 25.0).1.schedule) <= 2);
+        assert!(awaiting_backward(&solved(Recompute::Full, 25.0).1.schedule) > 2);
+    }
+
+    #[test]
+    fn the_constructive_phases_use_the_freed_memory_and_keep_the_limit() {
+        let (inst, _) = solved(Recompute::Full, 25.0);
+        let lists: Vec<_> = crate::auto::list::Rule::standard(&inst)
+            .iter()
+            .filter_map(|r| crate::auto::list::build(&inst, r))
+            .chain(
+                crate::auto::greedy::Flags::all()
+                    .into_iter()
+                    .filter_map(|f| crate::auto::greedy::build(&inst, f)),
+            )
+            .collect();
+        assert!(!lists.is_empty());
+        let mut most = 0;
+        for orders in &lists {
+            let s = schedule_of(&inst, "built", orders);
+            assert!(fits_budget(&inst, &s), "{:?}", held_peaks(&inst, &s));
+            most = most.max(awaiting_backward(&s));
+        }
+        assert!(most > 2, "{most}");
     }
 }
