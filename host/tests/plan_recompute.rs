@@ -1,7 +1,9 @@
 //! The planner chooses recomputation per stage under a memory limit (`PlanRequest::recompute`).
 
+use pipefill_host::auto::AutoOptions;
 use pipefill_host::cost::{CostFile, LayerCost, LinkCost, Recompute, RecomputeChoice};
-use pipefill_host::plan::{plan, Plan, PlanError, PlanRequest};
+use pipefill_host::plan::{plan, plan_given_with, Plan, PlanError, PlanRequest, Split};
+use pipefill_host::schedule::Params;
 
 /// Eight layers whose stashes (100 bytes a sample) dwarf their inputs (1 byte) and parameters; a
 /// cheap forward, so recomputing costs little time.
@@ -122,4 +124,30 @@ fn a_plan_written_before_recomputation_still_reads() {
         .iter()
         .all(|s| s.recompute == Recompute::None));
     assert_eq!(back.timeline().unwrap().makespan(), p.step_time);
+}
+
+#[test]
+fn a_given_schedule_gets_its_modes_chosen_with_one_argument() {
+    let given = |limit, choice| {
+        let names = ["1f1b".to_string(), "zb-h1".to_string()];
+        let auto = AutoOptions {
+            time_budget: 0.05,
+            ..AutoOptions::default()
+        };
+        plan_given_with(
+            &costs(),
+            &Params::new(4, 8),
+            &names,
+            Split::Best,
+            limit,
+            &auto,
+            choice,
+        )
+    };
+    let free = given(None, RecomputeChoice::None).unwrap();
+    let limit = 0.5 * free.plans.iter().map(worst).fold(f64::INFINITY, f64::min);
+    assert!(given(Some(limit), RecomputeChoice::None).is_err());
+    let report = given(Some(limit), RecomputeChoice::Auto).unwrap();
+    let best = report.best().unwrap();
+    assert!(recomputing(best) > 0 && worst(best) <= limit, "{best:?}");
 }

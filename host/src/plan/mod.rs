@@ -77,7 +77,8 @@ pub use choose::{
 };
 pub use error::PlanError;
 pub use given::{
-    best_partition, best_partition_replicated, plan_families, plan_given, plan_schedule, Split,
+    best_partition, best_partition_replicated, plan_families, plan_given, plan_given_with,
+    plan_schedule, plan_schedule_with, Split,
 };
 
 pub use recompute::{fit_recompute, peak_memory, summary as recompute_summary, with_modes};
@@ -445,7 +446,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
                     microbatches: m,
                     reason,
                 };
-                for mode in solve_modes(request, source) {
+                for mode in solve_modes(source, request.recompute, request.memory_limit) {
                     match shape(request, source, v, m, mode) {
                         Ok(None) => {}
                         Ok(Some(sh)) => {
@@ -540,8 +541,8 @@ fn shape<'a>(
 
 /// The recomputation modes `auto` is solved for (its memory model counts what each keeps): the
 /// request's, both with [`RecomputeChoice::Auto`] under a limit; one schedule for a family.
-fn solve_modes(request: &PlanRequest, source: Source) -> Vec<Recompute> {
-    match (source, request.recompute, request.memory_limit) {
+fn solve_modes(source: Source, choice: RecomputeChoice, limit: Option<f64>) -> Vec<Recompute> {
+    match (source, choice, limit) {
         (Source::Auto, RecomputeChoice::Full, _) => vec![Recompute::Full],
         (Source::Auto, RecomputeChoice::Auto, Some(_)) => vec![Recompute::None, Recompute::Full],
         _ => vec![Recompute::None],

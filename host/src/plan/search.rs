@@ -126,13 +126,15 @@ impl<'a> Shape<'a> {
         })
     }
 
-    /// The split of `method` (or the per-stage optimum), simulated.
+    /// The split of `method`, simulated with each mode set the request allows; the fastest that
+    /// fits, else why none did.
     pub(super) fn evaluate_method(&self, method: Method) -> Result<Plan, String> {
         let part = method
             .apply(&self.problem, &self.layout, None)
             .map_err(|e| format!("{} partition: {e}", method.name()))?;
-        let modes = vec![Recompute::None; self.schedule.stages()];
-        self.evaluate(&part, method.name().to_string(), &modes)
+        let (mut found, why) = self.evaluate_modes(&part, method.name());
+        sort(&mut found);
+        found.into_iter().next().ok_or_else(|| why.join("; "))
     }
 
     /// Every mode set the request's [`RecomputeChoice`] allows for a split, simulated: the plans
