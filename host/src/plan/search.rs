@@ -145,6 +145,11 @@ impl<'a> Shape<'a> {
         let mut fits = Vec::new();
         for modes in uniform_sets(self.request.recompute, stages) {
             match self.evaluate(part, name.to_string(), &modes) {
+                // Auto: where this split and schedule fit without recomputation, recomputing
+                // would only make them slower (so it never wins a near-tie either).
+                Ok(p) if self.request.recompute == RecomputeChoice::Auto && fits.is_empty() => {
+                    return (vec![p], why);
+                }
                 Ok(p) => {
                     found.push(p);
                     fits.push(true);
