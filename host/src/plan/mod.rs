@@ -9,6 +9,8 @@
 //!   and `auto` when named ([`PlanRequest::auto`]: solved for the costs at each `P`, `D` and `M`
 //!   tried, then split and simulated like the families);
 //! - every `M` dividing `N` (up to a maximum), each microbatch then holding `N / M` samples;
+//! - with [`PlanRequest::recompute`], each stage's recomputation: none, full everywhere, or chosen
+//!   per stage under the limit ([`RecomputeChoice::Auto`], module `recompute`, [`fit_recompute`]);
 //! - for each, the partitions of [`crate::partition`]: the exact bottleneck optimum (under the memory
 //!   limit, with the schedule's in-flight activations per stage), the baselines, and with `V > 1` the
 //!   per-stage optimum (which often simulates faster than the rank-load optimum);
