@@ -79,6 +79,68 @@ fn replicas_and_a_resume_in_the_other_mode_keep_the_losses() {
 }
 
 #[test]
+fn under_a_limit_no_plan_meets_without_it_the_default_recomputes_and_keeps_the_losses() {
+    let dir = scratch("recompute-limit");
+    let at = |limit: &str, extra: &[&str]| {
+        let args = small_train(
+            &[
+                &["--svg", "t.svg", "--steps", "2", "--memory-limit", limit],
+                extra,
+            ]
+            .concat(),
+        );
+        pipefill_in(Some(&dir), &args)
+    };
+    // Just below the smallest limit some plan without recomputation fits: down in steps of 10%
+    // to the first limit none fits, then bisected against the last one that did.
+    let fits = |limit: f64| {
+        let (code, _, err) = at(&format!("{limit:.0}"), &["--recompute", "none"]);
+        assert!(code == 0 || (code == 2 && err.contains("fits")), "{err}");
+        code == 0
+    };
+    let mut high = 4.0e6_f64;
+    assert!(fits(high));
+    while fits(high * 0.9) {
+        high *= 0.9;
+        assert!(high > 1.0, "every limit fits");
+    }
+    let mut low = high * 0.9;
+    while high - low > 2.0 {
+        let mid = ((high + low) / 2.0).round();
+        if fits(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    let limit = low;
+    // There, the default under --memory-limit (`auto`) recomputes some stage and trains.
+    let (code, out, err) = at(&format!("{limit:.0}"), &[]);
+    assert_eq!(code, 0, "at {limit:.0} bytes: {err}");
+    let chosen: Value = serde_json::from_str(&out).expect("one JSON object");
+    let modes: Vec<String> = serde_json::from_value(chosen["recompute"].clone()).unwrap();
+    assert!(modes.iter().any(|m| m == "full"), "{modes:?}");
+    // Its losses are those of the same schedule without a limit and without recomputation.
+    let schedule = chosen["schedule"].as_str().unwrap().to_string();
+    let chunks = chosen["chunks"].to_string();
+    let plain = run(
+        &dir,
+        &[
+            "--steps",
+            "2",
+            "--schedule",
+            &schedule,
+            "--chunks",
+            &chunks,
+            "--recompute",
+            "none",
+        ],
+    );
+    assert_eq!(chosen["losses"], plain["losses"], "{schedule} V={chunks}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn a_bad_mode_exits_2_naming_the_flag() {
     let dir = scratch("recompute-bad");
     let args = small_train(&["--recompute", "half"]);
@@ -86,7 +148,7 @@ fn a_bad_mode_exits_2_naming_the_flag() {
     assert_eq!(code, 2, "{err}");
     let first = err.lines().next().unwrap_or_default();
     assert!(
-        first.contains("--recompute") && first.contains("none, full"),
+        first.contains("--recompute") && first.contains("none, full, auto"),
         "{err}"
     );
     assert!(

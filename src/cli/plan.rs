@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! pipefill plan --costs costs.json (--ranks 4 [--data-parallel 2] | --workers 8) --global-batch 64
-//!     [--dp-bandwidth B/s] [--dp-latency S] [--memory-limit BYTES]
+//!     [--dp-bandwidth B/s] [--dp-latency S] [--memory-limit BYTES] [--recompute none|full|auto]
 //!     [--cost-batch SAMPLES] [--activations f32|bf16]
 //!     [--families 1f1b,zbv] [--chunks 1,2,4] [--max-microbatches 64]
 //!     [--top 10] [--format table|json] [--svg best.svg]
@@ -21,7 +21,7 @@
 //!
 //! JSON: `{"ranks", "data_parallel", "workers", "global_batch", "memory_limit", "scaling", "overlap_share", "plans": [{family,
 //! chunks, microbatches, microbatch_size, partition, layers_per_stage, step_time, bubble_fraction,
-//! peak_memory, lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>, "chosen":
+//! peak_memory, recompute, lower_bound, ratio_to_bound, bottleneck}, ...], "skipped": <count>, "chosen":
 //! {<a plan's fields>, rank, near_tie}}`, best plan first (each plan as
 //! [`pipefill_host::plan::Plan`] serialises it, less its schedule and costs).
 //!
@@ -37,17 +37,24 @@
 //! (`meta.activation_dtype`) with [`CostFile::with_activation_dtype`], as `train --activations` does,
 //! so the predicted peak memory and the transfer bytes follow. Without the flag, the file's type.
 //!
+//! `--recompute` says which recomputation modes the stages may take: `none`, `full` everywhere, or
+//! `auto` (the default with `--memory-limit`; else `none`): chosen per stage with the partition and
+//! the schedule, so a limit that no plan fits without recomputation gets a plan with it, and
+//! otherwise recomputation is used only where it buys a faster predicted step
+//! ([`pipefill_host::cost::RecomputeChoice`]). Each plan reports `recompute` per stage; the table
+//! shows `-`, `full` or `k of S`.
+//!
 //! The overlap share of F/B pairs is the cost file's (`pipefill profile` writes the one of the
 //! backend it measured on), or `--overlap-share X` (e.g. what `pipefill bench overlap` measured).
 
 use std::path::PathBuf;
 
 use pipefill_host::cost::flag::{parse_bytes, parse_time};
-use pipefill_host::cost::{ActivationDtype, CostFile};
+use pipefill_host::cost::{ActivationDtype, CostFile, RecomputeChoice};
 use pipefill_host::partition::SPLIT_CELLS_PER_SECOND;
 use pipefill_host::plan::{
-    choose, estimated_work, estimated_workers_work, plan, plan_workers, recorded_spread, Choice,
-    Plan, PlanError, PlanReport, PlanRequest,
+    choose, estimated_work, estimated_workers_work, plan, plan_workers, recompute_summary,
+    recorded_spread, Choice, Plan, PlanError, PlanReport, PlanRequest,
 };
 use pipefill_host::sim::data_parallel::DataParallel;
 use pipefill_host::trace::{svg_gantt, SvgOptions};
@@ -94,6 +101,11 @@ pub struct Args {
     /// Bytes each rank may hold (parameters + activations in flight). Default: no limit.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "max_in_flight")]
     pub memory_limit: Option<f64>,
+    /// Activation recomputation: `none`, `full` (every stage keeps only its input and runs its
+    /// forward again before I/B), or `auto` (chosen per stage with the partition and schedule under
+    /// --memory-limit). Default: `auto` with --memory-limit, else `none`.
+    #[arg(long, value_name = "MODE", value_parser = parse_choice)]
+    pub recompute: Option<RecomputeChoice>,
     /// Microbatch size (samples) the costs were measured at. Default: the cost file's
     /// `meta.microbatch_size` (written by `pipefill profile`).
     #[arg(long, value_name = "SAMPLES")]
@@ -132,6 +144,11 @@ pub struct Args {
     /// --max-in-flight).
     #[command(flatten)]
     pub auto: AutoArgs,
+}
+
+/// `--recompute`: none, full or auto.
+pub fn parse_choice(s: &str) -> Result<RecomputeChoice, String> {
+    s.parse()
 }
 
 /// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is
@@ -247,6 +264,10 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
         link,
     };
     req.memory_limit = args.memory_limit;
+    req.recompute = args.recompute.unwrap_or(match args.memory_limit {
+        Some(_) => RecomputeChoice::Auto,
+        None => RecomputeChoice::None,
+    });
     req.families = args.families.clone();
     req.chunks = args.chunks.clone();
     req.max_microbatches = args.max_microbatches;
@@ -429,13 +450,13 @@ fn print_table(req: &PlanRequest, workers: Option<usize>, report: &PlanReport, s
         report.skipped.len()
     );
     println!(
-        "{:>3}  {:<17} {:>2} {:>2} {:>2} {:>4} {:>5}  {:<19} {:>12} {:>7} {:>14} {:>8}  layers per stage",
-        "#", "family", "P", "D", "V", "M", "mb", "partition", "step (s)", "bubble", "peak mem (B)", "/bound"
+        "{:>3}  {:<17} {:>2} {:>2} {:>2} {:>4} {:>5}  {:<19} {:>12} {:>7} {:>14} {:>9} {:>8}  layers per stage",
+        "#", "family", "P", "D", "V", "M", "mb", "partition", "step (s)", "bubble", "peak mem (B)", "recompute", "/bound"
     );
     for (i, p) in shown.iter().enumerate() {
         let mem = p.peak_memory.iter().copied().fold(0.0, f64::max);
         println!(
-            "{:>3}  {:<17} {:>2} {:>2} {:>2} {:>4} {:>5}  {:<19} {:>12.6} {:>6.1}% {:>14.0} {:>8.3}  {:?}",
+            "{:>3}  {:<17} {:>2} {:>2} {:>2} {:>4} {:>5}  {:<19} {:>12.6} {:>6.1}% {:>14.0} {:>9} {:>8.3}  {:?}",
             i + 1,
             p.family,
             p.ranks,
@@ -447,6 +468,7 @@ fn print_table(req: &PlanRequest, workers: Option<usize>, report: &PlanReport, s
             p.step_time,
             100.0 * p.bubble_fraction,
             mem,
+            recompute_summary(&p.recompute),
             p.ratio_to_bound,
             p.layers_per_stage
         );

@@ -22,7 +22,9 @@ use pipefill_host::auto::AUTO;
 use pipefill_host::cost::flag::{parse_bandwidth, parse_bytes, parse_time, times_in_seconds};
 use pipefill_host::cost::{
     parse_cost_flag, CostError, CostInput, CostModel, CostSpec, LinkCost, Recompute,
+    RecomputeChoice,
 };
+use pipefill_host::plan::{fit_recompute, with_modes};
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
 use pipefill_host::sim::{simulate, SimError};
 use pipefill_host::sim::{simulate_with, DeviceSharing, SimOptions};
@@ -91,11 +93,13 @@ pub struct Args {
     /// Non-overlapped share of an overlapped F/B pair (0 = perfect overlap, 1 = none).
     #[arg(long = "overlap-share", value_parser = parse_share)]
     pub overlap_share: Option<f64>,
-    /// Activation recomputation for every stage: `none` (default: as the cost file says), or `full`
-    /// (keep each stage's input only; the forward runs again before I/B: less memory, longer I/B).
-    #[arg(long, value_name = "MODE", value_parser = parse_recompute)]
-    pub recompute: Option<Recompute>,
-    /// auto: memory limit per rank in bytes, parameters included (needs activation sizes, A=).
+    /// Activation recomputation: `none` or `full` for every stage (default: as the cost file says;
+    /// `full` keeps each stage's input only and runs the forward again before I/B: less memory,
+    /// longer I/B), or `auto`: per stage, the fewest that make each schedule fit --memory-limit.
+    #[arg(long, value_name = "MODE", value_parser = super::plan::parse_choice)]
+    pub recompute: Option<RecomputeChoice>,
+    /// Memory limit per rank in bytes, parameters included (needs activation sizes, A=): for
+    /// `--schedule auto` and `--recompute auto`.
     #[arg(long = "memory-limit", value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "max_in_flight")]
     pub memory_limit: Option<f64>,
     /// The automatic scheduler's flags (for `--schedule auto`).
@@ -140,6 +144,11 @@ pub fn run(args: Args) -> Result<(), CliError> {
             super::output::check_output(flag, path)?;
         }
     }
+    if args.recompute == Some(RecomputeChoice::Auto) && args.memory_limit.is_none() {
+        return Err(usage(
+            "--recompute auto: needs --memory-limit BYTES (it chooses what fits that limit); or give --recompute none|full",
+        ));
+    }
     let spec = cost_spec(&args)?;
     let schedules = schedules(&args, &spec)?;
     let money = bubble_money(&args)?;
@@ -151,8 +160,17 @@ pub fn run(args: Args) -> Result<(), CliError> {
     for (schedule, from_file) in &schedules {
         let model = spec
             .model_for(schedule.ranks, schedule.chunks)
-            .map(|m| recomputed(m, args.recompute))
+            .map(|m| recomputed(m, fixed_mode(args.recompute)))
             .map_err(|e| usage(format!("costs for `{}`: {e}", schedule.name)))?;
+        let model = match (args.recompute, args.memory_limit) {
+            (Some(RecomputeChoice::Auto), Some(limit)) => {
+                fitted(schedule, model, limit).map_err(|e| match e {
+                    Fit::Sim(e) => sim_error(e, *from_file),
+                    Fit::Usage(e) => e,
+                })?
+            }
+            _ => model,
+        };
         let (sim, device) = if args.shared_device {
             let options = SimOptions::ALL.on(DeviceSharing::Shared);
             (
@@ -212,6 +230,34 @@ pub fn recomputed(mut model: CostModel, mode: Option<Recompute>) -> CostModel {
         }
     }
     model
+}
+
+/// The mode every stage takes under `choice`, when it is one mode (`auto` chooses per stage).
+fn fixed_mode(choice: Option<RecomputeChoice>) -> Option<Recompute> {
+    match choice? {
+        RecomputeChoice::Full => Some(Recompute::Full),
+        RecomputeChoice::Auto => None,
+        _ => Some(Recompute::None),
+    }
+}
+
+/// Why [`fitted`] failed.
+enum Fit {
+    Sim(SimError),
+    Usage(CliError),
+}
+
+/// `model` with the fewest stages recomputing that bring `schedule` under `limit` bytes per rank
+/// ([`pipefill_host::plan::fit_recompute`]).
+fn fitted(schedule: &Schedule, model: CostModel, limit: f64) -> Result<CostModel, Fit> {
+    match fit_recompute(schedule, &model, limit).map_err(Fit::Sim)? {
+        Some(modes) => Ok(with_modes(model, &modes)),
+        None => Err(Fit::Usage(usage(format!(
+            "--memory-limit {limit}: `{}` does not fit even with every stage recomputing; raise the \
+             limit or simulate a schedule with fewer microbatches in flight",
+            schedule.name
+        )))),
+    }
 }
 
 /// `--recompute`: a mode name.
@@ -334,7 +380,11 @@ fn schedules(args: &Args, spec: &CostSpec) -> Result<Vec<(Schedule, bool)>, CliE
         .iter()
         .any(|e| e.trim().split(':').next() == Some(AUTO))
     {
-        let limit = args.memory_limit.map(|_| "--memory-limit");
+        // `--recompute auto` reads the limit as well.
+        let limit = args
+            .memory_limit
+            .filter(|_| args.recompute != Some(RecomputeChoice::Auto))
+            .map(|_| "--memory-limit");
         auto_flags::only_for_auto(limit.or(args.auto.given()))?;
     }
     if !args.schedule.is_empty() {
@@ -410,7 +460,12 @@ fn auto(
     let chunks = own_v.or(args.chunks).unwrap_or(default_v);
     let model = spec
         .model_for(ranks, chunks)
-        .map(|m| recomputed(m, args.recompute))
+        // `--recompute auto`: solved as if every stage recomputed (the most it may), then each
+        // stage's mode chosen for the schedule found.
+        .map(|m| match args.recompute {
+            Some(RecomputeChoice::Auto) => recomputed(m, Some(Recompute::Full)),
+            choice => recomputed(m, fixed_mode(choice)),
+        })
         .map_err(|e| usage(format!("costs for `auto`: {e}")))?;
     let shape = auto_flags::Shape {
         ranks,

@@ -9,7 +9,7 @@
 //! 3. [`plans`]: the host planner scores each schedule family that fits and `auto` (or only
 //!    `--schedule`, or the `--schedule-file`, whatever its name): its split (`--plan auto`: the best partition;
 //!    `--plan uniform`: equal layer counts) simulated under the profile
-//!    ([`pipefill_host::plan::plan_given`], [`pipefill_host::plan::plan_schedule`]); [`choose`]
+//!    ([`pipefill_host::plan::plan_given_with`], [`pipefill_host::plan::plan_schedule_with`]); [`choose`]
 //!    takes the best predicted step time, or in a near-tie within the profile's measured spread
 //!    the library's stated rule ([`pipefill_host::plan::choose`]);
 //! 4. [`train`]: build the backend's step runner (CPU: one thread per rank; `--backend cuda`: the
@@ -31,7 +31,7 @@ use std::io::IsTerminal;
 
 use pipefill_host::cost::CostFile;
 use pipefill_host::plan::{
-    on_one_device, plan_given, plan_schedule, recorded_spread, Candidates, NearTie, Plan,
+    on_one_device, plan_given_with, plan_schedule_with, recorded_spread, Candidates, NearTie, Plan,
     PlanError, PlanReport, SPREAD_KEY,
 };
 use pipefill_host::profile::{ProfileOptions, TimeSource};
@@ -100,8 +100,11 @@ pub fn candidates(setup: &Setup) -> Result<Candidates, CliError> {
             }
         }
     };
-    // `--recompute`: every plan priced as it will run (a resumed one too: the flag is the run's).
-    c.plans = recompute::recomputed(c.plans, setup.args.recompute.mode())?;
+    // `--recompute none|full`: every plan priced as it will run (a resumed one too: the flag is the
+    // run's); with `auto` each plan carries the planner's choice (a resumed one its checkpoint's).
+    if let Some(mode) = recompute_flag(setup).mode() {
+        c.plans = recompute::recomputed(c.plans, mode)?;
+    }
     Ok(c)
 }
 
@@ -164,8 +167,9 @@ pub fn profile(setup: &Setup) -> Result<CostFile, CliError> {
 pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
     let a = &setup.args;
     let split = a.plan.split();
+    let choice = recompute_flag(setup).choice();
     if let (Some(s), Some(path)) = (&setup.schedule_file, &a.schedule_file) {
-        return plan_schedule(costs, s, split, None)
+        return plan_schedule_with(costs, s, split, a.memory_limit, choice)
             .map(|p| PlanReport {
                 plans: vec![p],
                 skipped: Vec::new(),
@@ -188,8 +192,13 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
             .collect(),
     };
     let auto = a.auto.with_seed(a.seed).options(a.chunks);
-    plan_given(costs, &params, &names, split, None, &auto)
+    plan_given_with(costs, &params, &names, split, a.memory_limit, &auto, choice)
         .map_err(|e| no_plan(a.schedule.as_deref(), e))
+}
+
+/// `--recompute`, or its default (`auto` with `--memory-limit`, else `none`).
+fn recompute_flag(setup: &Setup) -> recompute::RecomputeFlag {
+    recompute::RecomputeFlag::or_default(setup.args.recompute, setup.args.memory_limit)
 }
 
 /// The error when no plan is left: which schedules were ruled out, and why.

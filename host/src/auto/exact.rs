@@ -14,7 +14,7 @@
 
 use crate::schedule::Action;
 
-use super::instance::{Instance, MEMORY_EPS};
+use super::instance::{Instance, MEMORY_EPS, OPS};
 
 /// Largest instance (`3 * P * V * M` actions) the exact method tries.
 pub const EXACT_MAX_ACTIONS: usize = 36;
@@ -151,14 +151,17 @@ impl Search<'_> {
                 t = t.max(self.end[p] + c);
             }
         }
-        if id % 3 == 0 {
-            if a.stage == 0
-                && a.microbatch > 0
-                && self.end[inst.id(0, 0, a.microbatch - 1)] == f64::INFINITY
-            {
-                return None;
-            }
-            let need = self.mem[r] + inst.foot[a.stage].bytes;
+        if id % 3 == 0
+            && a.stage == 0
+            && a.microbatch > 0
+            && self.end[inst.id(0, 0, a.microbatch - 1)] == f64::INFINITY
+        {
+            return None;
+        }
+        // Exact: every start within the budget, as the simulator counts it (F keeps its input
+        // only under recomputation, I rebuilds the rest at its start).
+        if id % 3 < 2 {
+            let need = self.mem[r] + inst.foot[a.stage].allocated_by(OPS[id % 3]);
             if need > inst.budget[r] + MEMORY_EPS * need.max(1.0) {
                 return None;
             }

@@ -146,7 +146,7 @@ impl Greedy<'_> {
         if ready == f64::INFINITY {
             return None;
         }
-        if op == 0 && !self.fits(j, self.mem[j], inst.foot[j].bytes) {
+        if op < 2 && !self.fits(j, self.mem[j], inst.room(op, j)) {
             return None;
         }
         let start = self.free[j].max(ready);

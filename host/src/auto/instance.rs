@@ -110,9 +110,12 @@ impl Instance {
             }
         }
         if self.unit {
+            // A count of microbatches in flight: a recomputing stage's microbatch is in flight
+            // all the same (it rebuilds nothing in this unit; its backward still takes longer).
             for st in &mut self.scoring.stages {
                 st.activation_bytes = 1.0 / self.v as f64;
                 st.released_at_input = 0.0;
+                st.input_bytes = st.activation_bytes;
             }
         } else if req.costs.stages.iter().all(|c| c.activation_bytes == 0.0) {
             return Err(AutoError::NoActivationSizes);
@@ -176,14 +179,31 @@ impl Instance {
         Action::new(OPS[op], sk / self.m, sk % self.m)
     }
 
-    /// Memory `op` allocates at its start (F) or releases at its end (I, W) on its stage.
+    /// What `op` leaves its rank holding more (or less) once it has ended, as the simulator counts
+    /// it: `F` allocates what its stage keeps (its input only under full recomputation), `I`
+    /// allocates the rebuilt rest at its start and releases its part at its end, `W` releases the
+    /// remainder.
     #[inline]
     pub(crate) fn delta(&self, op: usize, stage: usize) -> f64 {
+        self.delta_of(OPS[op], stage)
+    }
+
+    /// [`Instance::delta`] of any op (`B` too: it allocates what it rebuilds, releases all).
+    #[inline]
+    pub(crate) fn delta_of(&self, op: Op, stage: usize) -> f64 {
+        let f = &self.foot[stage];
+        f.allocated_by(op) - f.released_by(op)
+    }
+
+    /// The room `op` on `stage` needs free when it starts: for `F` the most one microbatch of the
+    /// stage ever holds (so its own backward can rebuild), for `I` what it rebuilds (0 without
+    /// recomputation), nothing for `W`. The constructive phases check it before placing an op.
+    #[inline]
+    pub(crate) fn room(&self, op: usize, stage: usize) -> f64 {
         let f = &self.foot[stage];
         match op {
             0 => f.bytes,
-            1 => -f.released_by(Op::I),
-            _ => -f.released_by(Op::W),
+            _ => f.allocated_by(OPS[op]),
         }
     }
 

@@ -14,7 +14,7 @@
 
 use crate::schedule::Action;
 
-use super::instance::{Instance, MEMORY_EPS};
+use super::instance::{Instance, MEMORY_EPS, OPS};
 use super::rng::Rng;
 
 /// When a rank runs a ready `W` (which nothing waits for) rather than waiting for an `F` or `I`.
@@ -304,14 +304,13 @@ impl Builder<'_> {
         self.end[c.id] = c.start + t;
         self.free[r] = c.start + t;
         self.next[x][op] += 1;
-        if op == 0 {
-            if x == 0 {
-                for q in 0..inst.p {
-                    self.pending[q] += inst.one_microbatch(q);
-                }
+        if op == 0 && x == 0 {
+            for q in 0..inst.p {
+                self.pending[q] += inst.one_microbatch(q);
             }
-            self.pending[r] -= inst.foot[x].bytes;
         }
+        // The reservation covers what `F` keeps and what `I` rebuilds (recomputation).
+        self.pending[r] -= inst.foot[x].allocated_by(OPS[op]);
         self.mem[r] += inst.delta(op, x);
         if inst.stages_of[r][0] == x && op < 2 {
             self.open[r] += if op == 0 { 1.0 } else { -1.0 };

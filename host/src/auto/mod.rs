@@ -341,7 +341,8 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
 /// of the bound ([`crate::sim::bound_with_limit`]) needs. `None` without a limit.
 ///
 /// In microbatches in flight the limit is that number. In bytes, every stage-microbatch between
-/// its `F` and the end of its `W` holds at least what its `I` does not release, so at most
+/// its `F` and the end of its `W` holds at least the lesser of what its `F` keeps (its input only
+/// under full recomputation) and what its `I` does not release, so at most
 /// `budget / (least such remainder among the rank's stages)` of them fit; a rank whose stages
 /// release everything at `I` is not limited this way (infinite).
 fn held_limits(inst: &Instance) -> Option<Vec<f64>> {
@@ -356,7 +357,10 @@ fn held_limits(inst: &Instance) -> Option<Vec<f64>> {
             }
             let kept = inst.stages_of[r]
                 .iter()
-                .map(|&x| inst.foot[x].released_by(Op::W))
+                .map(|&x| {
+                    let f = &inst.foot[x];
+                    f.released_by(Op::W).min(f.allocated_by(Op::F))
+                })
                 .fold(f64::INFINITY, f64::min);
             if kept > 0.0 {
                 (budget * (1.0 + MEMORY_EPS) / kept).floor() / inst.v as f64

@@ -50,7 +50,7 @@ pub use error::CostError;
 pub use file::{CostFile, CostInput};
 pub use flag::parse_cost_flag;
 pub use model::{split_even, CostSpec};
-pub use recompute::Recompute;
+pub use recompute::{Recompute, RecomputeChoice};
 pub use scaling::{FixedCost, SizeSample};
 
 use crate::schedule::deps::Footprint;

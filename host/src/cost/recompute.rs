@@ -71,3 +71,44 @@ impl super::CostModel {
         self.stages.iter().map(|s| s.recompute).collect()
     }
 }
+
+/// What a planner may do about recomputation (`plan --recompute`, [`PlanRequest::recompute`]).
+///
+/// ```
+/// use pipefill_host::cost::RecomputeChoice;
+/// assert_eq!("auto".parse::<RecomputeChoice>(), Ok(RecomputeChoice::Auto));
+/// assert!("most".parse::<RecomputeChoice>().unwrap_err().contains("none, full, auto"));
+/// ```
+///
+/// [`PlanRequest::recompute`]: crate::plan::PlanRequest::recompute
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RecomputeChoice {
+    /// No stage recomputes.
+    #[default]
+    None,
+    /// Every stage recomputes fully.
+    Full,
+    /// Per stage, chosen with the partition and the schedule under the memory limit: none
+    /// everywhere, full everywhere, and full on the stages that save the most bytes per second of
+    /// forward added until the plan fits ([`crate::plan::fit_recompute`]); the fastest plan that
+    /// fits wins, the fewest recomputing stages on a tie.
+    Auto,
+}
+
+crate::named_enum!(RecomputeChoice {
+    None => "none",
+    Full => "full",
+    Auto => "auto",
+});
+
+impl FromStr for RecomputeChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        RecomputeChoice::from_name(s).ok_or_else(|| {
+            format!("unknown recomputation choice `{s}`: use one of none, full, auto")
+        })
+    }
+}

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::auto::AutoOptions;
-use crate::cost::CostFile;
+use crate::cost::{CostFile, RecomputeChoice};
 use crate::partition::Method;
 use crate::schedule::validate::validate;
 use crate::schedule::{Params, Schedule};
@@ -34,6 +34,7 @@ fn request_for(
     schedule: &Schedule,
     memory_limit: Option<f64>,
     data_parallel: DataParallel,
+    recompute: RecomputeChoice,
 ) -> Result<PlanRequest, PlanError> {
     // One sample a microbatch on each of the D replicas: the costs stay as measured.
     let replicas = data_parallel.replicas.max(1);
@@ -45,6 +46,7 @@ fn request_for(
     );
     request.memory_limit = memory_limit;
     request.data_parallel = data_parallel;
+    request.recompute = recompute;
     check(&request)?;
     Ok(request)
 }
@@ -84,7 +86,13 @@ pub fn best_partition_replicated(
     memory_limit: Option<f64>,
     data_parallel: DataParallel,
 ) -> Result<Plan, PlanError> {
-    let request = request_for(costs, schedule, memory_limit, data_parallel)?;
+    let request = request_for(
+        costs,
+        schedule,
+        memory_limit,
+        data_parallel,
+        RecomputeChoice::None,
+    )?;
     Shape::new(&request, schedule.clone())?.best()
 }
 
@@ -96,15 +104,28 @@ pub fn plan_schedule(
     split: Split,
     memory_limit: Option<f64>,
 ) -> Result<Plan, PlanError> {
+    plan_schedule_with(costs, schedule, split, memory_limit, RecomputeChoice::None)
+}
+
+/// [`plan_schedule`] with the stages' recomputation chosen as `recompute` says (with
+/// [`RecomputeChoice::Auto`], per stage under `memory_limit`: module `recompute`).
+pub fn plan_schedule_with(
+    costs: &CostFile,
+    schedule: &Schedule,
+    split: Split,
+    memory_limit: Option<f64>,
+    recompute: RecomputeChoice,
+) -> Result<Plan, PlanError> {
     validate(schedule).map_err(|source| PlanError::Schedule {
         name: schedule.name.clone(),
         source,
     })?;
+    let request = request_for(costs, schedule, memory_limit, DataParallel::NONE, recompute)?;
+    let shape = Shape::new(&request, schedule.clone())?;
     match split {
-        Split::Best => best_partition(costs, schedule, memory_limit),
+        Split::Best => shape.best(),
         Split::Uniform => {
-            let request = request_for(costs, schedule, memory_limit, DataParallel::NONE)?;
-            Shape::new(&request, schedule.clone())?
+            shape
                 .evaluate_method(Method::Uniform)
                 .map_err(|reason| PlanError::NoPlan {
                     skipped: vec![Skipped::of(schedule, reason)],
@@ -141,21 +162,46 @@ pub fn plan_given(
     memory_limit: Option<f64>,
     auto: &AutoOptions,
 ) -> Result<PlanReport, PlanError> {
+    plan_given_with(
+        costs,
+        params,
+        names,
+        split,
+        memory_limit,
+        auto,
+        RecomputeChoice::None,
+    )
+}
+
+/// [`plan_given`] with the stages' recomputation chosen as `recompute` says: the one argument a
+/// trainer sets for `--recompute auto --memory-limit` (`auto` among the names is then solved with
+/// and without full recomputation, as [`super::plan`] does).
+pub fn plan_given_with(
+    costs: &CostFile,
+    params: &Params,
+    names: &[String],
+    split: Split,
+    memory_limit: Option<f64>,
+    auto: &AutoOptions,
+    recompute: RecomputeChoice,
+) -> Result<PlanReport, PlanError> {
     let mut plans = Vec::new();
     let mut skipped = Vec::new();
     for source in super::sources(names)? {
         let chunks = params.chunks.unwrap_or(source.default_chunks(auto));
-        let attempt = source
-            .schedule(params, costs, memory_limit, auto)
-            .and_then(|s| plan_schedule(costs, &s, split, memory_limit));
-        match attempt {
-            Ok(p) => plans.push(p),
-            Err(e) => skipped.push(Skipped {
-                family: source.name().to_string(),
-                chunks,
-                microbatches: params.microbatches,
-                reason: e.to_string(),
-            }),
+        for mode in super::solve_modes(source, recompute, memory_limit) {
+            let attempt = source
+                .schedule_with(params, costs, memory_limit, auto, mode)
+                .and_then(|s| plan_schedule_with(costs, &s, split, memory_limit, recompute));
+            match attempt {
+                Ok(p) => plans.push(p),
+                Err(e) => skipped.push(Skipped {
+                    family: source.name().to_string(),
+                    chunks,
+                    microbatches: params.microbatches,
+                    reason: e.to_string(),
+                }),
+            }
         }
     }
     if plans.is_empty() {

@@ -9,6 +9,8 @@
 //!   and `auto` when named ([`PlanRequest::auto`]: solved for the costs at each `P`, `D` and `M`
 //!   tried, then split and simulated like the families);
 //! - every `M` dividing `N` (up to a maximum), each microbatch then holding `N / M` samples;
+//! - with [`PlanRequest::recompute`], each stage's recomputation: none, full everywhere, or chosen
+//!   per stage under the limit ([`RecomputeChoice::Auto`], module `recompute`, [`fit_recompute`]);
 //! - for each, the partitions of [`crate::partition`]: the exact bottleneck optimum (under the memory
 //!   limit, with the schedule's in-flight activations per stage), the baselines, and with `V > 1` the
 //!   per-stage optimum (which often simulates faster than the rank-load optimum);
@@ -57,7 +59,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::auto::AutoOptions;
-use crate::cost::{CostFile, CostModel};
+use crate::cost::{CostFile, CostModel, Recompute, RecomputeChoice};
 use crate::schedule::{Params, Schedule};
 use crate::sim::data_parallel::DataParallel;
 use crate::sim::{simulate, SimError};
@@ -66,6 +68,7 @@ use crate::timeline::Timeline;
 mod choose;
 mod error;
 mod given;
+mod recompute;
 mod search;
 mod serde_plan;
 mod source;
@@ -76,9 +79,11 @@ pub use choose::{
 };
 pub use error::PlanError;
 pub use given::{
-    best_partition, best_partition_replicated, plan_families, plan_given, plan_schedule, Split,
+    best_partition, best_partition_replicated, plan_families, plan_given, plan_given_with,
+    plan_schedule, plan_schedule_with, Split,
 };
 
+pub use recompute::{fit_recompute, peak_memory, summary as recompute_summary, with_modes};
 use search::{sort, Shape};
 pub use source::generate;
 use source::{sources, Source};
@@ -120,6 +125,9 @@ pub struct PlanRequest {
     /// How `auto` is solved when [`PlanRequest::families`] names it (its `V`, placement, objective,
     /// budget, seed, and its limit in microbatches when [`PlanRequest::memory_limit`] is `None`).
     pub auto: AutoOptions,
+    /// Which recomputation modes the stages may take ([`RecomputeChoice`]; module `recompute`):
+    /// `Auto` chooses per stage with the partition and schedule under [`PlanRequest::memory_limit`].
+    pub recompute: RecomputeChoice,
 }
 
 impl PlanRequest {
@@ -138,6 +146,7 @@ impl PlanRequest {
             refine: 4,
             data_parallel: DataParallel::NONE,
             auto: AutoOptions::default(),
+            recompute: RecomputeChoice::None,
         }
     }
 
@@ -183,6 +192,10 @@ pub struct Plan {
     pub bubble_fraction: f64,
     /// Predicted peak memory per rank (parameters + activations), bytes.
     pub peak_memory: Vec<f64>,
+    /// Per stage, its recomputation mode (also in `cost`, which the prediction used); empty in
+    /// plans written before recomputation, which recompute nothing.
+    #[serde(default)]
+    pub recompute: Vec<Recompute>,
     /// The simulator's lower bound for this schedule shape and these costs, seconds.
     pub lower_bound: f64,
     /// `step_time / lower_bound`.
@@ -435,17 +448,19 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
                     microbatches: m,
                     reason,
                 };
-                match shape(request, source, v, m) {
-                    Ok(None) => {}
-                    Ok(Some(sh)) => {
-                        let (found, why) = sh.candidates();
-                        skipped.extend(why.into_iter().map(skip));
-                        if !found.is_empty() {
-                            plans.extend(found);
-                            shapes.push(sh);
+                for mode in solve_modes(source, request.recompute, request.memory_limit) {
+                    match shape(request, source, v, m, mode) {
+                        Ok(None) => {}
+                        Ok(Some(sh)) => {
+                            let (found, why) = sh.candidates();
+                            skipped.extend(why.into_iter().map(skip));
+                            if !found.is_empty() {
+                                plans.extend(found);
+                                shapes.push(sh);
+                            }
                         }
+                        Err(reason) => skipped.push(skip(reason)),
                     }
-                    Err(reason) => skipped.push(skip(reason)),
                 }
             }
         }
@@ -474,10 +489,7 @@ fn refine_best(count: usize, plans: &[Plan], shapes: &[Shape]) -> Vec<Plan> {
             continue;
         }
         seen.push(key);
-        if let Some(sh) = shapes
-            .iter()
-            .find(|s| (s.label(), s.layout.chunks, s.microbatches()) == key)
-        {
+        if let Some(sh) = shapes.iter().find(|s| s.schedule == p.schedule) {
             let r = sh.refine(p);
             if r.step_time < p.step_time {
                 refined.push(r);
@@ -517,13 +529,24 @@ fn shape<'a>(
     source: Source,
     v: usize,
     m: usize,
+    mode: Recompute,
 ) -> Result<Option<Shape<'a>>, String> {
     let params = Params::new(request.ranks, m).with_chunks(v);
     let costs = search::scaled(request, m);
-    match source.schedule(&params, &costs, request.memory_limit, &request.auto) {
+    match source.schedule_with(&params, &costs, request.memory_limit, &request.auto, mode) {
         Ok(s) => Shape::new(request, s).map(Some).map_err(|e| e.to_string()),
         Err(_) if v != source.default_chunks(&request.auto) => Ok(None),
         Err(PlanError::Schedule { source, .. }) => Err(source.to_string()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The recomputation modes `auto` is solved for (its memory model counts what each keeps): the
+/// request's, both with [`RecomputeChoice::Auto`] under a limit; one schedule for a family.
+fn solve_modes(source: Source, choice: RecomputeChoice, limit: Option<f64>) -> Vec<Recompute> {
+    match (source, choice, limit) {
+        (Source::Auto, RecomputeChoice::Full, _) => vec![Recompute::Full],
+        (Source::Auto, RecomputeChoice::Auto, Some(_)) => vec![Recompute::None, Recompute::Full],
+        _ => vec![Recompute::None],
     }
 }

@@ -1,15 +1,16 @@
 //! One shape (schedule, `V`, `M`, scaled costs) and its candidate partitions: simulated, ruled out by
 //! memory, refined by boundary moves, and sorted best first.
 
-use crate::cost::{CostFile, CostModel, LayerCost};
+use crate::cost::{CostFile, CostModel, LayerCost, Recompute, RecomputeChoice};
 use crate::partition::{
     optimal_with_budget, per_stage_optimal, stage_in_flight, Layout, MemoryLimit, Method,
     Partition, Problem, NANOS_PER_SECOND,
 };
 use crate::schedule::Schedule;
 use crate::sim::data_parallel::reductions;
-use crate::sim::{simulate, Simulation};
+use crate::sim::simulate;
 
+use super::recompute::{fit_recompute, peak_memory, uniform_sets, with_modes};
 use super::{Plan, PlanError, PlanRequest, PLAN_NODE_BUDGET};
 
 /// Everything fixed for one schedule (so one family, `V`, `M`): the partitions vary.
@@ -75,17 +76,28 @@ impl<'a> Shape<'a> {
         Ok(m)
     }
 
-    /// Simulates a split; `Err(reason)` when it cannot run or does not fit in memory.
-    pub(super) fn evaluate(&self, part: &Partition, name: String) -> Result<Plan, String> {
+    /// Simulates a split with stage `s` in recomputation `modes[s]`; `Err(reason)` when it cannot
+    /// run or does not fit in memory.
+    pub(super) fn evaluate(
+        &self,
+        part: &Partition,
+        name: String,
+        modes: &[Recompute],
+    ) -> Result<Plan, String> {
         let counts = part.layers_per_stage();
         let model = self.model(&counts).map_err(|e| e.to_string())?;
+        let model = with_modes(model, modes);
         let sim = simulate(&self.schedule, &model).map_err(|e| e.to_string())?;
         let peak = peak_memory(&self.schedule, &model, &sim);
         if let Some(limit) = self.request.memory_limit {
             let worst = peak.iter().copied().fold(0.0, f64::max);
             if worst > limit {
+                let with = match super::recompute_summary(modes).as_str() {
+                    "-" => String::new(),
+                    r => format!(" (recompute {r})"),
+                };
                 return Err(format!(
-                    "{name} partition: predicted peak memory {worst:.0} bytes > limit {limit:.0}"
+                    "{name} partition{with}: predicted peak memory {worst:.0} bytes > limit {limit:.0}"
                 ));
             }
         }
@@ -105,6 +117,7 @@ impl<'a> Shape<'a> {
             reduce_tail: step_time - sim.timeline.makespan(),
             bubble_fraction: sim.timeline.bubble_fraction(),
             peak_memory: peak,
+            recompute: model.stages.iter().map(|st| st.recompute).collect(),
             lower_bound: sim.lower_bound,
             ratio_to_bound: sim.ratio_to_bound(),
             bottleneck: part.bottleneck as f64 / NANOS_PER_SECOND,
@@ -113,12 +126,58 @@ impl<'a> Shape<'a> {
         })
     }
 
-    /// The split of `method` (or the per-stage optimum), simulated.
+    /// The split of `method`, simulated with each mode set the request allows; the fastest that
+    /// fits, else why none did.
     pub(super) fn evaluate_method(&self, method: Method) -> Result<Plan, String> {
         let part = method
             .apply(&self.problem, &self.layout, None)
             .map_err(|e| format!("{} partition: {e}", method.name()))?;
-        self.evaluate(&part, method.name().to_string())
+        let (mut found, why) = self.evaluate_modes(&part, method.name());
+        sort(&mut found);
+        found.into_iter().next().ok_or_else(|| why.join("; "))
+    }
+
+    /// Every mode set the request's [`RecomputeChoice`] allows for a split, simulated: the plans
+    /// that fit, and why the others did not (module `recompute`).
+    fn evaluate_modes(&self, part: &Partition, name: &str) -> (Vec<Plan>, Vec<String>) {
+        let (mut found, mut why) = (Vec::new(), Vec::new());
+        let stages = self.schedule.stages();
+        let mut fits = Vec::new();
+        for modes in uniform_sets(self.request.recompute, stages) {
+            match self.evaluate(part, name.to_string(), &modes) {
+                // Auto: where this split and schedule fit without recomputation, recomputing
+                // would only make them slower (so it never wins a near-tie either).
+                Ok(p) if self.request.recompute == RecomputeChoice::Auto && fits.is_empty() => {
+                    return (vec![p], why);
+                }
+                Ok(p) => {
+                    found.push(p);
+                    fits.push(true);
+                }
+                Err(e) => {
+                    why.push(e);
+                    fits.push(false);
+                }
+            }
+        }
+        // Auto: where none fits and full does, the fewest stages that make it fit.
+        if let (RecomputeChoice::Auto, Some(limit), [false, true]) = (
+            self.request.recompute,
+            self.request.memory_limit,
+            fits.as_slice(),
+        ) {
+            let greedy = self
+                .model(&part.layers_per_stage())
+                .ok()
+                .and_then(|m| fit_recompute(&self.schedule, &m, limit).ok().flatten());
+            if let Some(modes) = greedy.filter(|m| m.contains(&Recompute::None)) {
+                match self.evaluate(part, name.to_string(), &modes) {
+                    Ok(p) => found.push(p),
+                    Err(e) => why.push(e),
+                }
+            }
+        }
+        (found, why)
     }
 
     /// Simulates every partition method on this shape: the plans, and why the others were ruled
@@ -131,10 +190,9 @@ impl<'a> Shape<'a> {
             Ok(part) if tried.contains(&part.boundaries) => {}
             Ok(part) => {
                 tried.push(part.boundaries.clone());
-                match self.evaluate(&part, name.to_string()) {
-                    Ok(p) => found.push(p),
-                    Err(e) => why.push(e),
-                }
+                let (plans, reasons) = self.evaluate_modes(&part, name);
+                found.extend(plans);
+                why.extend(reasons);
             }
             Err(e) => why.push(format!("{name} partition: {e}")),
         };
@@ -151,6 +209,12 @@ impl<'a> Shape<'a> {
                 method.apply(&self.problem, &self.layout, None)
             };
             try_split(result.map_err(|e| e.to_string()), method.name());
+        }
+        if self.request.recompute != RecomputeChoice::None && self.limit.is_some() {
+            // The limit the partitioner knows counts whole stashes: with recomputation the
+            // unlimited optimum may fit too.
+            let result = optimal_with_budget(&self.problem, &self.layout, None, PLAN_NODE_BUDGET);
+            try_split(result.map_err(|e| e.to_string()), Method::Optimal.name());
         }
         if self.layout.chunks > 1 {
             if let Ok(part) = per_stage_optimal(&self.problem, &self.layout) {
@@ -177,7 +241,7 @@ impl<'a> Shape<'a> {
                     let Ok(part) = self.problem.evaluate(&self.layout, &b) else {
                         continue;
                     };
-                    if let Ok(p) = self.evaluate(&part, name.clone()) {
+                    if let Ok(p) = self.evaluate(&part, name.clone(), &start.recompute) {
                         if p.step_time < best.step_time * (1.0 - 1e-9) {
                             best = p;
                             bounds = b;
@@ -236,19 +300,9 @@ fn refined_name(name: &str) -> String {
     }
 }
 
-/// Parameters of each rank's stages plus the simulator's activation peak.
-fn peak_memory(schedule: &Schedule, model: &CostModel, sim: &Simulation) -> Vec<f64> {
-    let mut mem = sim.peak_activations.clone();
-    mem.resize(schedule.ranks, 0.0);
-    for (s, st) in model.stages.iter().enumerate() {
-        mem[schedule.rank_of(s)] += st.parameter_bytes;
-    }
-    mem
-}
-
-/// Best first: step time (equal within a relative 1e-9), then fewer microbatches (larger ones run
-/// more efficiently than the linear cost scaling predicts), then the largest peak memory, then
-/// the schedule's name, V and partition name.
+/// Best first: step time (equal within a relative 1e-9), then fewer recomputing stages, then fewer
+/// microbatches (larger ones run more efficiently than the linear cost scaling predicts), then the
+/// largest peak memory, then the schedule's name, V and partition name.
 pub(super) fn sort(plans: &mut [Plan]) {
     plans.sort_by(|a, b| {
         let mem = |p: &Plan| p.peak_memory.iter().copied().fold(0.0, f64::max);
@@ -258,7 +312,14 @@ pub(super) fn sort(plans: &mut [Plan]) {
         } else {
             a.step_time.total_cmp(&b.step_time)
         };
+        let recomputing = |p: &Plan| {
+            p.recompute
+                .iter()
+                .filter(|&&m| m != Recompute::None)
+                .count()
+        };
         by_time
+            .then(recomputing(a).cmp(&recomputing(b)))
             .then(a.microbatches.cmp(&b.microbatches))
             .then(mem(a).total_cmp(&mem(b)))
             .then(a.family.cmp(&b.family))

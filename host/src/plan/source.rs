@@ -5,7 +5,7 @@
 //! `P`, `D` and microbatch size, as the families are.
 
 use crate::auto::{solve, AutoOptions, AUTO};
-use crate::cost::{split_even, CostFile};
+use crate::cost::{split_even, CostFile, Recompute};
 use crate::schedule::families::{Family, FAMILIES};
 use crate::schedule::{Params, Schedule, ScheduleError};
 
@@ -60,6 +60,19 @@ impl Source {
         memory_limit: Option<f64>,
         auto: &AutoOptions,
     ) -> Result<Schedule, PlanError> {
+        self.schedule_with(params, costs, memory_limit, auto, Recompute::None)
+    }
+
+    /// [`Source::schedule`] with `auto` solved for every stage run in recomputation `mode` (its
+    /// memory model then keeps only the stages' inputs from `F` to `I`); a family ignores it.
+    pub(super) fn schedule_with(
+        self,
+        params: &Params,
+        costs: &CostFile,
+        memory_limit: Option<f64>,
+        auto: &AutoOptions,
+        mode: Recompute,
+    ) -> Result<Schedule, PlanError> {
         let chunks = params.chunks.unwrap_or(self.default_chunks(auto));
         match self {
             Source::Family(f) => {
@@ -70,7 +83,7 @@ impl Source {
             }
             Source::Auto => {
                 let counts = split_even(costs.layers.len(), params.ranks * chunks)?;
-                let model = costs.model(&counts)?;
+                let model = super::with_modes(costs.model(&counts)?, &vec![mode; counts.len()]);
                 let limit = auto.limit(memory_limit);
                 let req = auto.request(params.ranks, params.microbatches, chunks, model, limit);
                 Ok(solve(&req)?.schedule)

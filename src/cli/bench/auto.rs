@@ -11,6 +11,8 @@
 //! - **paper** (module `paper`): the zero-bubble paper's profiled times (its Table 9) with its
 //!   memory limits (`p M_B`, `2p M_B`), `auto`'s bubble rate (span objective, the paper's definition)
 //!   next to the paper's published ZB-1p and ZB-2p rates (its Table 5).
+//! - **recompute** (module `recompute`): the planner on the paper's `p = 8` inputs under `2p`, `p`
+//!   and `p/2` `M_B` per rank, without recomputation, with it everywhere and choosing per stage.
 //!
 //! `--quick` runs a few instances of each with a small budget (for tests).
 
@@ -21,6 +23,7 @@ use serde::Serialize;
 
 use super::grid::{self, GridReport};
 use super::paper::{self, PaperReport};
+use super::recompute::{self, RecomputeRow};
 use super::vgrid::{self, VReport};
 use crate::cli::CliError;
 
@@ -35,6 +38,8 @@ pub enum Part {
     Paper,
     /// The V-shape grid only (both objectives).
     Vshape,
+    /// The planner with and without recomputation on the paper's inputs.
+    Recompute,
 }
 
 /// Flags of `pipefill bench auto`.
@@ -68,6 +73,8 @@ struct Report {
     vshape: Option<VReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     paper: Option<PaperReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recompute: Option<Vec<RecomputeRow>>,
 }
 
 /// Runs `pipefill bench auto`.
@@ -86,6 +93,9 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let paper = matches!(args.part, Part::All | Part::Paper)
         .then(|| paper::run(args.quick, budget, args.seed))
         .transpose()?;
+    let recompute = matches!(args.part, Part::All | Part::Recompute)
+        .then(|| recompute::run(args.quick, budget, args.seed))
+        .transpose()?;
     if args.json {
         let report = Report {
             time_budget: budget,
@@ -93,6 +103,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             grid,
             vshape,
             paper,
+            recompute,
         };
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
@@ -114,6 +125,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if let Some(p) = &paper {
         println!();
         print!("{}", paper::table(p));
+    }
+    if let Some(r) = &recompute {
+        println!();
+        print!("{}", recompute::table(r));
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! per bench.
 //!
 //! ```text
-//! pipefill bench auto [--quick] [--part all|grid|vshape|paper] [--json] [--time-budget S] [--seed N]
+//! pipefill bench auto [--quick] [--part all|grid|vshape|paper|recompute] [--json] [--time-budget S] [--seed N]
 //! pipefill bench overlap [...]     (needs a CUDA device; says it skipped otherwise)
 //! ```
 
@@ -14,6 +14,7 @@ pub mod auto;
 mod grid;
 pub mod overlap;
 mod paper;
+mod recompute;
 mod vgrid;
 
 /// Flags of `pipefill bench`.

@@ -14,23 +14,51 @@ use crate::cli::CliError;
 const DATA: &str = include_str!("zb_paper.toml");
 
 #[derive(Debug, Deserialize)]
-struct Data {
-    sequence: f64,
-    rows: Vec<DataRow>,
+pub(super) struct Data {
+    pub(super) sequence: f64,
+    pub(super) rows: Vec<DataRow>,
 }
 
 #[derive(Debug, Deserialize)]
-struct DataRow {
-    model: String,
+pub(super) struct DataRow {
+    pub(super) model: String,
     heads: f64,
     hidden: f64,
-    p: usize,
-    m: usize,
+    pub(super) p: usize,
+    pub(super) m: usize,
     f: f64,
     b: f64,
     w: f64,
     comm: f64,
     rates: BTreeMap<String, f64>,
+}
+
+/// The paper's settings.
+pub(super) fn data() -> Result<Data, CliError> {
+    toml::from_str(DATA).map_err(|e| CliError::Failed(format!("bench auto: zb_paper.toml: {e}")))
+}
+
+impl DataRow {
+    /// One stage of the row under the authors' memory model, in units of `M_B` (a microbatch's
+    /// activations, `34h + 5as` per token): `F` allocates 1, `B` (pipefill's `I`) frees all but
+    /// what `W` needs (`32h`); the stage's input is `2h` (what full recomputation keeps).
+    pub(super) fn stage(&self, sequence: f64) -> StageCost {
+        let whole = 34.0 * self.hidden + 5.0 * self.heads * sequence;
+        let mut stage = StageCost::uniform(self.f, self.b, self.w);
+        stage.activation_bytes = 1.0;
+        stage.released_at_input = 1.0 - 32.0 * self.hidden / whole;
+        stage.input_bytes = 2.0 * self.hidden / whole;
+        stage.output_bytes = stage.input_bytes;
+        stage
+    }
+
+    /// The row's transfer: its latency, free bandwidth.
+    pub(super) fn link(&self) -> LinkCost {
+        LinkCost {
+            latency: self.comm,
+            bandwidth: f64::INFINITY,
+        }
+    }
 }
 
 /// One (model, `m`, limit) of the paper.
@@ -85,8 +113,7 @@ pub struct PaperReport {
 
 /// Runs the paper's settings (the first one only with `quick`).
 pub fn run(quick: bool, budget: f64, seed: u64) -> Result<PaperReport, CliError> {
-    let data: Data = toml::from_str(DATA)
-        .map_err(|e| CliError::Failed(format!("bench auto: zb_paper.toml: {e}")))?;
+    let data = data()?;
     let take = if quick { 1 } else { data.rows.len() };
     let mut rows = Vec::new();
     for d in data.rows.iter().take(take) {
@@ -116,16 +143,7 @@ fn row(
     budget: f64,
     seed: u64,
 ) -> Result<PaperRow, CliError> {
-    // Activations in units of M_B: F allocates 1, B (pipefill's I) frees all but M_W / M_B.
-    let kept = 32.0 * d.hidden / (34.0 * d.hidden + 5.0 * d.heads * sequence);
-    let mut stage = StageCost::uniform(d.f, d.b, d.w);
-    stage.activation_bytes = 1.0;
-    stage.released_at_input = 1.0 - kept;
-    let link = LinkCost {
-        latency: d.comm,
-        bandwidth: f64::INFINITY,
-    };
-    let costs = CostModel::uniform(stage, d.p, link);
+    let costs = CostModel::uniform(d.stage(sequence), d.p, d.link());
     let req = AutoRequest::new(d.p, d.m, costs)
         .with_limit(MemoryLimit::Bytes(k * d.p as f64))
         .with_objective(Objective::Span)

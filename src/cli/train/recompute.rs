@@ -1,10 +1,11 @@
-//! `train --recompute`: the recomputation mode every stage runs with, priced into the candidate
-//! plans (so the prediction `train` prints is the run's) and passed to the runtime through the
-//! plan's costs ([`CostModel::recompute`](pipefill_host::cost::CostModel::recompute)).
+//! `train --recompute`: the recomputation mode every stage runs with, or the planner's choice per
+//! stage under `--memory-limit`, priced into the candidate plans (so the prediction `train` prints
+//! is the run's) and passed to the runtime through the plan's costs
+//! ([`CostModel::recompute`](pipefill_host::cost::CostModel::recompute)).
 
 use std::str::FromStr;
 
-use pipefill_host::cost::Recompute;
+use pipefill_host::cost::{Recompute, RecomputeChoice};
 use pipefill_host::plan::Plan;
 
 use crate::cli::CliError;
@@ -18,11 +19,15 @@ pub enum RecomputeFlag {
     None,
     /// Every stage keeps only its input and runs its forward again before `I` or `B`.
     Full,
+    /// The planner chooses per stage, with the schedule and the partition, under `--memory-limit`
+    /// ([`RecomputeChoice::Auto`]).
+    Auto,
 }
 
 pipefill_host::named_enum!(RecomputeFlag {
     None => "none",
     Full => "full",
+    Auto => "auto",
 });
 
 impl FromStr for RecomputeFlag {
@@ -40,11 +45,29 @@ impl FromStr for RecomputeFlag {
 }
 
 impl RecomputeFlag {
-    /// The mode every stage runs with.
-    pub fn mode(self) -> Recompute {
+    /// The flag's value, or its default: `auto` under a memory limit, else `none`.
+    pub fn or_default(flag: Option<Self>, memory_limit: Option<f64>) -> Self {
+        flag.unwrap_or(match memory_limit {
+            Some(_) => RecomputeFlag::Auto,
+            None => RecomputeFlag::None,
+        })
+    }
+
+    /// The mode every stage runs with (`None` for `auto`: each plan carries the planner's choice).
+    pub fn mode(self) -> Option<Recompute> {
         match self {
-            RecomputeFlag::None => Recompute::None,
-            RecomputeFlag::Full => Recompute::Full,
+            RecomputeFlag::None => Some(Recompute::None),
+            RecomputeFlag::Full => Some(Recompute::Full),
+            RecomputeFlag::Auto => None,
+        }
+    }
+
+    /// What the planner may choose.
+    pub fn choice(self) -> RecomputeChoice {
+        match self {
+            RecomputeFlag::None => RecomputeChoice::None,
+            RecomputeFlag::Full => RecomputeChoice::Full,
+            RecomputeFlag::Auto => RecomputeChoice::Auto,
         }
     }
 }

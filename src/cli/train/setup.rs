@@ -169,11 +169,17 @@ pub struct Args {
     /// `--precision`, `--activations`.
     #[command(flatten)]
     pub numerics: crate::cli::model_flags::NumericsArgs,
-    /// Activation recomputation on every stage: none (keep each stash from F to its backward) or
-    /// full (keep only the stage's input and run its forward again right before I or B: less
-    /// memory, a longer backward; the losses are the same).
-    #[arg(long, value_name = "MODE", default_value = "none", value_parser = super::recompute::parse)]
-    pub recompute: super::recompute::RecomputeFlag,
+    /// Bytes each rank may hold (parameters + activations in flight): only plans that fit are
+    /// candidates, and with `--recompute auto` (the default with this flag) stages recompute where
+    /// that lets a plan fit or buys a faster one. Default: no limit.
+    #[arg(long = "memory-limit", value_name = "BYTES", value_parser = pipefill_host::cost::flag::parse_bytes, conflicts_with = "max_in_flight")]
+    pub memory_limit: Option<f64>,
+    /// Activation recomputation: none (keep each stash from F to its backward), full (every stage
+    /// keeps only its input and runs its forward again right before I or B: less memory, a longer
+    /// backward; the losses are the same) or auto (chosen per stage with the schedule and the
+    /// partition under --memory-limit). Default: auto with --memory-limit, else none.
+    #[arg(long, value_name = "MODE", value_parser = super::recompute::parse)]
+    pub recompute: Option<super::recompute::RecomputeFlag>,
 }
 
 /// Everything checked and ready to run.

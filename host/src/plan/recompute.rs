@@ -1,0 +1,102 @@
+//! Choosing recomputation per stage under a memory limit (module [`crate::cost::recompute`] has the
+//! memory and time model).
+//!
+//! The planner tries, for every schedule and partition, the mode sets [`RecomputeChoice`] allows:
+//! none everywhere, full everywhere, and with `auto` also [`fit_recompute`]'s greedy set (full on
+//! the stages whose recomputation frees the most bytes per second of forward it adds, stage by
+//! stage, on the ranks still over the limit, until the plan fits). Each set is simulated like any
+//! other candidate; the fastest plan that fits wins, so recomputation is chosen only where no plan
+//! fits without it or where it lets a deeper schedule (more microbatches in flight) run faster.
+
+use crate::cost::{CostModel, Recompute, RecomputeChoice};
+use crate::schedule::Schedule;
+use crate::sim::{simulate, SimError, Simulation};
+
+/// `model` with stage `s` run in `modes[s]` (stages past `modes` keep theirs).
+pub fn with_modes(mut model: CostModel, modes: &[Recompute]) -> CostModel {
+    for (st, &mode) in model.stages.iter_mut().zip(modes) {
+        *st = st.with_recompute(mode);
+    }
+    model
+}
+
+/// Per rank, the parameters of its stages plus the simulator's activation peak, bytes.
+pub fn peak_memory(schedule: &Schedule, model: &CostModel, sim: &Simulation) -> Vec<f64> {
+    let mut mem = sim.peak_activations.clone();
+    mem.resize(schedule.ranks, 0.0);
+    for (s, st) in model.stages.iter().enumerate() {
+        mem[schedule.rank_of(s)] += st.parameter_bytes;
+    }
+    mem
+}
+
+/// The mode sets `choice` tries for `stages` stages, before the greedy one: none, full, or both.
+pub(crate) fn uniform_sets(choice: RecomputeChoice, stages: usize) -> Vec<Vec<Recompute>> {
+    let set = |m| vec![m; stages];
+    match choice {
+        RecomputeChoice::Full => vec![set(Recompute::Full)],
+        RecomputeChoice::Auto => vec![set(Recompute::None), set(Recompute::Full)],
+        _ => vec![set(Recompute::None)],
+    }
+}
+
+/// The greedy per-stage choice for `schedule` under `model` and `limit` bytes per rank
+/// (parameters included): starting from no recomputation, while some rank's predicted peak is
+/// over the limit, full recomputation on that rank's stage that frees the most stash bytes per
+/// second of forward it adds. `Ok(None)` when even that cannot bring every rank under the limit.
+/// No stage recomputes when the schedule fits without.
+///
+/// ```
+/// use pipefill_host::cost::{CostModel, LinkCost, Recompute, StageCost};
+/// use pipefill_host::plan::fit_recompute;
+/// use pipefill_host::schedule::{families, Params};
+/// let mut st = StageCost::uniform(1.0, 1.0, 1.0);
+/// (st.activation_bytes, st.input_bytes) = (10.0, 1.0);
+/// let model = CostModel::uniform(st, 4, LinkCost::default());
+/// let s = families::generate("1f1b", &Params::new(4, 8)).unwrap();
+/// // Rank 0 holds four stashes (40 bytes) in 1F1B; 30 bytes need recomputation there only.
+/// let modes = fit_recompute(&s, &model, 30.0).unwrap().unwrap();
+/// assert_eq!(modes[0], Recompute::Full);
+/// assert_eq!(modes[3], Recompute::None);
+/// assert_eq!(fit_recompute(&s, &model, 100.0).unwrap(), Some(vec![Recompute::None; 4]));
+/// assert_eq!(fit_recompute(&s, &model, 5.0).unwrap(), None);
+/// ```
+pub fn fit_recompute(
+    schedule: &Schedule,
+    model: &CostModel,
+    limit: f64,
+) -> Result<Option<Vec<Recompute>>, SimError> {
+    let mut modes = vec![Recompute::None; model.stages.len()];
+    loop {
+        let costs = with_modes(model.clone(), &modes);
+        let sim = simulate(schedule, &costs)?;
+        let peak = peak_memory(schedule, &costs, &sim);
+        let over = |r: usize| peak[r] > limit;
+        if !(0..peak.len()).any(over) {
+            return Ok(Some(modes));
+        }
+        let gain = |s: usize| {
+            let full = costs.stages[s].with_recompute(Recompute::Full);
+            let saved = full.rebuilt_bytes();
+            (saved > 0.0).then(|| saved / full.rebuild_time().max(f64::MIN_POSITIVE))
+        };
+        let next = (0..modes.len())
+            .filter(|&s| modes[s] == Recompute::None && over(schedule.rank_of(s)))
+            .filter_map(|s| Some((s, gain(s)?)))
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+        match next {
+            Some((s, _)) => modes[s] = Recompute::Full,
+            None => return Ok(None),
+        }
+    }
+}
+
+/// How a plan's stages recompute, compactly: `-` for none, `full` for all, else `k of S`.
+pub fn summary(modes: &[Recompute]) -> String {
+    let k = modes.iter().filter(|&&m| m != Recompute::None).count();
+    match k {
+        0 => "-".into(),
+        k if k == modes.len() => "full".into(),
+        k => format!("{k} of {}", modes.len()),
+    }
+}
