@@ -66,6 +66,7 @@ mod request;
 mod rng;
 mod score;
 mod seeds;
+mod vbubble;
 mod vgreedy;
 
 pub use error::AutoError;
@@ -240,7 +241,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
     // were: a seed better than every other starts an improvement run of its own.
     if !proven {
-        if let Some(v) = vgreedy::best(&inst, req.objective)? {
+        if let Some((v, name)) = v_seed(&inst, req.objective)? {
             let seed_value = v.value;
             let mut v = v;
             if seed_value < start_value {
@@ -250,9 +251,9 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             }
             if v.value < best.value {
                 origin = if v.value < seed_value {
-                    "zbv-greedy+improved".into()
+                    format!("{name}+improved")
                 } else {
-                    "zbv-greedy".into()
+                    name.into()
                 };
                 best = v;
                 proven = best.value <= lower * (1.0 + 1e-9);
@@ -293,6 +294,26 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         schedule: best.schedule,
         solver,
     })
+}
+
+/// The best V-shape seed (modules `vgreedy`, `vbubble`) and its origin; `None` off V-shape or
+/// when none fits.
+fn v_seed(
+    inst: &Instance,
+    objective: Objective,
+) -> Result<Option<(Scored, &'static str)>, AutoError> {
+    let mut best: Option<(Scored, &'static str)> = None;
+    for (seed, name) in [
+        (vgreedy::best(inst, objective)?, "zbv-greedy"),
+        (vbubble::best(inst, objective)?, "zbv-bubble"),
+    ] {
+        if let Some(s) = seed {
+            if best.as_ref().is_none_or(|(b, _)| s.value < b.value) {
+                best = Some((s, name));
+            }
+        }
+    }
+    Ok(best)
 }
 
 /// The improvement phase on `best` within `work`: randomised restarts, then local moves, seeded

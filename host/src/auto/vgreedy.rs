@@ -352,19 +352,8 @@ pub(crate) fn candidates(inst: &Instance) -> Vec<Vec<Vec<Action>>> {
     if inst.v != 2 || inst.placement != Placement::Vshape {
         return Vec::new();
     }
-    let mut budgets = vec![inst.budget.clone()];
-    let pf = inst.p as f64;
-    for n in [pf / 2.0, pf, 2.0 * pf] {
-        let b: Vec<f64> = (0..inst.p)
-            .map(|r| {
-                let one = inst.one_microbatch(r);
-                inst.budget[r].min((n * one).max(one))
-            })
-            .collect();
-        if b.iter().zip(&inst.budget).any(|(x, y)| x < y) && !budgets.contains(&b) {
-            budgets.push(b);
-        }
-    }
+    let budgets = ladder(inst);
+
     let settings = Setting::grid(inst);
     let mut out: Vec<Vec<Vec<Action>>> = Vec::new();
     // Duplicates found by hash first (settings often share most ranks' lists, which makes plain
@@ -384,6 +373,27 @@ pub(crate) fn candidates(inst: &Instance) -> Vec<Vec<Vec<Action>>> {
         }
     }
     out
+}
+
+/// The instance's budgets, then each smaller one of the ladder V-Half (`P/2` microbatches in
+/// flight), 1F1B (`P`), twice 1F1B (`2P`) (in bytes: that many times what one microbatch holds on
+/// the rank, at least one microbatch), duplicates removed. Lists built under a smaller budget fit
+/// the instance's too.
+pub(crate) fn ladder(inst: &Instance) -> Vec<Vec<f64>> {
+    let mut budgets = vec![inst.budget.clone()];
+    let pf = inst.p as f64;
+    for n in [pf / 2.0, pf, 2.0 * pf] {
+        let b: Vec<f64> = (0..inst.p)
+            .map(|r| {
+                let one = inst.one_microbatch(r);
+                inst.budget[r].min((n * one).max(one))
+            })
+            .collect();
+        if b.iter().zip(&inst.budget).any(|(x, y)| x < y) && !budgets.contains(&b) {
+            budgets.push(b);
+        }
+    }
+    budgets
 }
 
 /// The best of [`candidates`] by `objective` among those the simulator keeps within the limit;
