@@ -68,6 +68,7 @@ mod score;
 mod seeds;
 mod vbubble;
 mod vgreedy;
+mod vpattern;
 
 pub use error::AutoError;
 pub use exact::EXACT_MAX_ACTIONS;
@@ -296,7 +297,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     })
 }
 
-/// The best V-shape seed (modules `vgreedy`, `vbubble`) and its origin; `None` off V-shape or
+/// The best V-shape seed (modules `vgreedy`, `vbubble`, `vpattern`) and its origin; `None` off V-shape or
 /// when none fits.
 fn v_seed(
     inst: &Instance,
@@ -306,6 +307,7 @@ fn v_seed(
     for (seed, name) in [
         (vgreedy::best(inst, objective)?, "zbv-greedy"),
         (vbubble::best(inst, objective)?, "zbv-bubble"),
+        (vpattern::best(inst, objective)?, "v-pattern"),
     ] {
         if let Some(s) = seed {
             if best.as_ref().is_none_or(|(b, _)| s.value < b.value) {
