@@ -29,7 +29,8 @@
 //! counts `1/V`). The result records the objective, the lower bound (for the makespan
 //! [`crate::sim::lower_bound`], or under a limit [`crate::sim::lower_bound_with_limit`], which knows
 //! that a rank holding at most `k` microbatches waits a round trip for every `k` forwards; the
-//! busiest rank's work for the span; the proven optimum when the exact method finished) and the gap
+//! busiest rank's work for the span, or under a limit [`crate::sim::span_bound`], which knows the
+//! same about each rank's span; the proven optimum when the exact method finished) and the gap
 //! ([`SolverInfo`]), which [`AutoSchedule::to_json`] writes next to the schedule.
 //!
 //! ```
@@ -54,7 +55,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::Op;
 use crate::schedule::Schedule;
-use crate::sim::{lower_bound, lower_bound_with_limit};
+use crate::sim::{lower_bound, lower_bound_with_limit, span_bound};
 
 mod error;
 mod exact;
@@ -333,7 +334,8 @@ fn polish(
 }
 
 /// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the
-/// request has a limit ([`held_limits`]); for the span, the busiest rank's work.
+/// request has a limit ([`held_limits`]); for the span, [`span_bound`] (the busiest rank's work,
+/// or more under the limit).
 fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
     match req.objective {
         Objective::Makespan => {
@@ -344,18 +346,18 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
                 None => free,
             }
         }
-        Objective::Span => (0..inst.p)
-            .map(|r| {
-                inst.stages_of[r]
-                    .iter()
-                    .map(|&x| {
-                        let c = &req.costs.stages[x];
-                        c.forward + c.time(Op::B).min(c.time(Op::I) + c.time(Op::W))
-                    })
-                    .sum::<f64>()
-                    * inst.m as f64
-            })
-            .fold(0.0, f64::max),
+        Objective::Span => {
+            let limits = held_limits(inst);
+            span_bound(
+                inst.p,
+                inst.m,
+                inst.placement,
+                &req.costs,
+                false,
+                limits.as_deref(),
+            )
+            .unwrap_or(0.0)
+        }
     }
 }
 

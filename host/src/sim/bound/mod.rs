@@ -63,6 +63,32 @@
 //! serial chain, `M` times the round trip of the first rank (tested). Forwards inside overlapped
 //! pairs still start at least `Fmin` apart (a pair holds one forward and lasts at least as long).
 //!
+//! ## 5. The span under a memory limit (span_bound)
+//!
+//! The span of rank `r` is the time from the start of its first action to the end of its last;
+//! the span objective is the largest over ranks. Times here are relative to the start `a` of the
+//! rank's first action, which is a forward (an `I` or `W` needs the same stage's `F` on the same
+//! rank first), so every forward starts at `a` or later. The argument of section 4 then holds with
+//! the heads dropped: with at most `n` stage-microbatches held and `R` the shortest round trip of
+//! the rank's stages, the `i`-th forward (in start order) starts at `a + x_i` or later, where
+//!
+//! `x_1 = 0`, `x_i = x_(i-1) + Fmin`, and for `i = n + j` also `x_i >= x_j + R`
+//!
+//! (when the `(n + j)`-th forward starts, at most `n - 1` of the earlier ones still hold their
+//! activations, so `j` of them were freed; one of those is the `j`-th or later, which started at
+//! `a + x_j` or later and frees no earlier than a round trip after). Every action of the rank lies
+//! in `[a, a + span]`, so the span is at least the value of the one-machine problem with these
+//! relative heads: the `i`-th forward has head `x_i`, the shortest forward work and tail
+//! `R - Fmin work` (its own `W` runs on this rank and ends at least `R` after the forward
+//! starts); each stage's `M` input-gradient passes have head `F + up` (the round trip of the
+//! rank's first forward of that stage, which started at `a` or later) and tail `rest` (each `I` is
+//! followed by its `W` on this rank), and its `M` rests head `F + up + I` and tail 0. Jackson's
+//! preemptive schedule solves that problem exactly (section 3), so its value, and the rank's work
+//! `M * sum(F + min(B, I + W))`, bound the rank's span from below; the largest over ranks bounds
+//! the span objective ([`span_bound`]). Without a limit the recurrence only spaces the forwards.
+//! `host/tests/sim_bound.rs` checks it against the proven optimum (all orders enumerated) on small
+//! instances.
+//!
 //! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
 //! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from
 //! the best any schedule could do. `host/tests/sim_bound.rs` checks on random instances that the bound
@@ -204,6 +230,68 @@ pub fn bound_with_limit(
     Ok(bound)
 }
 
+/// A lower bound on the longest per-rank span (first action's start to last action's end) of any
+/// schedule of `ranks` ranks, `microbatches` microbatches and `costs`' stages placed by
+/// `placement`, when rank `r` holds at most `max_in_flight[r]` rank-microbatches (`None`: no
+/// limit). Section 5 of the [simulator's docs](crate::sim#lower-bound); infinite when a limit is
+/// below one stage's microbatch.
+///
+/// ```
+/// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// use pipefill_host::schedule::Placement;
+/// use pipefill_host::sim::span_bound;
+/// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// // Without a limit: the busiest rank's work, 8 * 3.
+/// assert_eq!(span_bound(4, 8, Placement::Looped, &c, false, None).unwrap(), 24.0);
+/// // One microbatch in flight: rank 0 runs 8 round trips (4 F, 3 I up and back, its I and W: 9).
+/// let one = span_bound(4, 8, Placement::Looped, &c, false, Some(&[1.0; 4])).unwrap();
+/// assert_eq!(one, 72.0);
+/// ```
+///
+/// Errors: as [`bound_with_limit`].
+pub fn span_bound(
+    ranks: usize,
+    microbatches: usize,
+    placement: Placement,
+    costs: &CostModel,
+    overlap: bool,
+    max_in_flight: Option<&[f64]>,
+) -> Result<f64, BoundError> {
+    if let Some(limits) = max_in_flight {
+        if limits.len() != ranks {
+            return Err(BoundError::Limits {
+                ranks,
+                got: limits.len(),
+            });
+        }
+        if let Some((rank, &value)) = limits
+            .iter()
+            .enumerate()
+            .find(|(_, v)| v.is_nan() || **v < 0.0)
+        {
+            return Err(BoundError::Limit { rank, value });
+        }
+    }
+    if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
+        return Ok(0.0);
+    }
+    let chain = Chain::new(ranks, placement, costs);
+    let chunks = costs.stages.len() as f64 / ranks as f64;
+    let m = microbatches as f64;
+    let mut bound = 0.0f64;
+    for r in 0..ranks {
+        let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
+        let work: f64 = rank
+            .mine
+            .iter()
+            .map(|&s| m * (rank.forward_work(s) + chain.input[s] + chain.rest[s]))
+            .sum();
+        let held = max_in_flight.map_or(f64::INFINITY, |l| (l[r] * chunks + 1e-9).floor());
+        bound = bound.max(work).max(rank.span_term(microbatches, held));
+    }
+    Ok(bound)
+}
+
 /// [`bound_with_limit`] for `schedule`'s `P`, `M`, placement and pairs.
 pub fn lower_bound_with_limit(
     schedule: &Schedule,
@@ -336,6 +424,64 @@ impl<'a> RankJobs<'a> {
         }
         let mut jobs = self.backward_jobs(m as f64);
         jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
+        jackson::preemptive(&jobs)
+    }
+}
+
+impl RankJobs<'_> {
+    /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches).
+    fn span_term(&self, m: usize, held: f64) -> f64 {
+        let c = self.chain;
+        if self.mine.is_empty() {
+            return 0.0;
+        }
+        if held < 1.0 {
+            return f64::INFINITY;
+        }
+        let min_of = |f: &dyn Fn(usize) -> f64| {
+            self.mine
+                .iter()
+                .map(|&s| f(s))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let count = self.mine.len() * m;
+        let n = if held >= count as f64 {
+            count
+        } else {
+            held as usize
+        };
+        let spacing = min_of(&|s| c.forward[s]);
+        let trip = min_of(&|s| c.round_trip(s));
+        let work = min_of(&|s| self.forward_work(s));
+        let mut x = vec![0.0; count];
+        for i in 1..count {
+            x[i] = x[i - 1] + spacing;
+            if i >= n {
+                x[i] = x[i].max(x[i - n] + trip);
+            }
+        }
+        let mut jobs: Vec<Job> = x
+            .iter()
+            .map(|&head| Job {
+                head,
+                work,
+                tail: trip - work,
+            })
+            .collect();
+        let m = m as f64;
+        for &s in &self.mine {
+            let head = c.forward[s] + c.up[s];
+            jobs.push(Job {
+                head,
+                work: m * c.input[s],
+                tail: c.rest[s],
+            });
+            jobs.push(Job {
+                head: head + c.input[s],
+                work: m * c.rest[s],
+                tail: 0.0,
+            });
+        }
         jackson::preemptive(&jobs)
     }
 }
