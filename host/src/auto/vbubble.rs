@@ -138,11 +138,13 @@ impl Run<'_> {
                 self.pending_w[r].pop_front();
             }
         }
-        if self.next[self.lo(r)][F] > 0 {
-            self.bubble[r] += start - self.free[r];
-        }
         let id = inst.id(op, x, k);
         self.end[id] = start + inst.dur[x][op];
+        if self.next[self.lo(r)][F] > 0 {
+            // As the authors count it (end less the end without waiting), so that ties in the
+            // comparisons below fall the same way.
+            self.bubble[r] += self.end[id] - (self.free[r] + inst.dur[x][op]);
+        }
         self.free[r] = self.end[id];
         self.mem[r] += delta;
         self.next[x][op] += 1;
