@@ -368,3 +368,80 @@ pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Score
     }
     Ok(best)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auto::vgreedy::tests::instance;
+    use crate::schedule::validate::validate;
+    use crate::sim::simulate;
+
+    /// Every run, under every budget of the ladder, is a valid schedule whose simulated peak keeps
+    /// the instance's limit; from 1F1B's memory up, on equal stages, the greedy always finishes.
+    #[test]
+    fn every_run_validates_and_keeps_the_limit() {
+        for (p, m) in [(1, 3), (2, 4), (4, 4), (4, 8), (4, 16), (8, 16)] {
+            for (fiw, latency, uneven) in [
+                ([1.0, 1.0, 1.0], 0.0, false),
+                ([2.0, 2.0, 1.0], 0.2, false),
+                ([1.0, 1.2, 0.8], 0.1, true),
+            ] {
+                let pf = p as f64;
+                for limit in [(pf / 2.0).max(1.0), pf, 2.0 * pf] {
+                    let inst = instance(p, m, fiw, latency, uneven, limit);
+                    let mut built = 0;
+                    for budget in crate::auto::vgreedy::ladder(&inst) {
+                        for orders in runs(&inst, &budget) {
+                            built += 1;
+                            let s = schedule_of(&inst, "auto", &orders);
+                            validate(&s).unwrap();
+                            let sim = simulate(&s, &inst.scoring).unwrap();
+                            let peak = sim.peak_activations.iter().copied().fold(0.0, f64::max);
+                            assert!(peak <= limit + 1e-9, "P={p} M={m} {limit}: peak {peak}");
+                        }
+                    }
+                    // Uneven costs can lead it to a forward whose input is not there (the
+                    // authors' scheduler assumes equal stages), so only equal ones must finish.
+                    assert!(
+                        built > 0 || limit < pf || uneven,
+                        "P={p} M={m} limit {limit}: no run"
+                    );
+                }
+            }
+        }
+    }
+
+    /// More memory never loses a run: the budgets tried at a limit of the ladder include every
+    /// smaller limit's, so `auto`'s seeds at `2P` include those at `P` and at `P/2`.
+    #[test]
+    fn a_larger_limit_keeps_the_smaller_limits_runs() {
+        for (p, m) in [(2, 4), (4, 8), (8, 16)] {
+            let pf = p as f64;
+            let ladder = [pf / 2.0, pf, 2.0 * pf];
+            for (i, &small) in ladder.iter().enumerate() {
+                let lo = instance(p, m, [1.0, 1.2, 0.8], 0.1, false, small);
+                for &big in &ladder[i + 1..] {
+                    let hi = crate::auto::vgreedy::ladder(&instance(
+                        p,
+                        m,
+                        [1.0, 1.2, 0.8],
+                        0.1,
+                        false,
+                        big,
+                    ));
+                    assert!(hi.contains(&lo.budget), "P={p} M={m} {small} -> {big}");
+                    assert!(!runs(&lo, &lo.budget).is_empty() || small < pf);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_v_shape_with_two_chunks() {
+        use crate::auto::AutoRequest;
+        use crate::cost::{CostModel, LinkCost, StageCost};
+        let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+        let inst = Instance::new(&AutoRequest::new(4, 8, c)).unwrap();
+        assert!(runs(&inst, &inst.budget).is_empty());
+    }
+}

@@ -411,7 +411,7 @@ pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Score
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::auto::score::schedule_of;
     use crate::auto::{AutoRequest, MemoryLimit};
@@ -421,7 +421,7 @@ mod tests {
 
     /// A V-shape instance: `P` ranks, one rank's `F:I:W` split over two chunks, the first and last
     /// stage 1.5x when `uneven`, a latency per hop.
-    fn instance(
+    pub(crate) fn instance(
         p: usize,
         m: usize,
         fiw: [f64; 3],

@@ -326,3 +326,55 @@ pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Score
     }
     Ok(best)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auto::vgreedy::tests::instance;
+    use crate::schedule::validate::validate;
+    use crate::sim::simulate;
+
+    /// V-Half and V-Min are valid schedules for every `P` and `M` tried, under uneven costs and
+    /// transfers; V-Min never holds more than V-Half, and V-Half less than 1F1B's `P` from `P = 4`.
+    #[test]
+    fn v_half_and_v_min_validate_and_keep_their_memory() {
+        for p in 1..=8 {
+            for m in [p, 2 * p, 4 * p] {
+                let inst = instance(p, m, [1.0, 1.2, 0.8], 0.1, true, 4.0 * p as f64);
+                let mut peaks = Vec::new();
+                for half in [true, false] {
+                    let orders = build(&inst, half)
+                        .unwrap_or_else(|| panic!("P={p} M={m} half={half}: no schedule"));
+                    let s = schedule_of(&inst, "auto", &orders);
+                    validate(&s).unwrap_or_else(|e| panic!("P={p} M={m} half={half}: {e}"));
+                    let sim = simulate(&s, &inst.scoring).unwrap();
+                    peaks.push(sim.peak_activations.iter().copied().fold(0.0, f64::max));
+                }
+                assert!(peaks[1] <= peaks[0] + 1e-9, "P={p} M={m}: {peaks:?}");
+                if p >= 4 {
+                    assert!(peaks[0] < p as f64, "P={p} M={m}: {peaks:?}");
+                }
+            }
+        }
+    }
+
+    /// With equal unit costs and no transfers, V-Half's steady state has no idle slot: the step is
+    /// within `6P` slots (the warm-up and cool-down) of the `6M` slots of work per rank.
+    #[test]
+    fn v_half_steady_state_is_dense() {
+        for p in [4, 6, 8] {
+            let m = 4 * p;
+            let inst = instance(p, m, [3.0, 3.0, 3.0], 0.0, false, 2.0 * p as f64);
+            let orders = build(&inst, true).unwrap();
+            let sim = simulate(&schedule_of(&inst, "auto", &orders), &inst.scoring).unwrap();
+            let slot = 1.5;
+            let work = 6.0 * m as f64 * slot;
+            let makespan = sim.timeline.makespan();
+            assert!(makespan >= work);
+            assert!(
+                makespan <= work + 6.0 * p as f64 * slot,
+                "P={p}: {makespan} vs {work}"
+            );
+        }
+    }
+}
