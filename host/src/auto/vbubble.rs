@@ -31,8 +31,8 @@ use crate::schedule::{Action, Placement};
 use crate::sim::SimError;
 
 use super::instance::{Instance, MEMORY_EPS};
-use super::score::{schedule_of, score, Scored};
-use super::{Objective, AUTO};
+use super::score::{best_of, Scored};
+use super::Objective;
 
 /// Most approved-bubble reruns per fill setting (the authors stop when the largest idle time stops
 /// falling; this only bounds a run that keeps lowering it by tiny amounts).
@@ -356,58 +356,36 @@ pub(crate) fn runs(inst: &Instance, budget: &[f64]) -> Vec<Vec<Vec<Action>>> {
 /// The best run by `objective`, over the instance's budget and each smaller one of the ladder,
 /// among those the simulator keeps within the limit; `None` off V-shape or when none does.
 pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Scored>, SimError> {
-    let mut best: Option<Scored> = None;
-    for budget in super::vgreedy::ladder(inst) {
-        for orders in runs(inst, &budget) {
-            if let Some(s) = score(inst, objective, schedule_of(inst, AUTO, &orders))? {
-                if best.as_ref().is_none_or(|b| s.value < b.value) {
-                    best = Some(s);
-                }
-            }
-        }
-    }
-    Ok(best)
+    let all = super::vgreedy::ladder(inst)
+        .into_iter()
+        .flat_map(|budget| runs(inst, &budget));
+    best_of(inst, objective, all)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auto::vgreedy::tests::instance;
-    use crate::schedule::validate::validate;
-    use crate::sim::simulate;
+    use crate::auto::vgreedy::tests::{cases, fits, instance};
 
     /// Every run, under every budget of the ladder, is a valid schedule whose simulated peak keeps
     /// the instance's limit; from 1F1B's memory up, on equal stages, the greedy always finishes.
     #[test]
     fn every_run_validates_and_keeps_the_limit() {
-        for (p, m) in [(1, 3), (2, 4), (4, 4), (4, 8), (4, 16), (8, 16)] {
-            for (fiw, latency, uneven) in [
-                ([1.0, 1.0, 1.0], 0.0, false),
-                ([2.0, 2.0, 1.0], 0.2, false),
-                ([1.0, 1.2, 0.8], 0.1, true),
-            ] {
-                let pf = p as f64;
-                for limit in [(pf / 2.0).max(1.0), pf, 2.0 * pf] {
-                    let inst = instance(p, m, fiw, latency, uneven, limit);
-                    let mut built = 0;
-                    for budget in crate::auto::vgreedy::ladder(&inst) {
-                        for orders in runs(&inst, &budget) {
-                            built += 1;
-                            let s = schedule_of(&inst, "auto", &orders);
-                            validate(&s).unwrap();
-                            let sim = simulate(&s, &inst.scoring).unwrap();
-                            let peak = sim.peak_activations.iter().copied().fold(0.0, f64::max);
-                            assert!(peak <= limit + 1e-9, "P={p} M={m} {limit}: peak {peak}");
-                        }
-                    }
-                    // Uneven costs can lead it to a forward whose input is not there (the
-                    // authors' scheduler assumes equal stages), so only equal ones must finish.
-                    assert!(
-                        built > 0 || limit < pf || uneven,
-                        "P={p} M={m} limit {limit}: no run"
-                    );
+        for (inst, limit, what) in cases() {
+            let mut built = 0;
+            for budget in crate::auto::vgreedy::ladder(&inst) {
+                for orders in runs(&inst, &budget) {
+                    built += 1;
+                    fits(&inst, &orders, limit, &what);
                 }
             }
+            // Uneven costs can lead it to a forward whose input is not there (the authors'
+            // scheduler assumes equal stages), so only equal ones must finish.
+            let uneven = inst.dur[0] != inst.dur[1];
+            assert!(
+                built > 0 || limit < inst.p as f64 || uneven,
+                "{what} limit {limit}: no run"
+            );
         }
     }
 

@@ -20,8 +20,8 @@ use crate::schedule::{Action, Op, Placement};
 use crate::sim::SimError;
 
 use super::instance::Instance;
-use super::score::{schedule_of, score, Scored};
-use super::{Objective, AUTO};
+use super::score::{best_of, Scored};
+use super::Objective;
 
 /// Slot lists of one rank: per kind (0 F chunk 0, 1 F chunk 1, 2 I chunk 1, 3 I chunk 0, then `W`
 /// lists), the slot of each microbatch in order.
@@ -60,6 +60,21 @@ fn in_order(lists: &Lists) -> Vec<(i64, usize, usize)> {
         .collect();
     all.sort_unstable();
     all
+}
+
+/// Slot, rank, kind, microbatch of every item of every rank, in slot order (ties by rank, kind).
+fn every_item(all: &[Lists]) -> Vec<(i64, usize, usize, usize)> {
+    let mut items: Vec<(i64, usize, usize, usize)> = all
+        .iter()
+        .enumerate()
+        .flat_map(|(r, l)| {
+            in_order(l)
+                .into_iter()
+                .map(move |(t, kind, k)| (t, r, kind, k))
+        })
+        .collect();
+    items.sort_unstable();
+    items
 }
 
 /// Adds the `W`s into the free slots, oldest first: one list, or with `split` one per chunk
@@ -162,16 +177,7 @@ fn squeeze(mut all: Vec<Lists>, with_w: bool) -> Option<Vec<Lists>> {
         all = all.into_iter().map(|l| put_w(l, false)).collect();
     }
     let limit = all.iter().map(peak).max()?;
-    let mut items: Vec<(i64, usize, usize, usize)> = all
-        .iter()
-        .enumerate()
-        .flat_map(|(r, l)| {
-            in_order(l)
-                .into_iter()
-                .map(move |(t, kind, k)| (t, r, kind, k))
-        })
-        .collect();
-    items.sort_unstable();
+    let items = every_item(&all);
     let m = all.first()?.first()?.len();
     let mut taken: Vec<Vec<bool>> = all
         .iter()
@@ -216,16 +222,7 @@ fn squeeze(mut all: Vec<Lists>, with_w: bool) -> Option<Vec<Lists>> {
 /// The slots compacted: every item as early as its inputs, its kind's previous microbatch and the
 /// rank's previous item allow, in slot order, each taking one slot.
 fn eager(all: &[Lists]) -> Option<Vec<Lists>> {
-    let mut items: Vec<(i64, usize, usize, usize)> = all
-        .iter()
-        .enumerate()
-        .flat_map(|(r, l)| {
-            in_order(l)
-                .into_iter()
-                .map(move |(t, kind, k)| (t, r, kind, k))
-        })
-        .collect();
-    items.sort_unstable();
+    let items = every_item(all);
     let unset = i64::MIN;
     let mut out: Vec<Lists> = all
         .iter()
@@ -313,25 +310,17 @@ pub(crate) fn build(inst: &Instance, half: bool) -> Option<Vec<Vec<Action>>> {
 
 /// The better of V-Half and V-Min by `objective` among those the simulator keeps within the limit.
 pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Scored>, SimError> {
-    let mut best: Option<Scored> = None;
-    for half in [true, false] {
-        let Some(orders) = build(inst, half) else {
-            continue;
-        };
-        if let Some(s) = score(inst, objective, schedule_of(inst, AUTO, &orders))? {
-            if best.as_ref().is_none_or(|b| s.value < b.value) {
-                best = Some(s);
-            }
-        }
-    }
-    Ok(best)
+    let both = [true, false]
+        .into_iter()
+        .filter_map(|half| build(inst, half));
+    best_of(inst, objective, both)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auto::vgreedy::tests::instance;
-    use crate::schedule::validate::validate;
+    use crate::auto::score::schedule_of;
+    use crate::auto::vgreedy::tests::{fits, instance};
     use crate::sim::simulate;
 
     /// V-Half and V-Min are valid schedules for every `P` and `M` tried, under uneven costs and
@@ -345,10 +334,8 @@ mod tests {
                 for half in [true, false] {
                     let orders = build(&inst, half)
                         .unwrap_or_else(|| panic!("P={p} M={m} half={half}: no schedule"));
-                    let s = schedule_of(&inst, "auto", &orders);
-                    validate(&s).unwrap_or_else(|e| panic!("P={p} M={m} half={half}: {e}"));
-                    let sim = simulate(&s, &inst.scoring).unwrap();
-                    peaks.push(sim.peak_activations.iter().copied().fold(0.0, f64::max));
+                    let what = format!("P={p} M={m} half={half}");
+                    peaks.push(fits(&inst, &orders, 4.0 * p as f64, &what));
                 }
                 assert!(peaks[1] <= peaks[0] + 1e-9, "P={p} M={m}: {peaks:?}");
                 if p >= 4 {

@@ -204,19 +204,7 @@ pub fn bound_with_limit(
     overlap: bool,
     max_in_flight: &[f64],
 ) -> Result<f64, BoundError> {
-    if max_in_flight.len() != ranks {
-        return Err(BoundError::Limits {
-            ranks,
-            got: max_in_flight.len(),
-        });
-    }
-    if let Some((rank, &value)) = max_in_flight
-        .iter()
-        .enumerate()
-        .find(|(_, v)| v.is_nan() || **v < 0.0)
-    {
-        return Err(BoundError::Limit { rank, value });
-    }
+    check_limits(ranks, max_in_flight)?;
     let free = bound_for(ranks, microbatches, placement, costs, overlap);
     if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
         return Ok(free);
@@ -230,6 +218,24 @@ pub fn bound_with_limit(
         bound = bound.max(rank.memory_term(microbatches, held));
     }
     Ok(bound)
+}
+
+/// One limit per rank, each a number `>= 0`.
+fn check_limits(ranks: usize, max_in_flight: &[f64]) -> Result<(), BoundError> {
+    if max_in_flight.len() != ranks {
+        return Err(BoundError::Limits {
+            ranks,
+            got: max_in_flight.len(),
+        });
+    }
+    match max_in_flight
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.is_nan() || **v < 0.0)
+    {
+        Some((rank, &value)) => Err(BoundError::Limit { rank, value }),
+        None => Ok(()),
+    }
 }
 
 /// [`bound_with_limit`] for `schedule`'s `P`, `M`, placement and pairs.

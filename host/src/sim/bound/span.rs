@@ -3,7 +3,7 @@
 
 use super::chain::Chain;
 use super::jackson::{self, Job};
-use super::{BoundError, RankJobs};
+use super::{check_limits, BoundError, RankJobs};
 use crate::cost::CostModel;
 use crate::schedule::Placement;
 
@@ -35,19 +35,7 @@ pub fn span_bound(
     max_in_flight: Option<&[f64]>,
 ) -> Result<f64, BoundError> {
     if let Some(limits) = max_in_flight {
-        if limits.len() != ranks {
-            return Err(BoundError::Limits {
-                ranks,
-                got: limits.len(),
-            });
-        }
-        if let Some((rank, &value)) = limits
-            .iter()
-            .enumerate()
-            .find(|(_, v)| v.is_nan() || **v < 0.0)
-        {
-            return Err(BoundError::Limit { rank, value });
-        }
+        check_limits(ranks, limits)?;
     }
     if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
         return Ok(0.0);
