@@ -15,8 +15,11 @@
 //!    authors' V-shape scheduler re-derived (module `vgreedy`, origin `zbv-greedy`): every
 //!    warm-up-fill and approved-bubble setting, built under the limit and under each smaller one of
 //!    the ladder `P/2`, `P`, `2P` microbatches in flight, so that more memory never gives a worse
-//!    seed. Its best is taken after the phases below (which run as without it) and, when it beats
-//!    every other seed, improved with a budget of its own;
+//!    seed; the authors' ZB-V greedy step for step (module `vbubble`, origin `zbv-bubble`: its four
+//!    fill settings and approved-bubble reruns, over the same ladder); their V-Half and V-Min
+//!    (module `vpattern`, origin `v-pattern`: stable pattern, squeeze, `W`s in the free slots),
+//!    wherever their peak fits. The best of these is taken after the phases below (which run as
+//!    without it) and, when it beats every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
