@@ -170,7 +170,6 @@ impl Run<'_> {
             let delta = inst.delta(F, x);
             while self.mem[r] + delta > self.budget[r] + MEMORY_EPS * (self.mem[r] + delta).max(1.0)
             {
-                self.pending_w[r].front()?;
                 self.put_w(r)?;
             }
         }
