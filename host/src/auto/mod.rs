@@ -15,8 +15,11 @@
 //!    authors' V-shape scheduler re-derived (module `vgreedy`, origin `zbv-greedy`): every
 //!    warm-up-fill and approved-bubble setting, built under the limit and under each smaller one of
 //!    the ladder `P/2`, `P`, `2P` microbatches in flight, so that more memory never gives a worse
-//!    seed. Its best is taken after the phases below (which run as without it) and, when it beats
-//!    every other seed, improved with a budget of its own;
+//!    seed; the authors' ZB-V greedy step for step (module `vbubble`, origin `zbv-bubble`: its four
+//!    fill settings and approved-bubble reruns, over the same ladder); their V-Half and V-Min
+//!    (module `vpattern`, origin `v-pattern`: stable pattern, squeeze, `W`s in the free slots),
+//!    wherever their peak fits. The best of these is taken after the phases below (which run as
+//!    without it) and, when it beats every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
@@ -29,7 +32,8 @@
 //! counts `1/V`). The result records the objective, the lower bound (for the makespan
 //! [`crate::sim::lower_bound`], or under a limit [`crate::sim::lower_bound_with_limit`], which knows
 //! that a rank holding at most `k` microbatches waits a round trip for every `k` forwards; the
-//! busiest rank's work for the span; the proven optimum when the exact method finished) and the gap
+//! busiest rank's work for the span, or under a limit [`crate::sim::span_bound`], which knows the
+//! same about each rank's span; the proven optimum when the exact method finished) and the gap
 //! ([`SolverInfo`]), which [`AutoSchedule::to_json`] writes next to the schedule.
 //!
 //! ```
@@ -54,7 +58,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::Op;
 use crate::schedule::Schedule;
-use crate::sim::{lower_bound, lower_bound_with_limit};
+use crate::sim::{lower_bound, lower_bound_with_limit, span_bound};
 
 mod error;
 mod exact;
@@ -66,7 +70,9 @@ mod request;
 mod rng;
 mod score;
 mod seeds;
+mod vbubble;
 mod vgreedy;
+mod vpattern;
 
 pub use error::AutoError;
 pub use exact::EXACT_MAX_ACTIONS;
@@ -240,7 +246,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
     // were: a seed better than every other starts an improvement run of its own.
     if !proven {
-        if let Some(v) = vgreedy::best(&inst, req.objective)? {
+        if let Some((v, name)) = v_seed(&inst, req.objective)? {
             let seed_value = v.value;
             let mut v = v;
             if seed_value < start_value {
@@ -250,9 +256,9 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             }
             if v.value < best.value {
                 origin = if v.value < seed_value {
-                    "zbv-greedy+improved".into()
+                    format!("{name}+improved")
                 } else {
-                    "zbv-greedy".into()
+                    name.into()
                 };
                 best = v;
                 proven = best.value <= lower * (1.0 + 1e-9);
@@ -295,6 +301,27 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     })
 }
 
+/// The best V-shape seed (modules `vgreedy`, `vbubble`, `vpattern`) and its origin; `None` off V-shape or
+/// when none fits.
+fn v_seed(
+    inst: &Instance,
+    objective: Objective,
+) -> Result<Option<(Scored, &'static str)>, AutoError> {
+    let mut best: Option<(Scored, &'static str)> = None;
+    for (seed, name) in [
+        (vgreedy::best(inst, objective)?, "zbv-greedy"),
+        (vbubble::best(inst, objective)?, "zbv-bubble"),
+        (vpattern::best(inst, objective)?, "v-pattern"),
+    ] {
+        if let Some(s) = seed {
+            if best.as_ref().is_none_or(|(b, _)| s.value < b.value) {
+                best = Some((s, name));
+            }
+        }
+    }
+    Ok(best)
+}
+
 /// The improvement phase on `best` within `work`: randomised restarts, then local moves, seeded
 /// by the request.
 fn polish(
@@ -310,7 +337,8 @@ fn polish(
 }
 
 /// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the
-/// request has a limit ([`held_limits`]); for the span, the busiest rank's work.
+/// request has a limit ([`held_limits`]); for the span, [`span_bound`] (the busiest rank's work,
+/// or more under the limit).
 fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
     match req.objective {
         Objective::Makespan => {
@@ -321,18 +349,18 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
                 None => free,
             }
         }
-        Objective::Span => (0..inst.p)
-            .map(|r| {
-                inst.stages_of[r]
-                    .iter()
-                    .map(|&x| {
-                        let c = &req.costs.stages[x];
-                        c.forward + c.time(Op::B).min(c.time(Op::I) + c.time(Op::W))
-                    })
-                    .sum::<f64>()
-                    * inst.m as f64
-            })
-            .fold(0.0, f64::max),
+        Objective::Span => {
+            let limits = held_limits(inst);
+            span_bound(
+                inst.p,
+                inst.m,
+                inst.placement,
+                &req.costs,
+                false,
+                limits.as_deref(),
+            )
+            .unwrap_or(0.0)
+        }
     }
 }
 

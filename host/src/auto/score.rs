@@ -114,6 +114,24 @@ pub(crate) fn within_budget(inst: &Instance, peak: &[f64]) -> bool {
         .all(|(&p, &b)| p <= b + MEMORY_EPS * p.max(1.0))
 }
 
+/// The best of `candidates` (per-rank lists) by `objective` among those the simulator keeps within
+/// the instance's budgets; `None` when none does.
+pub(crate) fn best_of(
+    inst: &Instance,
+    objective: Objective,
+    candidates: impl IntoIterator<Item = Vec<Vec<Action>>>,
+) -> Result<Option<Scored>, SimError> {
+    let mut best: Option<Scored> = None;
+    for orders in candidates {
+        if let Some(s) = score(inst, objective, schedule_of(inst, super::AUTO, &orders))? {
+            if best.as_ref().is_none_or(|b| s.value < b.value) {
+                best = Some(s);
+            }
+        }
+    }
+    Ok(best)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

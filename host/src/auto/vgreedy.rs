@@ -31,8 +31,8 @@ use crate::schedule::{Action, Placement};
 use crate::sim::SimError;
 
 use super::instance::{Instance, MEMORY_EPS};
-use super::score::{schedule_of, score, Scored};
-use super::{Objective, AUTO};
+use super::score::{best_of, Scored};
+use super::Objective;
 
 /// How far past now a gradient whose producer is not placed yet is assumed to arrive at the
 /// earliest (it is never taken as arrived).
@@ -352,19 +352,8 @@ pub(crate) fn candidates(inst: &Instance) -> Vec<Vec<Vec<Action>>> {
     if inst.v != 2 || inst.placement != Placement::Vshape {
         return Vec::new();
     }
-    let mut budgets = vec![inst.budget.clone()];
-    let pf = inst.p as f64;
-    for n in [pf / 2.0, pf, 2.0 * pf] {
-        let b: Vec<f64> = (0..inst.p)
-            .map(|r| {
-                let one = inst.one_microbatch(r);
-                inst.budget[r].min((n * one).max(one))
-            })
-            .collect();
-        if b.iter().zip(&inst.budget).any(|(x, y)| x < y) && !budgets.contains(&b) {
-            budgets.push(b);
-        }
-    }
+    let budgets = ladder(inst);
+
     let settings = Setting::grid(inst);
     let mut out: Vec<Vec<Vec<Action>>> = Vec::new();
     // Duplicates found by hash first (settings often share most ranks' lists, which makes plain
@@ -386,22 +375,35 @@ pub(crate) fn candidates(inst: &Instance) -> Vec<Vec<Vec<Action>>> {
     out
 }
 
+/// The instance's budgets, then each smaller one of the ladder V-Half (`P/2` microbatches in
+/// flight), 1F1B (`P`), twice 1F1B (`2P`) (in bytes: that many times what one microbatch holds on
+/// the rank, at least one microbatch), duplicates removed. Lists built under a smaller budget fit
+/// the instance's too.
+pub(crate) fn ladder(inst: &Instance) -> Vec<Vec<f64>> {
+    let mut budgets = vec![inst.budget.clone()];
+    let pf = inst.p as f64;
+    for n in [pf / 2.0, pf, 2.0 * pf] {
+        let b: Vec<f64> = (0..inst.p)
+            .map(|r| {
+                let one = inst.one_microbatch(r);
+                inst.budget[r].min((n * one).max(one))
+            })
+            .collect();
+        if b.iter().zip(&inst.budget).any(|(x, y)| x < y) && !budgets.contains(&b) {
+            budgets.push(b);
+        }
+    }
+    budgets
+}
+
 /// The best of [`candidates`] by `objective` among those the simulator keeps within the limit;
 /// `None` off V-shape or when none does.
 pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Scored>, SimError> {
-    let mut best: Option<Scored> = None;
-    for orders in candidates(inst) {
-        if let Some(s) = score(inst, objective, schedule_of(inst, AUTO, &orders))? {
-            if best.as_ref().is_none_or(|b| s.value < b.value) {
-                best = Some(s);
-            }
-        }
-    }
-    Ok(best)
+    best_of(inst, objective, candidates(inst))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::auto::score::schedule_of;
     use crate::auto::{AutoRequest, MemoryLimit};
@@ -411,7 +413,7 @@ mod tests {
 
     /// A V-shape instance: `P` ranks, one rank's `F:I:W` split over two chunks, the first and last
     /// stage 1.5x when `uneven`, a latency per hop.
-    fn instance(
+    pub(crate) fn instance(
         p: usize,
         m: usize,
         fiw: [f64; 3],
@@ -440,10 +442,35 @@ mod tests {
         Instance::new(&req).unwrap()
     }
 
+    /// Checks that `orders` validate and that their simulated peak keeps `limit` (`what` names the
+    /// case); returns the peak.
+    pub(crate) fn fits(inst: &Instance, orders: &[Vec<Action>], limit: f64, what: &str) -> f64 {
+        let s = schedule_of(inst, "auto", orders);
+        validate(&s).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let sim = simulate(&s, &inst.scoring).unwrap();
+        let peak = sim.peak_activations.iter().copied().fold(0.0, f64::max);
+        assert!(peak <= limit + 1e-9, "{what} limit {limit}: peak {peak}");
+        peak
+    }
+
     /// Every setting, at V-Half's, 1F1B's and twice 1F1B's memory, finishes with a valid schedule
     /// whose simulated peak stays within the limit.
     #[test]
     fn every_setting_validates_and_keeps_the_limit() {
+        for (inst, limit, what) in cases() {
+            for set in Setting::grid(&inst) {
+                let orders = build(&inst, &set, &inst.budget)
+                    .unwrap_or_else(|| panic!("{what} limit {limit} {set:?}"));
+                fits(&inst, &orders, limit, &format!("{what} {set:?}"));
+            }
+        }
+    }
+
+    /// The V-shape seeds' test instances: `(P, M)` from 1 to 8 ranks, equal stages with and without
+    /// transfers and uneven ones, at V-Half's, 1F1B's and twice 1F1B's memory (at least one
+    /// microbatch): each instance, its limit and its name.
+    pub(crate) fn cases() -> Vec<(Instance, f64, String)> {
+        let mut out = Vec::new();
         for (p, m) in [(1, 3), (2, 4), (4, 4), (4, 8), (4, 16), (8, 16)] {
             for (fiw, latency, uneven) in [
                 ([1.0, 1.0, 1.0], 0.0, false),
@@ -453,21 +480,11 @@ mod tests {
                 let pf = p as f64;
                 for limit in [(pf / 2.0).max(1.0), pf, 2.0 * pf] {
                     let inst = instance(p, m, fiw, latency, uneven, limit);
-                    for set in Setting::grid(&inst) {
-                        let orders = build(&inst, &set, &inst.budget)
-                            .unwrap_or_else(|| panic!("P={p} M={m} limit {limit} {set:?}"));
-                        let s = schedule_of(&inst, "auto", &orders);
-                        validate(&s).unwrap();
-                        let sim = simulate(&s, &inst.scoring).unwrap();
-                        let peak = sim.peak_activations.iter().copied().fold(0.0, f64::max);
-                        assert!(
-                            peak <= limit + 1e-9,
-                            "P={p} M={m} limit {limit}: peak {peak}"
-                        );
-                    }
+                    out.push((inst, limit, format!("P={p} M={m} {fiw:?} uneven={uneven}")));
                 }
             }
         }
+        out
     }
 
     /// The candidates at a limit include every candidate built at the smaller limits of the ladder

@@ -63,6 +63,32 @@
 //! serial chain, `M` times the round trip of the first rank (tested). Forwards inside overlapped
 //! pairs still start at least `Fmin` apart (a pair holds one forward and lasts at least as long).
 //!
+//! ## 5. The span under a memory limit (span_bound)
+//!
+//! The span of rank `r` is the time from the start of its first action to the end of its last;
+//! the span objective is the largest over ranks. Times here are relative to the start `a` of the
+//! rank's first action, which is a forward (an `I` or `W` needs the same stage's `F` on the same
+//! rank first), so every forward starts at `a` or later. The argument of section 4 then holds with
+//! the heads dropped: with at most `n` stage-microbatches held and `R` the shortest round trip of
+//! the rank's stages, the `i`-th forward (in start order) starts at `a + x_i` or later, where
+//!
+//! `x_1 = 0`, `x_i = x_(i-1) + Fmin`, and for `i = n + j` also `x_i >= x_j + R`
+//!
+//! (when the `(n + j)`-th forward starts, at most `n - 1` of the earlier ones still hold their
+//! activations, so `j` of them were freed; one of those is the `j`-th or later, which started at
+//! `a + x_j` or later and frees no earlier than a round trip after). Every action of the rank lies
+//! in `[a, a + span]`, so the span is at least the value of the one-machine problem with these
+//! relative heads: the `i`-th forward has head `x_i`, the shortest forward work and tail
+//! `R - Fmin work` (its own `W` runs on this rank and ends at least `R` after the forward
+//! starts); each stage's `M` input-gradient passes have head `F + up` (the round trip of the
+//! rank's first forward of that stage, which started at `a` or later) and tail `rest` (each `I` is
+//! followed by its `W` on this rank), and its `M` rests head `F + up + I` and tail 0. Jackson's
+//! preemptive schedule solves that problem exactly (section 3), so its value, and the rank's work
+//! `M * sum(F + min(B, I + W))`, bound the rank's span from below; the largest over ranks bounds
+//! the span objective ([`span_bound`]). Without a limit the recurrence only spaces the forwards.
+//! `host/tests/sim_bound.rs` checks it against the proven optimum (all orders enumerated) on small
+//! instances.
+//!
 //! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
 //! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from
 //! the best any schedule could do. `host/tests/sim_bound.rs` checks on random instances that the bound
@@ -70,6 +96,7 @@
 
 mod chain;
 mod jackson;
+mod span;
 
 use thiserror::Error;
 
@@ -77,6 +104,7 @@ use crate::cost::CostModel;
 use crate::schedule::{Item, Op, Placement, Schedule};
 use chain::Chain;
 use jackson::Job;
+pub use span::span_bound;
 
 /// Why [`bound_with_limit`] refused its limits.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -176,19 +204,7 @@ pub fn bound_with_limit(
     overlap: bool,
     max_in_flight: &[f64],
 ) -> Result<f64, BoundError> {
-    if max_in_flight.len() != ranks {
-        return Err(BoundError::Limits {
-            ranks,
-            got: max_in_flight.len(),
-        });
-    }
-    if let Some((rank, &value)) = max_in_flight
-        .iter()
-        .enumerate()
-        .find(|(_, v)| v.is_nan() || **v < 0.0)
-    {
-        return Err(BoundError::Limit { rank, value });
-    }
+    check_limits(ranks, max_in_flight)?;
     let free = bound_for(ranks, microbatches, placement, costs, overlap);
     if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
         return Ok(free);
@@ -202,6 +218,24 @@ pub fn bound_with_limit(
         bound = bound.max(rank.memory_term(microbatches, held));
     }
     Ok(bound)
+}
+
+/// One limit per rank, each a number `>= 0`.
+fn check_limits(ranks: usize, max_in_flight: &[f64]) -> Result<(), BoundError> {
+    if max_in_flight.len() != ranks {
+        return Err(BoundError::Limits {
+            ranks,
+            got: max_in_flight.len(),
+        });
+    }
+    match max_in_flight
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.is_nan() || **v < 0.0)
+    {
+        Some((rank, &value)) => Err(BoundError::Limit { rank, value }),
+        None => Ok(()),
+    }
 }
 
 /// [`bound_with_limit`] for `schedule`'s `P`, `M`, placement and pairs.

@@ -1,0 +1,116 @@
+//! Section 5 of the [simulator's docs](crate::sim#lower-bound): the longest per-rank span under a
+//! memory limit (derivation in the parent module's docs).
+
+use super::chain::Chain;
+use super::jackson::{self, Job};
+use super::{check_limits, BoundError, RankJobs};
+use crate::cost::CostModel;
+use crate::schedule::Placement;
+
+/// A lower bound on the longest per-rank span (first action's start to last action's end) of any
+/// schedule of `ranks` ranks, `microbatches` microbatches and `costs`' stages placed by
+/// `placement`, when rank `r` holds at most `max_in_flight[r]` rank-microbatches (`None`: no
+/// limit). Section 5 of the [simulator's docs](crate::sim#lower-bound); infinite when a limit is
+/// below one stage's microbatch.
+///
+/// ```
+/// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// use pipefill_host::schedule::Placement;
+/// use pipefill_host::sim::span_bound;
+/// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// // Without a limit: the busiest rank's work, 8 * 3.
+/// assert_eq!(span_bound(4, 8, Placement::Looped, &c, false, None).unwrap(), 24.0);
+/// // One microbatch in flight: rank 0 runs 8 round trips (4 F, 3 I up and back, its I and W: 9).
+/// let one = span_bound(4, 8, Placement::Looped, &c, false, Some(&[1.0; 4])).unwrap();
+/// assert_eq!(one, 72.0);
+/// ```
+///
+/// Errors: as [`super::bound_with_limit`].
+pub fn span_bound(
+    ranks: usize,
+    microbatches: usize,
+    placement: Placement,
+    costs: &CostModel,
+    overlap: bool,
+    max_in_flight: Option<&[f64]>,
+) -> Result<f64, BoundError> {
+    if let Some(limits) = max_in_flight {
+        check_limits(ranks, limits)?;
+    }
+    if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
+        return Ok(0.0);
+    }
+    let chain = Chain::new(ranks, placement, costs);
+    let chunks = costs.stages.len() as f64 / ranks as f64;
+    let m = microbatches as f64;
+    let mut bound = 0.0f64;
+    for r in 0..ranks {
+        let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
+        let work: f64 = rank
+            .mine
+            .iter()
+            .map(|&s| m * (rank.forward_work(s) + chain.input[s] + chain.rest[s]))
+            .sum();
+        let held = max_in_flight.map_or(f64::INFINITY, |l| (l[r] * chunks + 1e-9).floor());
+        bound = bound.max(work).max(rank.span_term(microbatches, held));
+    }
+    Ok(bound)
+}
+
+impl RankJobs<'_> {
+    /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches).
+    fn span_term(&self, m: usize, held: f64) -> f64 {
+        let c = self.chain;
+        if self.mine.is_empty() {
+            return 0.0;
+        }
+        if held < 1.0 {
+            return f64::INFINITY;
+        }
+        let min_of = |f: &dyn Fn(usize) -> f64| {
+            self.mine
+                .iter()
+                .map(|&s| f(s))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let count = self.mine.len() * m;
+        let n = if held >= count as f64 {
+            count
+        } else {
+            held as usize
+        };
+        let spacing = min_of(&|s| c.forward[s]);
+        let trip = min_of(&|s| c.round_trip(s));
+        let work = min_of(&|s| self.forward_work(s));
+        let mut x = vec![0.0; count];
+        for i in 1..count {
+            x[i] = x[i - 1] + spacing;
+            if i >= n {
+                x[i] = x[i].max(x[i - n] + trip);
+            }
+        }
+        let mut jobs: Vec<Job> = x
+            .iter()
+            .map(|&head| Job {
+                head,
+                work,
+                tail: trip - work,
+            })
+            .collect();
+        let m = m as f64;
+        for &s in &self.mine {
+            let head = c.forward[s] + c.up[s];
+            jobs.push(Job {
+                head,
+                work: m * c.input[s],
+                tail: c.rest[s],
+            });
+            jobs.push(Job {
+                head: head + c.input[s],
+                work: m * c.rest[s],
+                tail: 0.0,
+            });
+        }
+        jackson::preemptive(&jobs)
+    }
+}
