@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
-use pipefill_host::runtime::streams::{Device, DeviceError, StreamId, StreamLoss, StreamStage};
+use pipefill_host::runtime::streams::{
+    Device, DeviceError, GradientsFn, StreamId, StreamLoss, StreamStage,
+};
 use pipefill_host::runtime::{Payload, StageError};
 
 use super::device::Gpu;
@@ -462,6 +464,29 @@ impl StreamStage<Launcher, DeviceTensor> for OnCudaStreams {
     fn optimizer_step(&mut self, on: &Launcher) -> Result<(), StageError> {
         let stage = self.on(on)?;
         stage.optimizer_step_device().map_err(stage_error)?;
+        stage.synchronize().map_err(stage_error)
+    }
+
+    /// The gradients copied to the host (a gradient nothing accumulated into as zeros), given to
+    /// `f`, and what `f` leaves copied back, on `on`; then a wait for the copies.
+    fn with_gradients(&mut self, on: &Launcher, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
+        let stage = self.on(on)?;
+        let la = stage.launcher().clone();
+        let mut host = Vec::with_capacity(stage.layers.len());
+        for l in &stage.layers {
+            let (w, b) = match l.grads_to_host(&la).map_err(stage_error)? {
+                Some(pair) => pair,
+                None => (vec![0.0; l.inputs * l.outputs], vec![0.0; l.outputs]),
+            };
+            host.push((w, b));
+        }
+        f(host
+            .iter_mut()
+            .flat_map(|(w, b)| [&mut w[..], &mut b[..]])
+            .collect())?;
+        for (l, (w, b)) in stage.layers.iter_mut().zip(&host) {
+            l.grads_from_host(&la, (w, b)).map_err(stage_error)?;
+        }
         stage.synchronize().map_err(stage_error)
     }
 }
