@@ -176,7 +176,10 @@ where
     ) -> Result<Vec<StepReport>, String> {
         let (upload, last) = (&self.upload, self.schedule.stages() - 1);
         let items: Vec<_> = self.replicas.iter_mut().zip(xs.iter().zip(ts)).collect();
-        let step = |_, (replica, (x, t))| replica_step(replica, upload, last, mode, x, t);
+        type Item<'a, D, S, L> = (&'a mut Replica<D, S, L>, (&'a Vec<Tensor>, &'a Vec<Tensor>));
+        let step = |_: usize, (replica, (x, t)): Item<'_, D, S, L>| {
+            replica_step(replica, upload, last, mode, x, t)
+        };
         match &self.reduce {
             None => items.into_iter().map(|item| step(0, item)).collect(),
             Some(reduce) => {

@@ -50,7 +50,7 @@ mod transport;
 mod worker;
 
 pub use clock::CPU_CLOCK_FROM;
-pub use dyn_stage::{AnyStash, BoxedStage, DynStage};
+pub use dyn_stage::{AnyStash, BoxedStage, BoxedStreamStage, DynStage, DynStreamStage};
 pub use error::RuntimeError;
 pub use executor::{default_poll, Executor};
 pub use hook::{last_gradient_actions, StepEvent};

@@ -139,6 +139,8 @@ pub struct OnStreamsLoss<L> {
     loss: Arc<L>,
 }
 
+crate::boxed_stream_stage!(CpuStream, Pending<Tensor>);
+
 impl<L> OnStreamsLoss<L> {
     pub(super) fn new(loss: L) -> Self {
         OnStreamsLoss {
