@@ -17,6 +17,9 @@ use crate::runtime::worker::reduce_failed;
 use crate::runtime::{last_gradient_actions, RankStop, Reducer, RuntimeError, StepEvent};
 use crate::schedule::{Action, Schedule};
 
+/// Each action of a step with its start and end, in enqueue order.
+pub(super) type Timed = Vec<(Action, f64, f64)>;
+
 /// A step's hook, if any, as the stream runners take it.
 pub(super) type Hook<'h> = Option<&'h (dyn Fn(StepEvent) + Sync)>;
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::after::{self, Hook};
+use super::after::{self, Hook, Timed};
 use super::program::lanes;
 use super::stage::bound_home;
 use super::step::{run_action, Step};
@@ -372,7 +372,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         &self,
         mut step: Step<D, S::Stash>,
         origin: &D::Mark,
-    ) -> Result<(StepReport, Vec<(Action, f64, f64)>), RuntimeError> {
+    ) -> Result<(StepReport, Timed), RuntimeError> {
         let by_microbatch = step.losses(&self.schedule);
         let mut losses = Vec::with_capacity(by_microbatch.len());
         for (k, l) in by_microbatch.into_iter().enumerate() {
