@@ -6,9 +6,9 @@
 //!   thread) end with the losses and weights of the threaded `Replicas`, bit for bit;
 //! - PP x DP over the CPU twin of NCCL (`RankStreams` over `CpuPeers`, one thread per rank of
 //!   each replica, the rank's gradients reduced over the replicas) gives the threaded replicas'
-//!   losses and weights.
+//!   losses and weights, and each rank's hook sees its actions once, in its list's order.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pipefill_host::runtime::streams::{
@@ -270,8 +270,19 @@ fn pp_by_dp_over_cpu_peers_trains_as_the_threaded_replicas() {
                                 loss: &loss,
                                 shape: &same_shape,
                             };
-                            let out = runner.step(batch, peer);
+                            // The rank's hook: each of its actions once, in its list's order.
+                            let told = Mutex::new(Vec::new());
+                            let out = runner.step_with(batch, peer, |e| {
+                                if let StepEvent::ActionDone { action, .. } = e {
+                                    told.lock().unwrap().push(action);
+                                }
+                            });
                             runner.optimizer_step().unwrap();
+                            let want: Vec<Action> = schedule.actions[rank]
+                                .iter()
+                                .flat_map(|item| item.actions())
+                                .collect();
+                            assert_eq!(told.into_inner().unwrap(), want, "rank {rank}");
                             out
                         })
                     })
