@@ -107,14 +107,7 @@ pub struct Streams<D: Device, S: StreamStage<D::Stream, D::Payload>, L, U> {
     warmup: Option<(f64, f64)>,
 }
 
-impl<D, S, L, U> Streams<D, S, L, U>
-where
-    D: Device,
-    S: StreamStage<D::Stream, D::Payload> + Trainable + Send,
-    L: StreamLoss<D::Stream, D::Payload> + Send,
-    U: Upload<D::Payload> + Sync,
-    StreamExecutor<D, S>: Send,
-{
+impl<D: Device, S: StreamStage<D::Stream, D::Payload>, L, U> Streams<D, S, L, U> {
     /// The runner for `schedule` over `replicas` (each: its stages in global order, its device,
     /// its loss on that device), `microbatches` (`M`) per replica, capturing a graph when `graph`.
     pub fn new(
@@ -165,34 +158,6 @@ where
     pub fn executors(&self) -> impl Iterator<Item = &StreamExecutor<D, S>> {
         self.replicas.iter().map(|(ex, _)| ex)
     }
-
-    /// One step of every replica on its microbatches `xs[d]`, `ts[d]` (at once, on threads, with
-    /// replicas); the reports by replica.
-    fn replicas_step(
-        &mut self,
-        mode: Mode,
-        xs: &[Vec<Tensor>],
-        ts: &[Vec<Tensor>],
-    ) -> Result<Vec<StepReport>, String> {
-        let (upload, last) = (&self.upload, self.schedule.stages() - 1);
-        let items: Vec<_> = self.replicas.iter_mut().zip(xs.iter().zip(ts)).collect();
-        type Item<'a, D, S, L> = (&'a mut Replica<D, S, L>, (&'a Vec<Tensor>, &'a Vec<Tensor>));
-        let step = |_: usize, (replica, (x, t)): Item<'_, D, S, L>| {
-            replica_step(replica, upload, last, mode, x, t)
-        };
-        match &self.reduce {
-            None => items.into_iter().map(|item| step(0, item)).collect(),
-            Some(reduce) => {
-                reduce.reset();
-                on_replicas(
-                    reduce,
-                    items,
-                    |d| format!("replica {d}'s thread panicked"),
-                    step,
-                )
-            }
-        }
-    }
 }
 
 /// One step of `replica` on its microbatches `x`, `t` (put on the devices of stage 0 and of stage
@@ -236,7 +201,23 @@ where
             by_replica(x, self.microbatches),
             by_replica(t, self.microbatches),
         );
-        let reports = self.replicas_step(m, &xs, &ts).map_err(failed)?;
+        // Every replica at once, each on a thread of its own, with replicas (their reducer waits
+        // for all of them).
+        let (upload, last) = (&self.upload, self.schedule.stages() - 1);
+        let items: Vec<_> = self.replicas.iter_mut().zip(xs.iter().zip(&ts)).collect();
+        type Item<'a, D, S, L> = (&'a mut Replica<D, S, L>, (&'a Vec<Tensor>, &'a Vec<Tensor>));
+        let one = |_: usize, (replica, (x, t)): Item<'_, D, S, L>| {
+            replica_step(replica, upload, last, m, x, t)
+        };
+        let reports = match &self.reduce {
+            None => items.into_iter().map(|item| one(0, item)).collect(),
+            Some(reduce) => {
+                reduce.reset();
+                let lost = |d: usize| format!("replica {d}'s thread panicked");
+                on_replicas(reduce, items, lost, one)
+            }
+        };
+        let reports = reports.map_err(failed)?;
         let enqueue = self.replicas[0].0.enqueue_seconds();
         let mut r = combine(reports)?;
         let per_action = enqueue / self.host.actions.max(1) as f64;
