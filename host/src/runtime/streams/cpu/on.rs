@@ -4,6 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+#[cfg(doc)]
+use super::CpuStreams;
 use super::{CpuStream, Pending};
 use crate::runtime::streams::{GradientsFn, StreamLoss, StreamStage};
 use crate::runtime::{Loss, Stage, StageError, Tensor};
