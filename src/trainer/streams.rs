@@ -6,7 +6,7 @@
 //! replica (its own streams and its own copy of the stages, on the same devices) runs its step on a
 //! host thread of its own ([`on_replicas`], as the threaded replicas), and each replica's step ends
 //! with its stages' gradients reduced through the runtime's [`AllReduce`] as the threaded replicas'
-//! [`Reducer`](pipefill_host::runtime::Reducer) (set on each executor: once its device
+//! [`Reducer`] (set on each executor: once its device
 //! synchronised, on the host buffers each stage lends, through the host on a GPU); the trainer's
 //! optimizer step then steps every replica. The step's time is the slowest replica's (the host
 //! enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`]
