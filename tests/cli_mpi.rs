@@ -440,8 +440,9 @@ fn a_rank_that_fails_with_an_error_ends_the_whole_job_within_seconds() {
 
 /// `mpirun -n 2 pipefill train --backend cuda --launcher mpi` on a machine without a CUDA driver:
 /// the job ends with exit 2 and one `no CUDA driver found` error (the flags are checked by every
-/// process, the lowest rank reports), within a deadline, no process left waiting. On a machine
-/// with a GPU this test has nothing to check (the GPU run is `tests/gpu_nccl.rs`).
+/// process, the lowest rank reports), within a deadline, no process left waiting; with
+/// `--data-parallel 2` on 4 processes too (the flag is taken: only the driver is missing). On a
+/// machine with a GPU this test has nothing to check (the GPU run is `tests/gpu_nccl.rs`).
 #[test]
 fn gpu_ranks_without_a_cuda_driver_exit_2_in_every_process_without_hanging() {
     if pipefill::cuda::driver_present() {
@@ -449,9 +450,19 @@ fn gpu_ranks_without_a_cuda_driver_exit_2_in_every_process_without_hanging() {
         return;
     }
     let dir = scratch("mpi-cuda-no-driver");
-    let args = with(&["--backend", "cuda", "--launcher", "mpi", "--steps", "2"]);
+    let cuda = ["--backend", "cuda", "--launcher", "mpi", "--steps", "2"];
+    no_driver(&dir, 2, &with(&cuda));
+    no_driver(
+        &dir,
+        4,
+        &with(&[&cuda[..], &["--data-parallel", "2"]].concat()),
+    );
+}
+
+/// `mpirun -n procs pipefill args` ends with exit 2 and one `no CUDA driver found` error.
+fn no_driver(dir: &std::path::Path, procs: usize, args: &[&str]) {
     let start = Instant::now();
-    let mut job = mpirun_command(&dir, 2, &args)
+    let mut job = mpirun_command(dir, procs, args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

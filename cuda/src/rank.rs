@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use pipefill_host::cost::{ActivationDtype, Recompute};
 use pipefill_host::runtime::streams::{PostOrder, RankBatch, RankStreams};
-use pipefill_host::runtime::{RankOutcome, RuntimeError};
+use pipefill_host::runtime::{RankOutcome, Reducer, RuntimeError};
 use pipefill_host::schedule::deps::Edge;
 use pipefill_host::schedule::Schedule;
 
@@ -151,6 +151,13 @@ impl CudaRank {
             shape: &shape,
         };
         self.runner.step(batch, &mut self.peer)
+    }
+
+    /// Sets (or clears) the data-parallel gradient reduction over the replicas of this rank
+    /// ([`RankStreams::set_reducer`]: each step ends with the rank's stages' gradients, copied to
+    /// the host, given to `reducer`, and what it leaves copied back).
+    pub fn set_reducer(&mut self, reducer: Option<Arc<Reducer>>) {
+        self.runner.set_reducer(reducer);
     }
 
     /// Applies the rank's stages' optimizer steps to the gradients the last step left (see

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
-use pipefill_host::runtime::streams::{Device, DeviceError, StreamId, StreamLoss, StreamStage};
+use pipefill_host::runtime::streams::{
+    Device, DeviceError, GradientsFn, StreamId, StreamLoss, StreamStage,
+};
 use pipefill_host::runtime::{Payload, StageError};
 
 use super::device::Gpu;
@@ -82,16 +84,26 @@ fn stage_error(e: CudaError) -> StageError {
 /// events, buffers made during the capture are graph allocations (stream-ordered allocation is
 /// required), and the graph is instantiated with auto-free-on-launch, since the loss partials are
 /// allocated in the graph and read after each launch. A clone shares the streams, not the graph;
-/// the graph (not `Send`) stays with the device that captured it. Capture is refused with several
+/// the graph stays with the device that captured it (moved with it, never shared). Capture is refused with several
 /// devices (a graph across devices is not verified here).
 pub struct CudaStreams {
     link: Arc<Link>,
     /// Each stream with its device, as stage calls are given them.
     launchers: Vec<Launcher>,
-    graph: Option<CudaGraph>,
+    graph: Option<Graph>,
     /// The step's time origin on each device other than stream 0's (see `Device::origin`).
     origins: Vec<Option<CudaEvent>>,
 }
+
+/// A captured step's CUDA graph, which a [`CudaStreams`] (and the executor holding it) may be moved
+/// to another thread with: a data-parallel replica's steps run on a host thread of its own.
+struct Graph(CudaGraph);
+
+// SAFETY: a CUDA graph and its executable instance are driver handles valid in every thread of
+// the process; cudarc binds the graph's context to the calling thread before each launch and
+// upload, and destroying the handles needs no current context. `Graph` is only moved between
+// threads (it is not `Sync`), so no two threads use it at once.
+unsafe impl Send for Graph {}
 
 impl Clone for CudaStreams {
     fn clone(&self) -> Self {
@@ -268,7 +280,7 @@ impl Device for CudaStreams {
         graph
             .upload()
             .map_err(|e| device_error(CudaError::driver("cuGraphUpload")(e)))?;
-        self.graph = Some(graph);
+        self.graph = Some(Graph(graph));
         Ok(())
     }
 
@@ -278,6 +290,7 @@ impl Device for CudaStreams {
             .as_ref()
             .ok_or_else(|| DeviceError::new("replay before a capture"))?;
         graph
+            .0
             .launch()
             .map_err(|e| device_error(CudaError::driver("cuGraphLaunch")(e)))
     }
@@ -464,7 +477,32 @@ impl StreamStage<Launcher, DeviceTensor> for OnCudaStreams {
         stage.optimizer_step_device().map_err(stage_error)?;
         stage.synchronize().map_err(stage_error)
     }
+
+    /// The gradients copied to the host (a gradient nothing accumulated into as zeros), given to
+    /// `f`, and what `f` leaves copied back, on `on`; then a wait for the copies.
+    fn with_gradients(&mut self, on: &Launcher, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
+        let stage = self.on(on)?;
+        let la = stage.launcher().clone();
+        let mut host = Vec::with_capacity(stage.layers.len());
+        for l in &stage.layers {
+            let (w, b) = match l.grads_to_host(&la).map_err(stage_error)? {
+                Some(pair) => pair,
+                None => (vec![0.0; l.inputs * l.outputs], vec![0.0; l.outputs]),
+            };
+            host.push((w, b));
+        }
+        f(host
+            .iter_mut()
+            .flat_map(|(w, b)| [&mut w[..], &mut b[..]])
+            .collect())?;
+        for (l, (w, b)) in stage.layers.iter_mut().zip(&host) {
+            l.grads_from_host(&la, (w, b)).map_err(stage_error)?;
+        }
+        stage.synchronize().map_err(stage_error)
+    }
 }
+
+pipefill_host::boxed_stream_stage!(Launcher, DeviceTensor);
 
 /// The built-in loss on the stream it is given. Targets are [`DeviceTensor`]s: values of the
 /// output's shape (MSE) or class indices made by [`DeviceTensor::labels`] (cross-entropy).

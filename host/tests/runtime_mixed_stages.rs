@@ -1,8 +1,13 @@
 //! A model of three stage types (embedding, blocks, head) in one `Vec<BoxedStage>`: trained by the
-//! executor to the same gradients as a plain loop over the concrete types, and profiled.
+//! executor to the same gradients as a plain loop over the concrete types, and profiled; and the
+//! same three as three stream stage types on `CpuStreams` in one `Vec<BoxedStreamStage>`, trained
+//! by the stream executor to the same gradients.
 
 use pipefill_host::profile::{profile_layers, ProfileOptions, ProfiledLayer};
-use pipefill_host::runtime::{AnyStash, BoxedStage, DynStage, Executor, Stage, StageError, Tensor};
+use pipefill_host::runtime::streams::{CpuStream, CpuStreams, OnStreams, Pending, StreamExecutor};
+use pipefill_host::runtime::{
+    AnyStash, BoxedStage, BoxedStreamStage, Executor, Stage, StageError, Tensor,
+};
 use pipefill_host::schedule::{families, Params};
 
 const D: usize = 3;
@@ -275,6 +280,64 @@ fn three_stage_types_train_in_one_executor_to_the_reference_gradients() {
         }
         assert!(ge.iter().any(|g| *g != 0.0) && gb.iter().all(|g| *g != 0.0));
     }
+}
+
+/// A stream stage on `CpuStreams`, boxed.
+type OnCpu = BoxedStreamStage<CpuStream, Pending<Tensor>>;
+
+#[test]
+fn three_stream_stage_types_train_in_one_stream_executor_to_the_reference_gradients() {
+    let m = 6;
+    for (family, ranks, chunks) in [("zb-h1", 4, 1), ("zbv", 2, 2)] {
+        let params = Params::new(ranks, m).with_chunks(chunks);
+        let schedule = families::generate(family, &params).unwrap();
+        let n = schedule.stages() - 2;
+        let device = CpuStreams::new();
+        // `OnStreams<Embed>`, `OnStreams<Block>` and `OnStreams<Head>`: three stream stage types.
+        let mut stages: Vec<OnCpu> = vec![Box::new(device.stage(embed()))];
+        stages.extend((0..n).map(|s| Box::new(device.stage(block(s))) as OnCpu));
+        stages.push(Box::new(device.stage(head())));
+        let mut ex = StreamExecutor::new(schedule, stages, device).unwrap();
+        let l = ex.device().loss(loss);
+        let (x, t) = data(m);
+        let ready = |v: Vec<Tensor>| v.into_iter().map(Pending::ready).collect::<Vec<_>>();
+        ex.step(ready(x), &ready(t), &l).unwrap();
+        let (ge, gb, gh) = reference_grads(n, m);
+        let stages = ex.stages();
+        let e = stages[0]
+            .downcast_ref::<OnStreams<Embed>>()
+            .expect("the embedding");
+        let h = (stages[n + 1].downcast_ref::<OnStreams<Head>>()).expect("the head");
+        assert!(stages[0].downcast_ref::<OnStreams<Head>>().is_none());
+        assert!(
+            stages[0].stage_type().contains("Embed"),
+            "{}",
+            stages[0].stage_type()
+        );
+        let e_grad = e.inner().grad.clone();
+        assert!(
+            e_grad.iter().zip(&ge).all(|(a, b)| close(*a, *b)),
+            "{family}"
+        );
+        let h_grad = h.inner().grad.clone();
+        assert!(
+            h_grad.iter().zip(&gh).all(|(a, b)| close(*a, *b)),
+            "{family}"
+        );
+        for (s, want) in gb.iter().enumerate() {
+            let b = stages[s + 1]
+                .downcast_ref::<OnStreams<Block>>()
+                .expect("a block");
+            let got = b.inner().grad;
+            assert!(close(got, *want), "{family} block {s}: {got} vs {want}");
+        }
+        assert!(ge.iter().any(|g| *g != 0.0) && gb.iter().all(|g| *g != 0.0));
+    }
+    // A box in a box still reaches the stage.
+    let device = CpuStreams::new();
+    let inner: OnCpu = Box::new(device.stage(block(0)));
+    let twice: OnCpu = Box::new(inner);
+    assert!(twice.is::<OnStreams<Block>>() && twice.stage_type().contains("Block"));
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! The CUDA pieces of the [`Streams`](super::Streams) runner: [`Trainable`] for a stage on CUDA
-//! streams (its state and gradients copied through the host) and [`CudaUpload`], which copies a
+//! streams (its state copied to the host) and [`CudaUpload`], which copies a
 //! step's batch to the devices of the first and the last stage.
 
 use std::sync::Arc;
@@ -7,7 +7,6 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use pipefill_host::runtime::{StageError, Tensor};
 
-use super::stage::GradientsFn;
 use super::streams::Uploaded;
 use super::{Trainable, Upload};
 use crate::checkpoint::{LayerState, StageState};
@@ -45,27 +44,6 @@ impl Trainable for OnCudaStreams {
             steps: stage.steps(),
             layers,
         })
-    }
-
-    fn with_gradients(&mut self, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
-        let stage = self.inner_mut();
-        let la = stage.launcher().clone();
-        let mut host = Vec::with_capacity(stage.layers.len());
-        for l in &stage.layers {
-            let (w, b) = match l.grads_to_host(&la).map_err(stage_error)? {
-                Some(pair) => pair,
-                None => (vec![0.0; l.inputs * l.outputs], vec![0.0; l.outputs]),
-            };
-            host.push((w, b));
-        }
-        f(host
-            .iter_mut()
-            .flat_map(|(w, b)| [&mut w[..], &mut b[..]])
-            .collect())?;
-        for (l, (w, b)) in stage.layers.iter_mut().zip(&host) {
-            l.grads_from_host(&la, (w, b)).map_err(stage_error)?;
-        }
-        stage.synchronize().map_err(stage_error)
     }
 }
 

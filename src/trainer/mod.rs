@@ -11,13 +11,14 @@
 //!   their gradients averaged as soon as each stage's last backward is done ([`threads`]);
 //! - [`Streams`]: the stream executor on any [`Device`](pipefill_host::runtime::streams::Device)
 //!   (CUDA streams, with or without a captured whole-step graph, or their CPU twin
-//!   [`CpuStreams`](pipefill_host::runtime::streams::CpuStreams)), `D` replicas with their
-//!   gradients averaged at the end of every step ([`streams`]);
+//!   [`CpuStreams`](pipefill_host::runtime::streams::CpuStreams)), `D` replicas on host threads
+//!   of their own with their gradients averaged through the same `Reducer` once each replica's
+//!   device synchronised ([`streams`]);
 //! - one process per rank under MPI, CPU ranks or GPU ranks over NCCL (the `mpi` feature; the
 //!   command line's launcher builds them).
 //!
-//! What a runner needs of its stages beyond running them (their checkpoint state, their gradients
-//! for the replica mean) is [`Trainable`] ([`stage`]).
+//! What a runner needs of its stages beyond running them (their checkpoint state) is
+//! [`Trainable`] ([`stage`]).
 
 pub mod cuda;
 mod outcome;
@@ -28,7 +29,7 @@ pub mod threads;
 
 pub use outcome::{median_index, Outcome};
 pub use saver::Saver;
-pub use stage::{mean_over_replicas, states_of, Trainable};
+pub use stage::{states_of, Trainable};
 pub use streams::{HostEnqueue, Streams, Upload};
 pub use threads::Threads;
 

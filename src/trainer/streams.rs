@@ -2,26 +2,28 @@
 //! without a captured whole-step graph) or their CPU twin
 //! [`CpuStreams`](pipefill_host::runtime::streams::CpuStreams).
 //!
-//! One host thread enqueues each step of each replica and waits for it. With `D > 1` replicas, the
-//! replicas run one after the other (each with its own streams and its own copy of the stages, on
-//! the same devices), then each stage's gradients are averaged over the replicas
-//! ([`mean_over_replicas`]: the runtime's `AllReduce`, through the host on a GPU), which ends the
-//! step; the trainer's optimizer step then steps every replica. The step's time is the wall time of
-//! all of it (the host enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`]
+//! One host thread enqueues each step of a replica and waits for it. With `D > 1` replicas, each
+//! replica (its own streams and its own copy of the stages, on the same devices) runs its step on a
+//! host thread of its own ([`on_replicas`], as the threaded replicas), and each replica's step ends
+//! with its stages' gradients reduced through the runtime's [`AllReduce`] as the threaded replicas'
+//! [`Reducer`] (set on each executor: once its device
+//! synchronised, on the host buffers each stage lends, through the host on a GPU); the trainer's
+//! optimizer step then steps every replica. The step's time is the slowest replica's (the host
+//! enqueue times are replica 0's). With `graph`, the first [`GRAPH_PLAIN_STEPS`]
 //! steps run plain, the next is captured and the later ones replay it; a captured or replayed step
 //! has no per-action timing (nothing is marked inside a graph), so its report carries the last
 //! plain step's timeline and action times.
 
-use std::time::Instant;
+use std::sync::Arc;
 
 use pipefill_host::cost::Recompute;
 use pipefill_host::runtime::streams::{Device, Pending, StreamExecutor, StreamLoss, StreamStage};
-use pipefill_host::runtime::{RuntimeError, StepReport, Tensor};
+use pipefill_host::runtime::{on_replicas, AllReduce, Reducer, RuntimeError, StepReport, Tensor};
 use pipefill_host::schedule::Schedule;
 
 use super::{
-    by_replica, combine, mean_over_replicas, optimizer_failed, states_of, HostBatch, Saver,
-    StepResult, StepRunner, TrainError, Trainable,
+    by_replica, combine, optimizer_failed, states_of, HostBatch, Saver, StepResult, StepRunner,
+    TrainError, Trainable,
 };
 
 /// Steps run plain before the captured one with a graph: a warm-up and a plain, measured step.
@@ -92,6 +94,8 @@ type Replica<D, S, L> = (StreamExecutor<D, S>, L);
 pub struct Streams<D: Device, S: StreamStage<D::Stream, D::Payload>, L, U> {
     schedule: Schedule,
     replicas: Vec<Replica<D, S, L>>,
+    /// The replicas' gradient reduction (`D > 1`).
+    reduce: Option<Arc<AllReduce>>,
     upload: U,
     microbatches: usize,
     graph: bool,
@@ -104,13 +108,7 @@ pub struct Streams<D: Device, S: StreamStage<D::Stream, D::Payload>, L, U> {
     warmup: Option<(f64, f64)>,
 }
 
-impl<D, S, L, U> Streams<D, S, L, U>
-where
-    D: Device,
-    S: StreamStage<D::Stream, D::Payload> + Trainable + Send,
-    L: StreamLoss<D::Stream, D::Payload>,
-    U: Upload<D::Payload>,
-{
+impl<D: Device, S: StreamStage<D::Stream, D::Payload>, L, U> Streams<D, S, L, U> {
     /// The runner for `schedule` over `replicas` (each: its stages in global order, its device,
     /// its loss on that device), `microbatches` (`M`) per replica, capturing a graph when `graph`.
     pub fn new(
@@ -120,7 +118,7 @@ where
         microbatches: usize,
         graph: bool,
     ) -> Result<Self, TrainError> {
-        let replicas = replicas
+        let mut replicas = replicas
             .into_iter()
             .map(|(stages, device, loss)| {
                 StreamExecutor::new(schedule.clone(), stages, device).map(|ex| (ex, loss))
@@ -131,9 +129,19 @@ where
             return Err(TrainError::Runner("no replica".into()));
         }
         let actions = replicas[0].0.actions();
+        let n = replicas.len();
+        let reduce = (n > 1).then(|| Arc::new(AllReduce::new(n, schedule.stages())));
+        for (d, (ex, _)) in replicas.iter_mut().enumerate() {
+            let reducer = reduce.as_ref().map(|ar| {
+                let ar = Arc::clone(ar);
+                Arc::new(move |s, g: Vec<&mut [f32]>| ar.reduce(d, s, g)) as Arc<Reducer>
+            });
+            ex.set_reducer(reducer);
+        }
         Ok(Streams {
             schedule: schedule.clone(),
             replicas,
+            reduce,
             upload,
             microbatches,
             graph,
@@ -160,65 +168,68 @@ where
     pub fn executors(&self) -> impl Iterator<Item = &StreamExecutor<D, S>> {
         self.replicas.iter().map(|(ex, _)| ex)
     }
+}
 
-    /// One step of replica `d` on its microbatches.
-    fn replica_step(
-        &mut self,
-        d: usize,
-        mode: Mode,
-        x: &[Tensor],
-        t: &[Tensor],
-    ) -> Result<StepReport, String> {
-        let (ex, loss) = &mut self.replicas[d];
-        let last = self.schedule.stages() - 1;
-        let on = |s: usize| ex.stage_device(s).unwrap_or(0);
-        let (inputs, targets) = self.upload.upload(x, t, (on(0), on(last)))?;
-        let r: Result<StepReport, RuntimeError> = match mode {
-            Mode::Plain => ex.step(inputs, &targets, loss),
-            Mode::Capture => ex.capture(inputs, targets, loss),
-            Mode::Replay => ex.replay(inputs, targets),
-        };
-        r.map_err(|e| e.to_string())
-    }
-
-    /// The replicas' gradient mean (replicas only).
-    fn reduce(&mut self) -> Result<(), String> {
-        let stages = self
-            .replicas
-            .iter_mut()
-            .map(|(ex, _)| ex.stages_mut())
-            .collect();
-        mean_over_replicas(stages).map_err(|e| e.to_string())
-    }
+/// One step of `replica` on its microbatches `x`, `t` (put on the devices of stage 0 and of stage
+/// `last` by `upload`).
+fn replica_step<D, S, L, U>(
+    (ex, loss): &mut Replica<D, S, L>,
+    upload: &U,
+    last: usize,
+    mode: Mode,
+    x: &[Tensor],
+    t: &[Tensor],
+) -> Result<StepReport, String>
+where
+    D: Device,
+    S: StreamStage<D::Stream, D::Payload>,
+    L: StreamLoss<D::Stream, D::Payload>,
+    U: Upload<D::Payload>,
+{
+    let on = |s: usize| ex.stage_device(s).unwrap_or(0);
+    let (inputs, targets) = upload.upload(x, t, (on(0), on(last)))?;
+    let r: Result<StepReport, RuntimeError> = match mode {
+        Mode::Plain => ex.step(inputs, &targets, loss),
+        Mode::Capture => ex.capture(inputs, targets, loss),
+        Mode::Replay => ex.replay(inputs, targets),
+    };
+    r.map_err(|e| e.to_string())
 }
 
 impl<D, S, L, U> StepRunner for Streams<D, S, L, U>
 where
     D: Device,
     S: StreamStage<D::Stream, D::Payload> + Trainable + Send,
-    L: StreamLoss<D::Stream, D::Payload>,
-    U: Upload<D::Payload>,
+    L: StreamLoss<D::Stream, D::Payload> + Send,
+    U: Upload<D::Payload> + Sync,
+    StreamExecutor<D, S>: Send,
 {
     fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
         let failed = |message: String| TrainError::Step { step, message };
-        let wall = Instant::now();
         let m = mode(self.graph, self.ran);
-        let n = self.replicas.len();
         let (xs, ts) = (
             by_replica(x, self.microbatches),
             by_replica(t, self.microbatches),
         );
-        let mut reports = Vec::with_capacity(n);
-        for (d, (x, t)) in xs.iter().zip(&ts).enumerate() {
-            reports.push(self.replica_step(d, m, x, t).map_err(failed)?);
-        }
+        // Every replica at once, each on a thread of its own, with replicas (their reducer waits
+        // for all of them).
+        let (upload, last) = (&self.upload, self.schedule.stages() - 1);
+        let items: Vec<_> = self.replicas.iter_mut().zip(xs.iter().zip(&ts)).collect();
+        type Item<'a, D, S, L> = (&'a mut Replica<D, S, L>, (&'a Vec<Tensor>, &'a Vec<Tensor>));
+        let one = |_: usize, (replica, (x, t)): Item<'_, D, S, L>| {
+            replica_step(replica, upload, last, m, x, t)
+        };
+        let reports = match &self.reduce {
+            None => items.into_iter().map(|item| one(0, item)).collect(),
+            Some(reduce) => {
+                reduce.reset();
+                let lost = |d: usize| format!("replica {d}'s thread panicked");
+                on_replicas(reduce, items, lost, one)
+            }
+        };
+        let reports = reports.map_err(failed)?;
         let enqueue = self.replicas[0].0.enqueue_seconds();
         let mut r = combine(reports)?;
-        if n > 1 {
-            self.reduce().map_err(failed)?;
-            // The replicas ran one after the other: the step took all of it.
-            r.seconds = wall.elapsed().as_secs_f64();
-        }
         let per_action = enqueue / self.host.actions.max(1) as f64;
         match m {
             Mode::Plain if self.ran > 0 => {

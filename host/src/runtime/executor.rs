@@ -1,8 +1,9 @@
 //! [`Executor`]: runs a schedule's training steps on one OS thread per rank.
 
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::hook::{EachRank, Events};
 use super::machine::{optimizer_steps, RankOutcome, Ready};
 use super::program::RankProgram;
 use super::report::{assemble, assemble_evaluation, lost_worker};
@@ -373,18 +374,8 @@ impl<S: Stage> Executor<S> {
         F: FnMut(usize) -> H,
         H: FnMut(StepEvent) + Send,
     {
-        // One lock per rank, taken only by that rank's thread: never contended.
-        let hooks: Vec<Mutex<H>> = (0..self.schedule.ranks)
-            .map(hook_of)
-            .map(Mutex::new)
-            .collect();
-        let tell = |event: StepEvent| {
-            if let Some(hook) = hooks.get(event.rank()) {
-                let mut hook = hook.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                (*hook)(event);
-            }
-        };
-        self.step_with(inputs, targets, loss, tell)
+        let hooks = EachRank::new(self.schedule.ranks, hook_of);
+        self.step_with(inputs, targets, loss, |event| hooks.tell(event))
     }
 
     /// [`step`](Executor::step), also returning each rank's [`StepEvent`]s in the order they
@@ -396,22 +387,9 @@ impl<S: Stage> Executor<S> {
         targets: &[Tensor],
         loss: &L,
     ) -> Result<(StepReport, Vec<Vec<StepEvent>>), RuntimeError> {
-        let (tx, rx) = mpsc::channel();
-        let report = self.step_with_each(inputs, targets, loss, |_| {
-            let tx = tx.clone();
-            move |event| {
-                // The receiver lives until the step ends: a send cannot fail.
-                let _ = tx.send(event);
-            }
-        })?;
-        drop(tx);
-        let mut events = vec![Vec::new(); self.schedule.ranks];
-        for event in rx.try_iter() {
-            if let Some(list) = events.get_mut(event.rank()) {
-                list.push(event);
-            }
-        }
-        Ok((report, events))
+        let events = Events::new();
+        let report = self.step_with_each(inputs, targets, loss, |_| events.hook())?;
+        Ok((report, events.by_rank(self.schedule.ranks)))
     }
 
     /// Runs every rank's list (the training program, or with `evaluation` the forward-only one)

@@ -2,6 +2,8 @@
 //! weight gradients are final for the step (see [`Executor::step_with`](super::Executor::step_with)).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
@@ -136,5 +138,60 @@ impl<'h> Hooked<'h> {
                 message: panic_message(&*p),
             })
         })
+    }
+}
+
+/// A hook of its own for each rank (an `FnMut` each) behind the one `Fn + Sync` hook a step
+/// takes: what `step_with_each` of every runner builds.
+pub(super) struct EachRank<H>(Vec<Mutex<H>>);
+
+impl<H: FnMut(StepEvent)> EachRank<H> {
+    /// `hook_of(rank)` for each of `ranks` ranks.
+    pub fn new(ranks: usize, hook_of: impl FnMut(usize) -> H) -> Self {
+        EachRank((0..ranks).map(hook_of).map(Mutex::new).collect())
+    }
+
+    /// Tells the hook of the event's rank. One lock per rank, taken only while that rank's events
+    /// are told: never contended.
+    pub fn tell(&self, event: StepEvent) {
+        if let Some(hook) = self.0.get(event.rank()) {
+            let mut hook = hook.lock().unwrap_or_else(PoisonError::into_inner);
+            (*hook)(event);
+        }
+    }
+}
+
+/// Every rank's events of one step, gathered over a channel: what `step_with_events` of every
+/// runner returns.
+pub(super) struct Events {
+    tx: Sender<StepEvent>,
+    rx: Receiver<StepEvent>,
+}
+
+impl Events {
+    pub fn new() -> Self {
+        let (tx, rx) = mpsc::channel();
+        Events { tx, rx }
+    }
+
+    /// A rank's hook, sending its events here.
+    pub fn hook(&self) -> impl FnMut(StepEvent) + Send {
+        let tx = self.tx.clone();
+        // The receiver lives until the step ends: a send cannot fail.
+        move |event| {
+            let _ = tx.send(event);
+        }
+    }
+
+    /// The events by rank (`ranks` of them), each rank's in the order told.
+    pub fn by_rank(self, ranks: usize) -> Vec<Vec<StepEvent>> {
+        drop(self.tx);
+        let mut events = vec![Vec::new(); ranks];
+        for event in self.rx.try_iter() {
+            if let Some(list) = events.get_mut(event.rank()) {
+                list.push(event);
+            }
+        }
+        events
     }
 }

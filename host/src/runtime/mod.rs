@@ -51,13 +51,13 @@ mod transport;
 mod worker;
 
 pub use clock::CPU_CLOCK_FROM;
-pub use dyn_stage::{AnyStash, BoxedStage, DynStage};
+pub use dyn_stage::{AnyStash, BoxedStage, BoxedStreamStage, DynStage, DynStreamStage};
 pub use error::RuntimeError;
 pub use executor::{default_poll, Executor};
 pub use hook::{last_gradient_actions, StepEvent};
 pub use machine::{optimizer_steps, RankOutcome, RankStop};
 pub use program::RankProgram;
-pub use replicas::{AllReduce, Replicas};
+pub use replicas::{on_replicas, AllReduce, Replicas};
 pub use report::{assemble, Evaluation, StepReport};
 pub use sequential::{sequential_step, SequentialReport};
 pub use stage::{Loss, Payload, Stage, StageError};

@@ -223,63 +223,83 @@ impl<S: Stage> Replicas<S> {
             });
         }
         self.reduce.reset();
-        let reduce = &self.reduce;
-        // The first replica to fail is the cause: the others fail only after it poisoned the
-        // reduction they wait in.
-        let first_failed = AtomicUsize::new(usize::MAX);
-        let first_failed = &first_failed;
-        let results: Vec<Result<StepReport, RuntimeError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .executors
-                .iter_mut()
-                .zip(inputs)
-                .zip(targets)
-                .enumerate()
-                .map(|(i, ((ex, x), t))| {
-                    scope.spawn(move || {
-                        let r = ex.step(x, t, loss);
-                        if r.is_err() {
-                            let _ = first_failed.compare_exchange(
-                                usize::MAX,
-                                i,
-                                Ordering::SeqCst,
-                                Ordering::SeqCst,
-                            );
-                            reduce.poison();
-                        }
-                        r
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .enumerate()
-                .map(|(i, h)| {
-                    h.join().unwrap_or_else(|_| {
+        let items = self.executors.iter_mut().zip(inputs).zip(targets);
+        on_replicas(
+            &self.reduce,
+            items.collect(),
+            lost_replica,
+            |_, ((ex, x), t)| ex.step(x, t, loss),
+        )
+    }
+}
+
+/// The error of replica `d` whose thread panicked.
+fn lost_replica(d: usize) -> RuntimeError {
+    RuntimeError::Internal {
+        rank: 0,
+        message: format!("replica {d}'s thread panicked"),
+    }
+}
+
+/// Runs `step(d, items[d])` for every replica `d` at once, each on a thread of its own: how
+/// replicas whose steps reduce through `reduce` (which waits for every replica) run, on the
+/// threaded path ([`Replicas`]) and on the stream path (a trainer's stream replicas). A replica
+/// that fails (or whose thread panics: `lost(d)`) poisons `reduce`, so the others stop waiting in
+/// it. The results by replica, or the error of the first replica to fail: the cause, since the
+/// others fail only after it poisoned the reduction they wait in.
+pub fn on_replicas<I: Send, R: Send, E: Send>(
+    reduce: &AllReduce,
+    items: Vec<I>,
+    lost: fn(usize) -> E,
+    step: impl Fn(usize, I) -> Result<R, E> + Sync,
+) -> Result<Vec<R>, E> {
+    let first_failed = AtomicUsize::new(usize::MAX);
+    let (first_failed, step) = (&first_failed, &step);
+    let results: Vec<Result<R, E>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .into_iter()
+            .enumerate()
+            .map(|(d, item)| {
+                scope.spawn(move || {
+                    let r = step(d, item);
+                    if r.is_err() {
+                        let _ = first_failed.compare_exchange(
+                            usize::MAX,
+                            d,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        );
                         reduce.poison();
-                        Err(RuntimeError::Internal {
-                            rank: 0,
-                            message: format!("replica {i}'s thread panicked"),
-                        })
-                    })
+                    }
+                    r
                 })
-                .collect()
-        });
-        let cause = first_failed.load(Ordering::SeqCst);
-        let mut reports = Vec::with_capacity(d);
-        let mut first_error = None;
-        for (i, r) in results.into_iter().enumerate() {
-            match r {
-                Ok(rep) => reports.push(rep),
-                Err(e) if i == cause => return Err(e),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(d, h)| {
+                h.join().unwrap_or_else(|_| {
+                    reduce.poison();
+                    Err(lost(d))
+                })
+            })
+            .collect()
+    });
+    let cause = first_failed.load(Ordering::SeqCst);
+    let mut out = Vec::with_capacity(results.len());
+    let mut first_error = None;
+    for (d, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(r) => out.push(r),
+            Err(e) if d == cause => return Err(e),
+            Err(e) => {
+                first_error.get_or_insert(e);
             }
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(reports),
-        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
 }

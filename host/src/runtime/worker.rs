@@ -300,12 +300,7 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
         let rank = self.rank;
         let stage = local_stage(&mut self.stages, a.stage).ok_or_else(|| not_here(rank, a))?;
         let grads = stage.gradients();
-        reduce(a.stage, grads).map_err(|e| {
-            self.fail(
-                a,
-                format!("data-parallel reduction of stage {}: {e}", a.stage),
-            )
-        })
+        reduce(a.stage, grads).map_err(|e| RankStop::Failed(reduce_failed(rank, a, e)))
     }
 
     /// Hands a tensor to its consumer: directly on this rank, else into the outbox until its send.
@@ -332,6 +327,16 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             Err(TransportError::Aborted) => Err(RankStop::Aborted),
             Err(error) => Err(self.internal(error.to_string())),
         }
+    }
+}
+
+/// The failure of the data-parallel reduction of `a`'s stage after `a` (its last gradient
+/// action) on rank `rank`, saying `e`.
+pub(crate) fn reduce_failed(rank: usize, a: Action, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::ActionFailed {
+        rank,
+        action: a,
+        message: format!("data-parallel reduction of stage {}: {e}", a.stage),
     }
 }
 

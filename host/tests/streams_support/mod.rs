@@ -62,6 +62,12 @@ impl Stage for Cell {
         self.b -= 0.1 * self.grads.1;
         Ok(())
     }
+
+    /// `dw` and `db`, for a data-parallel reducer.
+    fn gradients(&mut self) -> Vec<&mut [f32]> {
+        let (w, b) = &mut self.grads;
+        vec![std::slice::from_mut(w), std::slice::from_mut(b)]
+    }
 }
 
 pub fn cells(n: usize) -> Vec<Cell> {

@@ -15,7 +15,8 @@
 //! then process 0 the manifest; process 0 holds the `--checkpoint` folder's lock from the setup to
 //! the end of the job, so a second run (MPI or not) on the folder is refused. A rank that fails
 //! (an error or a panic) reports its error naming the rank and aborts the job (no process waits
-//! forever). With `--backend cuda` each process runs one GPU rank over NCCL instead ([`cuda`]).
+//! forever). With `--backend cuda` each process runs one GPU rank over NCCL instead ([`cuda`]),
+//! replicas included.
 
 mod cuda;
 
@@ -262,6 +263,12 @@ impl<'a> Job<'a> {
         Job { reduce, ..self }
     }
 
+    /// This replica's microbatches of a step's `M * D` (replica `d` takes `d*M .. (d+1)*M`).
+    fn mine<T>(&self, v: Vec<T>) -> Vec<T> {
+        let m = self.setup.args.microbatches;
+        v.into_iter().skip(self.place.replica * m).take(m).collect()
+    }
+
     /// Runs this rank's part of step `step` on this replica's microbatches of the global batch
     /// `x`, `t` (`M * D` microbatches); its outcome and wall seconds.
     fn step(
@@ -272,10 +279,8 @@ impl<'a> Job<'a> {
         t: Vec<Tensor>,
         transport: &mut MpiTransport<'_>,
     ) -> Result<(RankOutcome, f64), TrainError> {
-        let (me, m) = (self.place.rank, self.setup.args.microbatches);
-        let mine =
-            |v: Vec<_>| -> Vec<_> { v.into_iter().skip(self.place.replica * m).take(m).collect() };
-        let (x, t) = (mine(x), mine(t));
+        let me = self.place.rank;
+        let (x, t) = (self.mine(x), self.mine(t));
         let inputs = if self.plan.schedule.rank_of(0) == me {
             x
         } else {

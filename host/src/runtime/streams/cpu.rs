@@ -22,11 +22,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::{Device, DeviceError, StreamId, StreamLoss, StreamStage};
+use super::{Device, DeviceError, StreamId};
 
 mod capture;
 mod devices;
 mod flag;
+mod on;
 mod peer;
 
 use crate::runtime::{Loss, Payload, Stage, StageError, Tensor};
@@ -55,6 +56,7 @@ impl CpuStream {
     }
 }
 pub use flag::Flag;
+pub use on::{OnStreams, OnStreamsLoss};
 pub use peer::{CpuPeer, CpuPeers};
 
 /// What a stream worker is sent.
@@ -269,16 +271,12 @@ impl CpuStreams {
 
     /// `stage`, run by the stream workers of the streams its calls are given.
     pub fn stage<S: Stage>(&self, stage: S) -> OnStreams<S> {
-        OnStreams {
-            stage: Arc::new(Mutex::new(stage)),
-        }
+        OnStreams::new(stage)
     }
 
     /// `loss`, computed by the stream workers of the streams its calls are given.
     pub fn loss<L: Loss + Send + 'static>(&self, loss: L) -> OnStreamsLoss<L> {
-        OnStreamsLoss {
-            loss: Arc::new(loss),
-        }
+        OnStreamsLoss::new(loss)
     }
 
     fn control(&self, stream: usize, job: impl Fn() + Send + 'static) -> Result<(), DeviceError> {
@@ -446,149 +444,5 @@ impl Device for CpuStreams {
 
     fn read_loss(&self, loss: &Pending<f32>) -> Result<f32, DeviceError> {
         (*loss.lock()).ok_or_else(|| DeviceError::new("the captured step left no loss value"))
-    }
-}
-
-/// A host [`Stage`] whose calls a [`CpuStreams`] worker runs: each call enqueues the work on the
-/// stream it is given and returns [`Pending`] results at once.
-pub struct OnStreams<S> {
-    stage: Arc<Mutex<S>>,
-}
-
-impl<S> OnStreams<S> {
-    /// The host stage (between steps: its weights and gradients).
-    pub fn inner(&self) -> MutexGuard<'_, S> {
-        self.stage.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-fn lock<S>(stage: &Mutex<S>) -> MutexGuard<'_, S> {
-    stage.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl<S: Stage + 'static> StreamStage<CpuStream, Pending<Tensor>> for OnStreams<S>
-where
-    S::Stash: 'static,
-{
-    type Stash = Pending<S::Stash>;
-
-    fn forward(
-        &mut self,
-        on: &CpuStream,
-        input: Pending<Tensor>,
-    ) -> Result<(Pending<Tensor>, Self::Stash), StageError> {
-        let device = on.placed(&input)?;
-        let (out, stash) = (Pending::empty_on(device), Pending::empty_on(device));
-        let (o, st, stage) = (out.share(), stash.share(), Arc::clone(&self.stage));
-        on.enqueue(move || {
-            let x = input.take_tensor()?;
-            let (y, s) = lock(&stage).forward(x).map_err(|e| e.to_string())?;
-            o.fill(y);
-            st.fill(s);
-            Ok(())
-        })?;
-        Ok((out, stash))
-    }
-
-    fn backward_input(
-        &mut self,
-        on: &CpuStream,
-        stash: &mut Self::Stash,
-        grad_output: Pending<Tensor>,
-    ) -> Result<Pending<Tensor>, StageError> {
-        let out = Pending::empty_on(on.placed(&grad_output)?);
-        let (o, st, stage) = (out.share(), stash.share(), Arc::clone(&self.stage));
-        on.enqueue(move || {
-            let g = grad_output.take_tensor()?;
-            let mut held = st.lock();
-            let s = held
-                .as_mut()
-                .ok_or("no stash: its forward has not run yet")?;
-            o.fill(
-                lock(&stage)
-                    .backward_input(s, g)
-                    .map_err(|e| e.to_string())?,
-            );
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    fn backward_weight(&mut self, on: &CpuStream, stash: Self::Stash) -> Result<(), StageError> {
-        let stage = Arc::clone(&self.stage);
-        on.enqueue(move || {
-            let s = stash.take()?;
-            lock(&stage).backward_weight(s).map_err(|e| e.to_string())
-        })
-    }
-
-    fn backward(
-        &mut self,
-        on: &CpuStream,
-        stash: Self::Stash,
-        grad_output: Pending<Tensor>,
-    ) -> Result<Pending<Tensor>, StageError> {
-        let out = Pending::empty_on(on.placed(&grad_output)?);
-        let (o, stage) = (out.share(), Arc::clone(&self.stage));
-        on.enqueue(move || {
-            let (s, g) = (stash.take()?, grad_output.take_tensor()?);
-            o.fill(lock(&stage).backward(s, g).map_err(|e| e.to_string())?);
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    fn held_bytes(&self, _: &Self::Stash) -> usize {
-        0
-    }
-
-    /// Now, or (while the device captures) as a job on `on`, kept for every replay.
-    fn zero_grad(&mut self, on: &CpuStream) {
-        if !on.link.capturing.load(Ordering::SeqCst) {
-            lock(&self.stage).zero_grad();
-            return;
-        }
-        let stage = Arc::clone(&self.stage);
-        let queued = on.enqueue(move || {
-            lock(&stage).zero_grad();
-            Ok(())
-        });
-        if let Err(e) = queued {
-            on.link.fail(format!("zero_grad: {e}"));
-        }
-    }
-
-    /// On the host, after the step was synchronised.
-    fn optimizer_step(&mut self, _: &CpuStream) -> Result<(), StageError> {
-        lock(&self.stage).optimizer_step()
-    }
-}
-
-/// A host [`Loss`] computed by a [`CpuStreams`] worker, on the stream it is given.
-pub struct OnStreamsLoss<L> {
-    loss: Arc<L>,
-}
-
-impl<L: Loss + Send + 'static> StreamLoss<CpuStream, Pending<Tensor>> for OnStreamsLoss<L> {
-    fn loss(
-        &self,
-        on: &CpuStream,
-        output: &Pending<Tensor>,
-        target: &Pending<Tensor>,
-    ) -> Result<(Pending<f32>, Pending<Tensor>), StageError> {
-        on.placed(output)?;
-        let device = on.placed(target)?;
-        let (value, grad) = (Pending::empty_on(device), Pending::empty_on(device));
-        let (v, g, y, t) = (value.share(), grad.share(), output.share(), target.share());
-        let loss = Arc::clone(&self.loss);
-        on.enqueue(move || {
-            let y = y.take_tensor()?;
-            let t = t.lock().clone().ok_or("no target for this microbatch")?;
-            let (lv, lg) = loss.loss(&y, &t).map_err(|e| e.to_string())?;
-            v.fill(lv);
-            g.fill(lg);
-            Ok(())
-        })?;
-        Ok((value, grad))
     }
 }

@@ -1,16 +1,19 @@
 //! [`StreamExecutor`]: runs training steps of a schedule on a [`Device`] from one host thread.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
+use super::after::{self, Hook, Timed};
 use super::program::lanes;
 use super::stage::bound_home;
 use super::step::{run_action, Step};
 use super::{check, Device, EventRole, StreamId, StreamOp, StreamProgram};
 use super::{StreamLoss, StreamStage};
 use crate::cost::Recompute;
+use crate::runtime::hook::{EachRank, Events};
 use crate::runtime::machine::{optimizer_steps, zero_grads, Ready};
-use crate::runtime::{Payload, RuntimeError, StageError, StepReport};
+use crate::runtime::{Payload, Reducer, RuntimeError, StageError, StepEvent, StepReport};
 use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::{Source, Timeline, Transfer};
@@ -62,6 +65,8 @@ pub struct StreamExecutor<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     ready: Ready,
     /// Each stage's recomputation mode (empty: none).
     recompute: Vec<Recompute>,
+    /// The data-parallel reduction, if any ([`set_reducer`](StreamExecutor::set_reducer)).
+    reducer: Option<Arc<Reducer>>,
 }
 
 impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
@@ -83,6 +88,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             graph: None,
             ready: Ready::default(),
             recompute: Vec::new(),
+            reducer: None,
         })
     }
 
@@ -130,12 +136,83 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         Some(self.device.stream_device(stream))
     }
 
+    /// Sets (or clears) the data-parallel gradient reduction, the threaded
+    /// [`Executor::set_reducer`](crate::runtime::Executor::set_reducer)'s [`Reducer`]: every step
+    /// (plain, captured or replayed) ends, once the device synchronised, with each stage's
+    /// gradients lent on the host ([`StreamStage::with_gradients`]) to `reducer`, stage by stage
+    /// in stage order, which leaves in them what every replica's optimizer step applies. A
+    /// reducer that waits for other replicas (the runtime's `AllReduce`) needs each replica's
+    /// steps on a thread of its own.
+    pub fn set_reducer(&mut self, reducer: Option<Arc<Reducer>>) {
+        self.reducer = reducer;
+    }
+
     /// Runs one training step: `inputs[k]` and `targets[k]` are microbatch `k`'s input and target.
     pub fn step<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         inputs: Vec<D::Payload>,
         targets: &[D::Payload],
         loss: &L,
+    ) -> Result<StepReport, RuntimeError> {
+        self.train_step(inputs, targets, loss, None)
+    }
+
+    /// [`step`](StreamExecutor::step), telling `hook` of each action and of each stage whose
+    /// gradients are final: the threaded [`Executor::step_with`](crate::runtime::Executor::step_with)'s
+    /// [`StepEvent`]s. On the stream path they are told once the device synchronised (the host
+    /// only enqueued before), on the calling thread, each rank's in its list's order, with the
+    /// times of the device's timing marks (the report's timeline: on CUDA the streams' event
+    /// times, not the host's enqueue times). A panic in the hook is
+    /// [`RuntimeError::HookPanicked`]. Captured and replayed steps tell no hook (nothing is timed
+    /// inside a graph).
+    pub fn step_with<L: StreamLoss<D::Stream, D::Payload>, H: Fn(StepEvent) + Sync>(
+        &mut self,
+        inputs: Vec<D::Payload>,
+        targets: &[D::Payload],
+        loss: &L,
+        hook: H,
+    ) -> Result<StepReport, RuntimeError> {
+        self.train_step(inputs, targets, loss, Some(&hook))
+    }
+
+    /// [`step_with`](StreamExecutor::step_with) with an `FnMut` hook of its own for each rank,
+    /// `hook_of(rank)` ([`Executor::step_with_each`](crate::runtime::Executor::step_with_each)).
+    pub fn step_with_each<L, F, H>(
+        &mut self,
+        inputs: Vec<D::Payload>,
+        targets: &[D::Payload],
+        loss: &L,
+        hook_of: F,
+    ) -> Result<StepReport, RuntimeError>
+    where
+        L: StreamLoss<D::Stream, D::Payload>,
+        F: FnMut(usize) -> H,
+        H: FnMut(StepEvent) + Send,
+    {
+        let hooks = EachRank::new(self.schedule.ranks, hook_of);
+        self.step_with(inputs, targets, loss, |event| hooks.tell(event))
+    }
+
+    /// [`step`](StreamExecutor::step), also returning each rank's [`StepEvent`]s in its list's
+    /// order (`events[rank]`), as [`Executor::step_with_events`](crate::runtime::Executor::step_with_events).
+    pub fn step_with_events<L: StreamLoss<D::Stream, D::Payload>>(
+        &mut self,
+        inputs: Vec<D::Payload>,
+        targets: &[D::Payload],
+        loss: &L,
+    ) -> Result<(StepReport, Vec<Vec<StepEvent>>), RuntimeError> {
+        let events = Events::new();
+        let report = self.step_with_each(inputs, targets, loss, |_| events.hook())?;
+        Ok((report, events.by_rank(self.schedule.ranks)))
+    }
+
+    /// A plain step, its hook told and its gradients reduced after the device synchronised.
+    fn train_step<L: StreamLoss<D::Stream, D::Payload>>(
+        &mut self,
+        inputs: Vec<D::Payload>,
+        targets: &[D::Payload],
+        loss: &L,
+        hook: Hook<'_>,
     ) -> Result<StepReport, RuntimeError> {
         self.ready.stepped(false);
         self.check_batch(inputs.len(), targets.len())?;
@@ -146,9 +223,21 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         self.enqueue_ops(&mut step, targets, loss, true)?;
         self.enqueue_seconds = wall.elapsed().as_secs_f64();
         self.device.synchronize().map_err(device_error)?;
-        let report = self.report(step, &origin, wall.elapsed().as_secs_f64());
-        self.ready.stepped(report.is_ok());
-        report
+        let (mut report, timed) = self.report(step, &origin)?;
+        after::tell(&self.schedule, hook, &timed)?;
+        self.reduce()?;
+        report.seconds = wall.elapsed().as_secs_f64();
+        self.ready.stepped(true);
+        Ok(report)
+    }
+
+    /// The data-parallel reduction of every stage's gradients, when a reducer is set.
+    fn reduce(&mut self) -> Result<(), RuntimeError> {
+        let (schedule, program) = (&self.schedule, &self.program);
+        let home = |s| home_stream(schedule, program, s);
+        let stages = self.stages.iter_mut().enumerate();
+        let reducer = self.reducer.as_deref();
+        after::reduce(schedule, &self.device, stages, home, reducer)
     }
 
     /// Applies every stage's optimizer step (host calls, in stage order) to the gradients the last
@@ -292,13 +381,13 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         )
     }
 
-    /// The step report: losses read back, the timeline from the marks.
+    /// The step report (its `seconds` left to the caller): losses read back, the timeline from
+    /// the marks; and each action's start and end, in enqueue order.
     fn report(
         &self,
         mut step: Step<D, S::Stash>,
         origin: &D::Mark,
-        seconds: f64,
-    ) -> Result<StepReport, RuntimeError> {
+    ) -> Result<(StepReport, Timed), RuntimeError> {
         let by_microbatch = step.losses(&self.schedule);
         let mut losses = Vec::with_capacity(by_microbatch.len());
         for (k, l) in by_microbatch.into_iter().enumerate() {
@@ -310,22 +399,25 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         }
         let mut times: HashMap<Action, (f64, f64)> = HashMap::new();
         let mut action_seconds = Vec::with_capacity(step.marks.len());
+        let mut timed = Vec::with_capacity(step.marks.len());
         for (a, start, end) in &step.marks {
             let s = self.device.seconds(origin, start).map_err(device_error)?;
             let e = self.device.seconds(origin, end).map_err(device_error)?;
             times.insert(*a, (s, e));
             action_seconds.push((*a, e - s));
+            timed.push((*a, s, e));
         }
         let timeline = self.timeline(&times, &step.bytes);
         let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
-        Ok(StepReport {
+        let report = StepReport {
             loss,
             losses,
             timeline,
             peak_held_bytes: step.peaks(),
-            seconds,
+            seconds: 0.0,
             action_seconds,
-        })
+        };
+        Ok((report, timed))
     }
 
     fn timeline(

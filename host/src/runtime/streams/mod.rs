@@ -37,6 +37,7 @@
 //! layers run by the workers. It runs any program with the CPU layers, so the enqueue order and event
 //! placement are tested without a GPU: a missing wait shows up as a consumer finding no input.
 
+mod after;
 mod check;
 mod cpu;
 mod device;
@@ -54,7 +55,7 @@ pub use executor::StreamExecutor;
 pub use peer::{peer_ops, PeerOp, PostOrder, RankPlan};
 pub use program::{EventRole, RankOp, StreamId, StreamOp, StreamProgram};
 pub use rank::{RankBatch, RankStreams};
-pub use stage::{StreamLoss, StreamStage};
+pub use stage::{GradientsFn, StreamLoss, StreamStage};
 
 use thiserror::Error;
 

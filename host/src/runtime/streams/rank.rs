@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
+use super::after::{self, Hook};
 use super::peer::{peer_ops, PeerOp, PostOrder, RankPlan};
 use super::stage::bound_home;
 use super::step::{run_action, Step};
@@ -13,7 +15,9 @@ use super::{StreamId, StreamLoss, StreamStage};
 use crate::cost::Recompute;
 use crate::runtime::clock::panic_message;
 use crate::runtime::machine::{end_of_step, optimizer_steps, zero_grads, Ready};
-use crate::runtime::{Payload, RankOutcome, RankStop, RuntimeError, Transport, TransportError};
+use crate::runtime::{
+    Payload, RankOutcome, RankStop, Reducer, RuntimeError, StepEvent, Transport, TransportError,
+};
 use crate::schedule::deps::Edge;
 use crate::schedule::{Action, Schedule};
 use crate::timeline::Span;
@@ -56,6 +60,8 @@ pub struct RankStreams<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     ready: Ready,
     /// Each global stage's recomputation mode (empty: none).
     recompute: Vec<Recompute>,
+    /// The data-parallel reduction, if any ([`set_reducer`](RankStreams::set_reducer)).
+    reducer: Option<Arc<Reducer>>,
 }
 
 /// A step enqueued: its state and the origin of its timing marks.
@@ -110,6 +116,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             index,
             ready: Ready::default(),
             recompute: Vec::new(),
+            reducer: None,
         })
     }
 
@@ -144,12 +151,50 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
         &self.device
     }
 
+    /// Sets (or clears) the data-parallel gradient reduction over the replicas of this rank
+    /// (the threaded runners' [`Reducer`]): each step, once the device and the link completed and
+    /// before the ranks agree on the step's end, the rank's stages lend their gradients on the host
+    /// ([`StreamStage::with_gradients`]) to `reducer`, in the order of
+    /// [`stages`](RankStreams::stages). Every replica of the rank reduces the same stages in the
+    /// same order, so collectives (an MPI all-reduce) pair up.
+    pub fn set_reducer(&mut self, reducer: Option<Arc<Reducer>>) {
+        self.reducer = reducer;
+    }
+
     /// Runs the rank's part of one training step over `peer`. Never panics on a failure: the
     /// outcome's `result` says how the rank ended (a failure here also aborts the peers).
     pub fn step<L: StreamLoss<D::Stream, D::Payload>, P: Transport<D::Payload, D::Event>>(
         &mut self,
         batch: RankBatch<'_, D::Payload, L>,
         peer: &mut P,
+    ) -> RankOutcome {
+        self.run_step(batch, peer, None)
+    }
+
+    /// [`step`](RankStreams::step), telling `hook` of each of the rank's actions and of each of
+    /// its stages whose gradients are final: the threaded runners' [`StepEvent`]s, told once the
+    /// device synchronised, in the rank's list order, with the times of the device's timing marks
+    /// (on CUDA the streams' event times), before the reduction. A panic in the hook fails the
+    /// rank's step ([`RuntimeError::HookPanicked`]).
+    pub fn step_with<L, P, H>(
+        &mut self,
+        batch: RankBatch<'_, D::Payload, L>,
+        peer: &mut P,
+        hook: H,
+    ) -> RankOutcome
+    where
+        L: StreamLoss<D::Stream, D::Payload>,
+        P: Transport<D::Payload, D::Event>,
+        H: Fn(StepEvent) + Sync,
+    {
+        self.run_step(batch, peer, Some(&hook))
+    }
+
+    fn run_step<L: StreamLoss<D::Stream, D::Payload>, P: Transport<D::Payload, D::Event>>(
+        &mut self,
+        batch: RankBatch<'_, D::Payload, L>,
+        peer: &mut P,
+        hook: Hook<'_>,
     ) -> RankOutcome {
         let mut out = RankOutcome::empty(Ok(()));
         let rank = self.rank;
@@ -171,7 +216,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             (Ok(_), _, Err(TransportError::Aborted)) => Err(RankStop::Aborted),
             (Ok(_), Err(e), _) => Err(RankStop::Failed(device_error(e))),
             (Ok(_), Ok(()), Err(error)) => Err(self.peer_failed(error)),
-            (Ok(step), Ok(()), Ok(())) => self.report(step, &mut out),
+            (Ok(step), Ok(()), Ok(())) => self.report(step, &mut out, hook),
         };
         out.result = end_of_step(result, peer, P::abort, P::finish);
         self.ready.stepped(out.result.is_ok());
@@ -318,11 +363,13 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
         Ok(())
     }
 
-    /// Fills `out` from a synchronised step: losses, spans, per-action seconds, peak memory.
+    /// Fills `out` from a synchronised step (losses, spans, per-action seconds, peak memory),
+    /// tells the hook and reduces the gradients.
     fn report(
-        &self,
+        &mut self,
         (mut step, origin): Enqueued<D, S::Stash>,
         out: &mut RankOutcome,
+        hook: Hook<'_>,
     ) -> Result<(), RankStop> {
         let fail = |e: DeviceError| RankStop::Failed(device_error(e));
         for (k, l) in step.losses(&self.schedule).into_iter().enumerate() {
@@ -332,11 +379,13 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             }
         }
         let mut times: HashMap<Action, (f64, f64)> = HashMap::new();
+        let mut timed = Vec::with_capacity(step.marks.len());
         for (a, start, end) in &step.marks {
             let s = self.device.seconds(&origin, start).map_err(fail)?;
             let e = self.device.seconds(&origin, end).map_err(fail)?;
             times.insert(*a, (s, e));
             out.action_seconds.push((*a, e - s));
+            timed.push((*a, s, e));
         }
         for item in self.schedule.actions[self.rank]
             .iter()
@@ -352,6 +401,11 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             }
         }
         out.peak_held = step.machine(self.rank).map_or(0, |m| m.peak());
+        after::tell(&self.schedule, hook, &timed)?;
+        let home = self.home();
+        let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
+        let reducer = self.reducer.as_deref();
+        after::reduce(&self.schedule, &self.device, stages, |_| home, reducer)?;
         Ok(())
     }
 

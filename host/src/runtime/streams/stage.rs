@@ -17,6 +17,9 @@ type PayloadOf<D> = <D as Device>::Payload;
 /// A loss value as device `D` holds it.
 type LossOf<D> = <PayloadOf<D> as Payload>::Loss;
 
+/// What [`StreamStage::with_gradients`] calls with a stage's gradient buffers (on the host).
+pub type GradientsFn<'a> = dyn FnMut(Vec<&mut [f32]>) -> Result<(), StageError> + 'a;
+
 /// One pipeline stage on a [`Device`] whose streams are `St` and payloads `P`: [`Stage`]'s
 /// methods, each given the stream it runs on (keyed by the stream type rather than the device, so a
 /// device that wraps another runs the other's stages).
@@ -69,6 +72,16 @@ pub trait StreamStage<St, P: Payload>: Send {
     /// ([`Stage::gradients`]; none by default).
     fn gradients(&mut self) -> Vec<&mut [f32]> {
         Vec::new()
+    }
+
+    /// Calls `f` with the stage's accumulated gradients as host buffers (in
+    /// [`Stage::gradients`]' order), keeping what `f` leaves in them: how the data-parallel
+    /// [`Reducer`](crate::runtime::Reducer) reads and writes them on the stream path, after the
+    /// step's work ran. By default `f(self.gradients())`; a stage whose gradients live on a device
+    /// copies them to the host and back on `on` (its rank's main stream).
+    fn with_gradients(&mut self, on: &St, f: &mut GradientsFn<'_>) -> Result<(), StageError> {
+        let _ = on;
+        f(self.gradients())
     }
 }
 

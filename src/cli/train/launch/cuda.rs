@@ -18,11 +18,12 @@ use crate::cli::CliError;
 use crate::cuda::nccl::{UniqueId, ID_BYTES};
 use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer, RankModel};
 use crate::model::stage_ranges;
-use crate::mpi::{Place, World};
+use crate::mpi::{Comm, GradientMean, Place, World};
 use crate::trainer::cuda::upload_batch;
 use crate::trainer::{
     optimizer_failed, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError,
 };
+use pipefill_host::runtime::Reducer;
 
 fn cuda_failed(e: impl std::fmt::Display) -> CliError {
     CliError::Failed(format!("--backend cuda: {e}"))
@@ -42,14 +43,15 @@ fn local_gpu(world: &World) -> Result<Arc<Gpu>, CliError> {
     Gpu::open(local % count).map_err(cuda_failed)
 }
 
-/// The NCCL id, made by process 0 and broadcast over MPI (every process calls this at once; if
-/// process 0 cannot make one, its error ends the job through the launcher's abort).
-fn shared_id(world: &World) -> Result<UniqueId, CliError> {
+/// The NCCL id of a replica's pipeline, made by its process 0 and broadcast over `pipe`, the
+/// replica's communicator (every process of it calls this at once; if process 0 cannot make one,
+/// its error ends the job through the launcher's abort).
+fn shared_id(pipe: &Comm) -> Result<UniqueId, CliError> {
     let mut bytes = [0u8; ID_BYTES];
-    if world.rank() == 0 {
+    if pipe.rank() == 0 {
         bytes = UniqueId::new().map_err(cuda_failed)?.to_bytes();
     }
-    world.broadcast(0, &mut bytes);
+    pipe.broadcast(0, &mut bytes);
     UniqueId::from_bytes(&bytes).ok_or_else(|| cuda_failed("the NCCL id from rank 0 is malformed"))
 }
 
@@ -74,7 +76,8 @@ pub(super) fn train_rank(
 ) -> Result<(), CliError> {
     let schedule = &chosen.plan.schedule;
     let gpu = local_gpu(world)?;
-    let id = shared_id(world)?;
+    let (pipe, grads) = world.split(&place).map_err(cuda_failed)?;
+    let id = shared_id(&pipe)?;
     let peer = NcclPeer::open(&gpu, place.rank, place.ranks, id).map_err(cuda_failed)?;
     let (stages, first_step) =
         build_where(setup, &chosen.plan, |s| schedule.rank_of(s) == place.rank)?;
@@ -88,6 +91,10 @@ pub(super) fn train_rank(
         CudaRank::new(&gpu, schedule.clone(), place.rank, model, peer).map_err(cuda_failed)?;
     me.set_recompute(&chosen.plan.cost.recompute());
     drop(stages);
+    me.set_reducer(grads.map(|comm| {
+        let mean = GradientMean::new(comm);
+        Arc::new(move |_stage: usize, g: Vec<&mut [f32]>| mean.reduce(g)) as Arc<Reducer>
+    }));
     let upload = gpu.new_stream().map_err(cuda_failed)?;
     let mut runner = GpuRank {
         job: Job::new(world, setup, place, &chosen.plan),
@@ -109,6 +116,7 @@ impl StepRunner for GpuRank<'_> {
     /// the last stage's.
     fn step(&mut self, step: usize, (x, t): HostBatch) -> StepResult {
         let job = &self.job;
+        let (x, t) = (job.mine(x), job.mine(t));
         let (schedule, rank) = (&job.plan.schedule, job.place.rank);
         let first = schedule.rank_of(0) == rank;
         let last = schedule.rank_of(schedule.stages() - 1) == rank;

@@ -156,6 +156,8 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             .collect::<Result<Vec<f32>, _>>()
             .map_err(device_error)?;
         let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
+        let peak_held_bytes = graph.peak.clone();
+        self.reduce()?;
         self.ready.stepped(true);
         Ok(StepReport {
             loss,
@@ -165,7 +167,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
                 Source::Measured,
                 self.schedule.ranks,
             ),
-            peak_held_bytes: graph.peak.clone(),
+            peak_held_bytes,
             seconds: wall.elapsed().as_secs_f64(),
             action_seconds: Vec::new(),
         })
