@@ -3,7 +3,7 @@
 //! rescoring; and `auto` planned by the library like the families, at the request's `D` and `P`.
 
 use pipefill_host::auto::AutoOptions;
-use pipefill_host::cost::{CostFile, LayerCost, LinkCost};
+use pipefill_host::cost::{CostFile, LayerCost, LinkCost, RecomputeChoice};
 use pipefill_host::plan::{
     choose, on_one_device, plan, plan_families, plan_given, plan_workers, tie_window, Plan,
     PlanRequest, Split, MAX_TIE, MIN_TIE,
@@ -198,6 +198,7 @@ fn auto_is_planned_like_the_families() {
         Split::Best,
         None,
         &auto,
+        RecomputeChoice::None,
     );
     let p = &given.unwrap().plans[0];
     assert_eq!(

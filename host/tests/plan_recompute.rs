@@ -2,7 +2,7 @@
 
 use pipefill_host::auto::AutoOptions;
 use pipefill_host::cost::{CostFile, LayerCost, LinkCost, Recompute, RecomputeChoice};
-use pipefill_host::plan::{plan, plan_given_with, Plan, PlanError, PlanRequest, Split};
+use pipefill_host::plan::{plan, plan_given, Plan, PlanError, PlanRequest, Split};
 use pipefill_host::schedule::Params;
 
 /// Eight layers whose stashes (100 bytes a sample) dwarf their inputs (1 byte) and parameters; a
@@ -136,7 +136,7 @@ fn a_given_schedule_gets_its_modes_chosen_with_one_argument() {
             time_budget: 0.05,
             ..AutoOptions::default()
         };
-        plan_given_with(
+        plan_given(
             &costs(),
             &Params::new(4, 8),
             &names,

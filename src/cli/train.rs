@@ -9,7 +9,7 @@
 //! 3. [`plans`]: the host planner scores each schedule family that fits and `auto` (or only
 //!    `--schedule`, or the `--schedule-file`, whatever its name): its split (`--plan auto`: the best partition;
 //!    `--plan uniform`: equal layer counts) simulated under the profile
-//!    ([`pipefill_host::plan::plan_given_with`], [`pipefill_host::plan::plan_schedule_with`]); [`choose`]
+//!    ([`pipefill_host::plan::plan_given`], [`pipefill_host::plan::plan_schedule_with`]); [`choose`]
 //!    takes the best predicted step time, or in a near-tie within the profile's measured spread
 //!    the library's stated rule ([`pipefill_host::plan::choose`]);
 //! 4. [`train`]: build the backend's step runner (CPU: one thread per rank; `--backend cuda`: the
@@ -31,7 +31,7 @@ use std::io::IsTerminal;
 
 use pipefill_host::cost::CostFile;
 use pipefill_host::plan::{
-    on_one_device, plan_given_with, plan_schedule_with, recorded_spread, Candidates, NearTie, Plan,
+    on_one_device, plan_given, plan_schedule_with, recorded_spread, Candidates, NearTie, Plan,
     PlanError, PlanReport, SPREAD_KEY,
 };
 use pipefill_host::profile::{ProfileOptions, TimeSource};
@@ -192,7 +192,7 @@ pub fn plans(setup: &Setup, costs: &CostFile) -> Result<PlanReport, CliError> {
             .collect(),
     };
     let auto = a.auto.with_seed(a.seed).options(a.chunks);
-    plan_given_with(costs, &params, &names, split, a.memory_limit, &auto, choice)
+    plan_given(costs, &params, &names, split, a.memory_limit, &auto, choice)
         .map_err(|e| no_plan(a.schedule.as_deref(), e))
 }
 

@@ -19,8 +19,6 @@
 //! [`StageCost::time`]: super::StageCost::time
 //! [`StageCost::footprint`]: super::StageCost::footprint
 
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
 /// A stage's recomputation mode.
@@ -42,19 +40,10 @@ pub enum Recompute {
     Full,
 }
 
-crate::named_enum!(Recompute {
+crate::named_enum!(Recompute as "recomputation mode" {
     None => "none",
     Full => "full",
 });
-
-impl FromStr for Recompute {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        Recompute::from_name(s)
-            .ok_or_else(|| format!("unknown recomputation mode `{s}`: use one of none, full"))
-    }
-}
 
 impl super::CostModel {
     /// Each stage's recomputation mode, by stage: what a runtime is told to run
@@ -97,18 +86,8 @@ pub enum RecomputeChoice {
     Auto,
 }
 
-crate::named_enum!(RecomputeChoice {
+crate::named_enum!(RecomputeChoice as "recomputation choice" {
     None => "none",
     Full => "full",
     Auto => "auto",
 });
-
-impl FromStr for RecomputeChoice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        RecomputeChoice::from_name(s).ok_or_else(|| {
-            format!("unknown recomputation choice `{s}`: use one of none, full, auto")
-        })
-    }
-}

@@ -147,36 +147,25 @@ pub fn plan_families(
     memory_limit: Option<f64>,
 ) -> Result<PlanReport, PlanError> {
     let auto = AutoOptions::default();
-    plan_given(costs, params, families, split, memory_limit, &auto)
+    plan_given(
+        costs,
+        params,
+        families,
+        split,
+        memory_limit,
+        &auto,
+        RecomputeChoice::None,
+    )
 }
 
 /// [`plan_families`] with `auto` solved as `auto` says (its `V` when `params` gives none, its
 /// placement, objective, budget, seed, and its limit in microbatches when `memory_limit` is
 /// `None`): one schedule per name at `P` and `M`, on `costs` as measured at that microbatch size
-/// (`auto`'s cut evenly into stages to solve it), each split by `split`, best first.
+/// (`auto`'s cut evenly into stages to solve it), each split by `split`, best first. The stages'
+/// recomputation is chosen as `recompute` says: the one argument a trainer sets for `--recompute
+/// auto --memory-limit` (`auto` among the names is then solved with and without full
+/// recomputation, as [`super::plan`] does).
 pub fn plan_given(
-    costs: &CostFile,
-    params: &Params,
-    names: &[String],
-    split: Split,
-    memory_limit: Option<f64>,
-    auto: &AutoOptions,
-) -> Result<PlanReport, PlanError> {
-    plan_given_with(
-        costs,
-        params,
-        names,
-        split,
-        memory_limit,
-        auto,
-        RecomputeChoice::None,
-    )
-}
-
-/// [`plan_given`] with the stages' recomputation chosen as `recompute` says: the one argument a
-/// trainer sets for `--recompute auto --memory-limit` (`auto` among the names is then solved with
-/// and without full recomputation, as [`super::plan`] does).
-pub fn plan_given_with(
     costs: &CostFile,
     params: &Params,
     names: &[String],

@@ -79,8 +79,8 @@ pub use choose::{
 };
 pub use error::PlanError;
 pub use given::{
-    best_partition, best_partition_replicated, plan_families, plan_given, plan_given_with,
-    plan_schedule, plan_schedule_with, Split,
+    best_partition, best_partition_replicated, plan_families, plan_given, plan_schedule,
+    plan_schedule_with, Split,
 };
 
 pub use recompute::{fit_recompute, peak_memory, summary as recompute_summary, with_modes};

@@ -1,8 +1,6 @@
 //! The losses of the built-in model, as a [`Loss`] for the runtime: MSE and softmax cross-entropy
 //! from `pipefill-kernels`.
 
-use std::str::FromStr;
-
 use pipefill_host::runtime::{Loss, StageError, Tensor};
 use pipefill_kernels::{mse_grad, mse_loss, softmax_ce_grad, softmax_ce_loss};
 use serde::{Deserialize, Serialize};
@@ -23,18 +21,10 @@ pub enum LossKind {
     CrossEntropy,
 }
 
-pipefill_host::named_enum!(LossKind {
+pipefill_host::named_enum!(LossKind as "loss" {
     Mse => "mse",
     CrossEntropy => "ce",
 });
-
-impl FromStr for LossKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        LossKind::from_name(s).ok_or_else(|| format!("unknown loss `{s}`: use `mse` or `ce`"))
-    }
-}
 
 impl Loss for LossKind {
     fn loss(&self, output: &Tensor, target: &Tensor) -> Result<(f32, Tensor), StageError> {

@@ -3,8 +3,6 @@
 //! is the run's) and passed to the runtime through the plan's costs
 //! ([`CostModel::recompute`](pipefill_host::cost::CostModel::recompute)).
 
-use std::str::FromStr;
-
 use pipefill_host::cost::{Recompute, RecomputeChoice};
 use pipefill_host::plan::Plan;
 
@@ -24,25 +22,11 @@ pub enum RecomputeFlag {
     Auto,
 }
 
-pipefill_host::named_enum!(RecomputeFlag {
+pipefill_host::named_enum!(RecomputeFlag as "recomputation mode" {
     None => "none",
     Full => "full",
     Auto => "auto",
 });
-
-impl FromStr for RecomputeFlag {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let names: Vec<&str> = Self::ALL.iter().map(|v| v.name()).collect();
-        Self::from_name(s).ok_or_else(|| {
-            format!(
-                "unknown recomputation mode `{s}`: use one of {}",
-                names.join(", ")
-            )
-        })
-    }
-}
 
 impl RecomputeFlag {
     /// The flag's value, or its default: `auto` under a memory limit, else `none`.

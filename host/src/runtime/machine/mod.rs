@@ -290,7 +290,7 @@ impl<P: Payload, T> Machine<P, T> {
         let grad = self.take(Edge::gradient_of(a), a)?;
         calls.placed(a, &grad)?;
         let Some(slot) = self.stashes.get_mut(&(a.stage, a.microbatch)) else {
-            return self.backward_input_rebuilt(a, grad, stage, calls);
+            return self.backward_rebuilt(a, grad, stage, calls);
         };
         if slot.input_done {
             return Err(self.fail(a, "I already ran for this microbatch"));

@@ -6,7 +6,7 @@
 
 use super::{Calls, Machine, Stashed};
 use crate::runtime::{Payload, Stage};
-use crate::schedule::Action;
+use crate::schedule::{Action, Op};
 
 impl<P: Payload, T> Machine<P, T> {
     /// `F` with full recomputation: keeps a copy of `input` (its bytes held until the backward)
@@ -30,9 +30,10 @@ impl<P: Payload, T> Machine<P, T> {
         Ok(out)
     }
 
-    /// `I` on a stage that kept its input: the forward again on it, then `I` on the rebuilt
-    /// stash, which stays for `W` (the rebuilt stash held from the call's start).
-    pub(super) fn backward_input_rebuilt<S: Stage<P, Stash = T>, C: Calls<P>>(
+    /// `I` or `B` (`a.op`) on a stage that kept its input: the forward again on it, then the
+    /// backward on the rebuilt stash, held from the call's start. After `I` the stash stays for
+    /// `W`; after `B` it is gone.
+    pub(super) fn backward_rebuilt<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
         a: Action,
         grad: P,
@@ -44,44 +45,29 @@ impl<P: Payload, T> Machine<P, T> {
             return Err(self.no_stash(a));
         };
         let kept = input.bytes();
-        let (grad_input, stash, rebuilt, bytes) = calls.call(a, || {
+        let split = a.op == Op::I;
+        let (grad_input, left, rebuilt) = calls.call(a, || {
             let (_, mut stash) = stage.forward(input)?;
             let rebuilt = stage.held_bytes(&stash);
-            let grad_input = stage.backward_input(&mut stash, grad)?;
-            let bytes = stage.held_bytes(&stash);
-            Ok((grad_input, stash, rebuilt, bytes))
+            if split {
+                let grad_input = stage.backward_input(&mut stash, grad)?;
+                let bytes = stage.held_bytes(&stash);
+                Ok((grad_input, Some((stash, bytes)), rebuilt))
+            } else {
+                Ok((stage.backward(stash, grad)?, None, rebuilt))
+            }
         })?;
         self.hold(rebuilt, kept);
+        let bytes = left.as_ref().map_or(0, |(_, b)| *b);
         self.hold(bytes, rebuilt);
-        let stashed = Stashed {
-            stash,
-            input_done: true,
-            bytes,
-        };
-        self.stashes.insert(key, stashed);
-        Ok(grad_input)
-    }
-
-    /// `B` on a stage that kept its input: the forward again on it, then `B` on the rebuilt
-    /// stash (held from the call's start until it returns).
-    pub(super) fn backward_rebuilt<S: Stage<P, Stash = T>, C: Calls<P>>(
-        &mut self,
-        a: Action,
-        grad: P,
-        stage: &mut S,
-        calls: &mut C,
-    ) -> Result<P, C::Stop> {
-        let Some(input) = self.kept.remove(&(a.stage, a.microbatch)) else {
-            return Err(self.no_stash(a));
-        };
-        let kept = input.bytes();
-        let (grad_input, rebuilt) = calls.call(a, || {
-            let (_, stash) = stage.forward(input)?;
-            let rebuilt = stage.held_bytes(&stash);
-            Ok((stage.backward(stash, grad)?, rebuilt))
-        })?;
-        self.hold(rebuilt, kept);
-        self.hold(0, rebuilt);
+        if let Some((stash, bytes)) = left {
+            let stashed = Stashed {
+                stash,
+                input_done: true,
+                bytes,
+            };
+            self.stashes.insert(key, stashed);
+        }
         Ok(grad_input)
     }
 }
