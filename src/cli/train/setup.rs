@@ -285,9 +285,8 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     Ok(setup)
 }
 
-/// What the CUDA path cannot do, refused before anything runs: a whole-step graph and data
-/// parallelism for GPU ranks in separate processes (`--launcher mpi`: one GPU rank per process
-/// over NCCL).
+/// What the CUDA path does not do, refused before anything runs: a whole-step graph for GPU ranks
+/// in separate processes (`--launcher mpi`: one GPU rank per process over NCCL).
 fn check_cuda_run(args: &Args) -> Result<(), CliError> {
     if args.launcher != Launcher::Mpi {
         return Ok(());
