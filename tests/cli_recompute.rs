@@ -1,8 +1,9 @@
-//! `pipefill train --recompute none|full`: full recomputation trains with the losses of the run
-//! without it, bit for bit (threads, ZB-H1 and ZB-V, data parallelism, a checkpoint resumed with
-//! the other mode, and under `mpirun` with the `mpi` feature), holds less at its peak as the
-//! runtime measures it (`peak_held_bytes`), reports the mode per stage, and prices the longer
-//! backward into the prediction; a bad value exits 2 naming the flag.
+//! `pipefill train --recompute none|full|auto`: full recomputation trains with the losses of the
+//! run without it, bit for bit (threads, ZB-H1 and ZB-V, data parallelism, a checkpoint resumed
+//! with the other mode, and under `mpirun` with the `mpi` feature), holds less at its peak as the
+//! runtime measures it (`peak_held_bytes`) and reports the mode per stage; under a
+//! `--memory-limit` no plan without recomputation meets, the default (`auto`) recomputes and
+//! trains; a bad value exits 2 naming the flag.
 
 mod common;
 
@@ -47,9 +48,9 @@ fn full_recomputation_keeps_the_losses_and_holds_less() {
             pf.iter().sum::<f64>() < pn.iter().sum::<f64>(),
             "{family}: {pf:?} vs {pn:?}"
         );
-        // The prediction prices the forward run again before each backward.
-        let predicted = |v: &Value| v["makespan_predicted_s"].as_f64().unwrap();
-        assert!(predicted(&full) > predicted(&none), "{family}");
+        // (That the prediction prices the forward run again is checked on fixed costs in
+        // `host/tests/sim_recompute.rs`: here each run profiles anew, so two runs' predictions
+        // differ by the profile's noise.)
     }
     std::fs::remove_dir_all(&dir).ok();
 }
