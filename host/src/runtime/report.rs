@@ -131,14 +131,18 @@ pub fn assemble(
 
 /// What an evaluation step produced ([`Executor::evaluate`](super::Executor::evaluate)): the
 /// schedule's forwards only, no stash kept past its forward, no gradient, no optimizer step.
+///
+/// `Y` is what the last stage's outputs are: host [`Tensor`]s on the threaded runners, the
+/// device's payloads on the stream runners
+/// ([`StreamExecutor::evaluate`](super::streams::StreamExecutor::evaluate)).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Evaluation {
+pub struct Evaluation<Y = Tensor> {
     /// The mean of the microbatch losses.
     pub loss: f32,
     /// The loss of each microbatch, by microbatch index.
     pub losses: Vec<f32>,
     /// The last stage's output for each microbatch, by microbatch index.
-    pub outputs: Vec<Tensor>,
+    pub outputs: Vec<Y>,
     /// When every item ran on every rank (the forwards and their transfers; starts at 0).
     pub timeline: Timeline,
     /// Per rank, the most activation bytes held at once: at most one forward's stash, which

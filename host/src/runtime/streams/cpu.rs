@@ -59,6 +59,10 @@ pub use flag::Flag;
 pub use on::{OnStreams, OnStreamsLoss};
 pub use peer::{CpuPeer, CpuPeers};
 
+/// What a stream job says when a value it reads was never filled.
+const NOT_READY: &str =
+    "input not ready: its producer has not run on its stream yet (a missing wait?)";
+
 /// What a stream worker is sent.
 enum Job {
     /// Run this once now.
@@ -126,9 +130,7 @@ impl<T> Pending<T> {
     }
 
     fn take(&self) -> Result<T, String> {
-        self.lock().take().ok_or_else(|| {
-            "input not ready: its producer has not run on its stream yet (a missing wait?)".into()
-        })
+        self.lock().take().ok_or_else(|| NOT_READY.into())
     }
 
     /// The value, once the step has been synchronised (`None` if it was never filled or was used).

@@ -18,6 +18,7 @@ use crate::schedule::deps::{Edge, Flow};
 use crate::schedule::{Action, Op, Schedule};
 use crate::timeline::{Source, Timeline, Transfer};
 
+mod evaluate;
 mod graph;
 
 /// Runs training steps of a [`Schedule`] over stages whose work a [`Device`] runs on streams.
@@ -55,6 +56,8 @@ mod graph;
 pub struct StreamExecutor<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     schedule: Schedule,
     program: StreamProgram,
+    /// The evaluation's program: the schedule's forwards only, on the training program's streams.
+    evaluation: StreamProgram,
     device: D,
     stages: Vec<S>,
     /// Host seconds the last step spent enqueuing (or refreshing and replaying) its work.
@@ -76,12 +79,14 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         crate::runtime::check::check_run(&schedule, stages.len())?;
         let program = StreamProgram::build(&schedule).map_err(RuntimeError::Streams)?;
         check(&program, &schedule).map_err(RuntimeError::Streams)?;
+        let evaluation = evaluate::program(&schedule, &program)?;
         device
             .make_streams(&program.streams)
             .map_err(device_error)?;
         Ok(StreamExecutor {
             schedule,
             program,
+            evaluation,
             device,
             stages,
             enqueue_seconds: 0.0,
@@ -223,7 +228,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         self.enqueue_ops(&mut step, targets, loss, true)?;
         self.enqueue_seconds = wall.elapsed().as_secs_f64();
         self.device.synchronize().map_err(device_error)?;
-        let (mut report, timed) = self.report(step, &origin)?;
+        let (mut report, timed) = self.report(Kind::Train, step, &origin)?;
         after::tell(&self.schedule, hook, &timed)?;
         self.reduce()?;
         report.seconds = wall.elapsed().as_secs_f64();
@@ -300,8 +305,8 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         Step::all_ranks(&self.schedule, inputs, &self.recompute)
     }
 
-    /// Walks the program once: runs each action on its stream (between timing marks when
-    /// `timed`), records and waits on events.
+    /// Walks the program once (the evaluation's when `kind` says so): runs each action on its
+    /// stream (between timing marks when `timed`), records and waits on events.
     fn enqueue_ops<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         step: &mut Step<D, S::Stash>,
@@ -309,9 +314,22 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         loss: &L,
         timed: bool,
     ) -> Result<Vec<D::Event>, RuntimeError> {
-        let mut events = Vec::with_capacity(self.program.events.len());
-        for i in 0..self.program.ops.len() {
-            match self.program.ops[i] {
+        self.enqueue_program(Kind::Train, step, targets, loss, timed)
+    }
+
+    /// [`enqueue_ops`](Self::enqueue_ops) over the program of `kind`.
+    fn enqueue_program<L: StreamLoss<D::Stream, D::Payload>>(
+        &mut self,
+        kind: Kind,
+        step: &mut Step<D, S::Stash>,
+        targets: &[D::Payload],
+        loss: &L,
+        timed: bool,
+    ) -> Result<Vec<D::Event>, RuntimeError> {
+        let count = self.program_of(kind).ops.len();
+        let mut events = Vec::with_capacity(self.program_of(kind).events.len());
+        for i in 0..count {
+            match self.program_of(kind).ops[i] {
                 StreamOp::Run { stream, action } if timed => {
                     let start = self.device.mark(stream).map_err(device_error)?;
                     self.run(step, stream, action, targets, loss)?;
@@ -330,7 +348,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
                         message: format!("event {event} waited on before it was recorded"),
                     })?;
                     self.device.wait(stream, e).map_err(device_error)?;
-                    self.adopt(step, stream, event)?;
+                    self.adopt(kind, step, stream, event)?;
                 }
             }
         }
@@ -343,19 +361,20 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
     /// is left for its consumer to report.
     fn adopt(
         &mut self,
+        kind: Kind,
         step: &mut Step<D, S::Stash>,
         stream: usize,
         event: usize,
     ) -> Result<(), RuntimeError> {
-        let Some(EventRole::Transfer(edge)) = self.program.events.get(event) else {
+        let Some(&EventRole::Transfer(edge)) = self.program_of(kind).events.get(event) else {
             return Ok(());
         };
         let Some(machine) = step.machine(self.schedule.rank_of(edge.to())) else {
             return Ok(());
         };
-        if let Some(payload) = machine.remove(*edge) {
+        if let Some(payload) = machine.remove(edge) {
             let adopted = self.device.adopt(stream, payload).map_err(device_error)?;
-            machine.put(*edge, adopted);
+            machine.put(edge, adopted);
         }
         Ok(())
     }
@@ -385,6 +404,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
     /// the marks; and each action's start and end, in enqueue order.
     fn report(
         &self,
+        kind: Kind,
         mut step: Step<D, S::Stash>,
         origin: &D::Mark,
     ) -> Result<(StepReport, Timed), RuntimeError> {
@@ -407,7 +427,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             action_seconds.push((*a, e - s));
             timed.push((*a, s, e));
         }
-        let timeline = self.timeline(&times, &step.bytes);
+        let timeline = self.timeline(kind, &times, &step.bytes);
         let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
         let report = StepReport {
             loss,
@@ -422,6 +442,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
 
     fn timeline(
         &self,
+        kind: Kind,
         times: &HashMap<Action, (f64, f64)>,
         bytes: &HashMap<Edge, usize>,
     ) -> Timeline {
@@ -430,7 +451,17 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             Source::Measured,
             self.schedule.ranks,
         );
-        for (rank, list) in self.schedule.actions.iter().enumerate() {
+        // An evaluation timed the forwards of the schedule's forward order, overlapped pairs'
+        // forwards among them: its spans are those forwards alone.
+        let forwards;
+        let lists = match kind {
+            Kind::Train => &self.schedule.actions,
+            Kind::Evaluate => {
+                forwards = crate::schedule::forward_only::forward_only(&self.schedule);
+                &forwards.actions
+            }
+        };
+        for (rank, list) in lists.iter().enumerate() {
             for item in list.iter().filter(|i| i.is_compute()) {
                 let (mut s, mut e) = (f64::INFINITY, 0.0f64);
                 for a in item.actions() {
@@ -445,7 +476,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             }
         }
         let lanes = lanes(&self.schedule);
-        for role in &self.program.events {
+        for role in &self.program_of(kind).events {
             let EventRole::Transfer(edge) = role else {
                 continue;
             };
@@ -471,6 +502,15 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         }
         t
     }
+}
+
+/// Which of an executor's programs a walk runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The training step's.
+    Train,
+    /// The evaluation's (forwards only).
+    Evaluate,
 }
 
 /// The main stream of stage `s`'s rank in `program`: where its host calls run.

@@ -58,6 +58,17 @@ impl<D: Device, T> Step<D, T> {
         Step::of(vec![machine], rank)
     }
 
+    /// This step run as an evaluation ([`Machine::evaluating`]): forwards only, no stash kept
+    /// past its forward, the last stage's outputs kept.
+    pub(super) fn evaluating(mut self) -> Self {
+        self.machines = self
+            .machines
+            .into_iter()
+            .map(|m| m.evaluating(true))
+            .collect();
+        self
+    }
+
     fn of(machines: Vec<Machine<D::Payload, T>>, first: usize) -> Self {
         Step {
             machines,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 #[cfg(doc)]
 use super::CpuStreams;
-use super::{CpuStream, Pending};
+use super::{CpuStream, Pending, NOT_READY};
 use crate::runtime::streams::{GradientsFn, StreamLoss, StreamStage};
 use crate::runtime::{Loss, Stage, StageError, Tensor};
 
@@ -164,9 +164,12 @@ impl<L: Loss + Send + 'static> StreamLoss<CpuStream, Pending<Tensor>> for OnStre
         let (v, g, y, t) = (value.share(), grad.share(), output.share(), target.share());
         let loss = Arc::clone(&self.loss);
         on.enqueue(move || {
-            let y = y.take_tensor()?;
-            let t = t.lock().clone().ok_or("no target for this microbatch")?;
-            let (lv, lg) = loss.loss(&y, &t).map_err(|e| e.to_string())?;
+            // Read in place, not taken: an evaluation keeps the output after its loss.
+            let y = y.lock();
+            let y = y.as_ref().ok_or(NOT_READY)?;
+            let t = t.lock();
+            let t = t.as_ref().ok_or("no target for this microbatch")?;
+            let (lv, lg) = loss.loss(y, t).map_err(|e| e.to_string())?;
             v.fill(lv);
             g.fill(lg);
             Ok(())
