@@ -351,7 +351,7 @@ fn resolve_devices(
     let available =
         crate::cuda::device_count().map_err(|e| CliError::Failed(format!("--devices: {e}")))?;
     let flag = args.devices.unwrap_or(DevicesFlag::Auto);
-    let choice = DeviceChoice::resolve(flag, args.ranks, available, args.graph).map_err(usage)?;
+    let choice = DeviceChoice::resolve(flag, args.ranks, available).map_err(usage)?;
     eprintln!("{}", choice.describe());
     Ok(Some(choice))
 }

@@ -3,8 +3,9 @@
 //! job list on [`CpuStreams`](super::super::CpuStreams)), and each later step only refreshes the
 //! fixed input and target buffers and replays it.
 //!
-//! What is captured: every stage's `zero_grad` (on its rank's main stream), a copy of each fixed input into
-//! a step-owned payload (stream 0), the fork of every other stream from stream 0, every op of the
+//! What is captured: the fork of every other stream from stream 0 (first: a stream's work counts
+//! only once it joined the capture), every stage's `zero_grad` (on its rank's main stream), a copy
+//! of each fixed input into a step-owned payload (stream 0), every op of the
 //! program (untimed: a timing mark inside a graph records nothing readable), the loss values and
 //! gradients, and the join of every stream back into stream 0. What is not: the optimizer steps,
 //! which the trainer applies after each replay as after a plain step
@@ -111,19 +112,15 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         self.graph.is_some()
     }
 
-    /// The captured work: zero-grad, input copies, fork, every op, join (see the module notes).
+    /// The captured work: fork, zero-grad, input copies, every op, join (see the module notes).
     fn capture_body<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         inputs: &[D::Payload],
         targets: &[D::Payload],
         loss: &L,
     ) -> Result<CapturedWork<D, S::Stash>, RuntimeError> {
-        self.zero_grads()?;
-        let copies = inputs
-            .iter()
-            .map(|x| self.device.copy(0, x))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(device_error)?;
+        // The fork comes first: work enqueued on a stream before it joins the capture would not
+        // be captured (CUDA runs it once, now; the CPU twin refuses it).
         let streams = self.program.streams.len();
         let mut events = Vec::with_capacity(2 * streams);
         let fork = self.device.record(0).map_err(device_error)?;
@@ -131,6 +128,12 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             self.device.wait(s, &fork).map_err(device_error)?;
         }
         events.push(fork);
+        self.zero_grads()?;
+        let copies = inputs
+            .iter()
+            .map(|x| self.device.copy(0, x))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(device_error)?;
         let mut step = self.new_step(copies);
         events.extend(self.enqueue_ops(&mut step, targets, loss, false)?);
         for s in 1..streams {
