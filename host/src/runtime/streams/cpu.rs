@@ -57,7 +57,7 @@ impl CpuStream {
     }
 }
 pub use flag::Flag;
-pub use joins::unjoined;
+use joins::unjoined;
 pub use on::{OnStreams, OnStreamsLoss};
 pub use peer::{CpuPeer, CpuPeers};
 

@@ -34,7 +34,7 @@ pub(super) fn unforked(stream: usize) -> DeviceError {
 
 /// The error of a capture that ends with a stream not joined back (CUDA's
 /// `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`).
-pub fn unjoined(what: &str) -> String {
+pub(super) fn unjoined(what: &str) -> String {
     format!(
         "stream capture unjoined (CUDA_ERROR_STREAM_CAPTURE_UNJOINED): {what} joined the capture \
          but its last work was not joined back into the origin stream (an event recorded on it \
