@@ -15,6 +15,7 @@
 use std::time::Instant;
 
 use super::{device_error, Step, StreamExecutor};
+use crate::runtime::streams::device::{copies, fork, join};
 use crate::runtime::streams::Device;
 use crate::runtime::streams::{StreamLoss, StreamStage};
 use crate::runtime::{Payload, RuntimeError, StepReport};
@@ -122,25 +123,12 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         // The fork comes first: work enqueued on a stream before it joins the capture would not
         // be captured (CUDA runs it once, now; the CPU twin refuses it).
         let streams = self.program.streams.len();
-        let mut events = Vec::with_capacity(2 * streams);
-        let fork = self.device.record(0).map_err(device_error)?;
-        for s in 1..streams {
-            self.device.wait(s, &fork).map_err(device_error)?;
-        }
-        events.push(fork);
+        let mut events = vec![fork(&mut self.device, streams).map_err(device_error)?];
         self.zero_grads()?;
-        let copies = inputs
-            .iter()
-            .map(|x| self.device.copy(0, x))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(device_error)?;
+        let copies = copies(&self.device, inputs).map_err(device_error)?;
         let mut step = self.new_step(copies);
         events.extend(self.enqueue_ops(&mut step, targets, loss, false)?);
-        for s in 1..streams {
-            let join = self.device.record(s).map_err(device_error)?;
-            self.device.wait(0, &join).map_err(device_error)?;
-            events.push(join);
-        }
+        events.extend(join(&mut self.device, streams).map_err(device_error)?);
         Ok((step, events))
     }
 

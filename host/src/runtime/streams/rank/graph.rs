@@ -20,6 +20,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::{device_error, panicked, RankBatch, RankStreams, Step, Walk};
+use crate::runtime::streams::device::{copies, fork, join};
 use crate::runtime::streams::{Device, StreamLoss, StreamStage};
 use crate::runtime::{Payload, RankOutcome, RankStop, RuntimeError, Transport, TransportError};
 use crate::schedule::deps::Edge;
@@ -144,30 +145,17 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             }
         };
         let streams = self.plan.streams.len();
-        let mut events = Vec::with_capacity(2 * streams + 2);
-        let fork = self.device.record(0).map_err(device_error)?;
-        for s in 1..streams {
-            self.device.wait(s, &fork).map_err(device_error)?;
-        }
-        events.push(fork);
-        let fork = self.device.record(0).map_err(device_error)?;
-        peer.begin_capture(fork).map_err(link(self.rank))?;
+        let mut events = vec![fork(&mut self.device, streams).map_err(device_error)?];
+        let link_fork = self.device.record(0).map_err(device_error)?;
+        peer.begin_capture(link_fork).map_err(link(self.rank))?;
         self.zero_grads()?;
-        let copies = inputs
-            .iter()
-            .map(|x| self.device.copy(0, x))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(device_error)?;
+        let copies = copies(&self.device, inputs).map_err(device_error)?;
         let mut step = Step::one_rank(&self.schedule, self.rank, copies, &self.recompute);
         let walk = self.walk(&mut step, batch, peer, false)?;
-        for s in 1..streams {
-            let join = self.device.record(s).map_err(device_error)?;
-            self.device.wait(0, &join).map_err(device_error)?;
-            events.push(join);
-        }
-        let join = peer.end_capture().map_err(link(self.rank))?;
-        self.device.wait(0, &join).map_err(device_error)?;
-        events.push(join);
+        events.extend(join(&mut self.device, streams).map_err(device_error)?);
+        let link_join = peer.end_capture().map_err(link(self.rank))?;
+        self.device.wait(0, &link_join).map_err(device_error)?;
+        events.push(link_join);
         Ok((step, walk, events))
     }
 
