@@ -25,9 +25,13 @@
 #   test-*          the GPU tests with PIPEFILL_REQUIRE_GPU=1 (--include-ignored: plain `cargo test`
 #                   lists them as ignored); the NCCL cases each on their own, "NOT VERIFIED" when NCCL
 #                   refuses two ranks on one GPU
-#   train-*         train --backend cuda for four families at P = 4, then the --graph table
+#   train-*         train --backend cuda for four families at P = 4, then the --graph table, then
+#                   --graph --devices per-rank against the plain run (with 2 GPUs or more; else NOT
+#                   VERIFIED: tests/gpu_devices.rs captures across two contexts of one GPU)
 #   mpi-cuda        two GPU ranks as two MPI processes over NCCL, losses against one process (where
-#                   MPI is installed there and the bundle has the mpi binary; else NOT VERIFIED)
+#                   MPI is installed there and the bundle has the mpi binary; else NOT VERIFIED);
+#                   mpi-cuda-graph: the same with --graph (each process captures its rank's step,
+#                   its NCCL calls included), losses against the plain two-process run
 #   bench-*         bench overlap, the gpu_sync bench, then the kernels bench at small sizes (last)
 #
 # Results: ok, FAILED (exit N), TIMED OUT, NOT VERIFIED (why), not run (why). Exit 0 only when every
@@ -381,6 +385,38 @@ PY
     write_summary
 }
 
+# The losses of two runs' JSON outputs (files under $OUT) agree within a relative 1e-5.
+same_losses() {
+    python3 - "$OUT" "$1" "$2" "$3" <<'PY'
+import json, pathlib, sys
+out, a, b, what = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+read = lambda n: json.loads([l for l in (out / n).read_text().splitlines() if l.startswith("{")][-1])["losses"]
+one, two = read(a), read(b)
+worst = max(abs(x - y) / max(1e-12, abs(x)) for x, y in zip(one, two))
+print(f"{what}: losses {two} against {one}: worst relative difference {worst:.2e}")
+sys.exit(0 if len(one) == len(two) and worst <= 1e-5 else 1)
+PY
+}
+
+# --graph with one GPU per rank (one graph across the GPUs) against the plain run.
+graph_per_rank() {
+    local flags=(train --backend cuda --devices per-rank --ranks 2 --schedule 1f1b --plan uniform
+        --layers 4 --hidden 512 --batch 256 --microbatches 4 --steps 5 --format json)
+    ./pipefill "${flags[@]}" > "$OUT/graph-per-rank-plain.json"
+    ./pipefill "${flags[@]}" --graph > "$OUT/graph-per-rank-graph.json"
+    same_losses graph-per-rank-plain.json graph-per-rank-graph.json "graph --devices per-rank"
+}
+
+# Two GPU ranks as two MPI processes with --graph against the same without it.
+mpi_cuda_graph() {
+    local flags=(train --backend cuda --ranks 2 --schedule 1f1b --plan uniform --layers 4 --hidden 512
+        --batch 256 --microbatches 4 --steps 5 --format json --launcher mpi)
+    local run=(env NCCL_MULTI_RANK_GPU_ENABLE=1 mpirun --allow-run-as-root --oversubscribe -n 2 ./pipefill-mpi)
+    "${run[@]}" "${flags[@]}" > "$OUT/mpi-cuda-plain.json"
+    "${run[@]}" "${flags[@]}" --graph > "$OUT/mpi-cuda-graph.json"
+    same_losses mpi-cuda-plain.json mpi-cuda-graph.json "mpi-cuda --graph"
+}
+
 # Two GPU ranks as two MPI processes over NCCL (train --launcher mpi) against one process.
 mpi_cuda() {
     local flags=(train --backend cuda --ranks 2 --schedule 1f1b --plan uniform --layers 4 --hidden 512
@@ -388,15 +424,7 @@ mpi_cuda() {
     ./pipefill "${flags[@]}" > "$OUT/mpi-cuda-one-process.json"
     NCCL_MULTI_RANK_GPU_ENABLE=1 mpirun --allow-run-as-root --oversubscribe -n 2 \
         ./pipefill-mpi "${flags[@]}" --launcher mpi > "$OUT/mpi-cuda-two-processes.json"
-    python3 - "$OUT" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-read = lambda n: json.loads([l for l in (out / n).read_text().splitlines() if l.startswith("{")][-1])["losses"]
-one, two = read("mpi-cuda-one-process.json"), read("mpi-cuda-two-processes.json")
-worst = max(abs(a - b) / max(1e-12, abs(a)) for a, b in zip(one, two))
-print(f"mpi-cuda: losses {two} against one process {one}: worst relative difference {worst:.2e}")
-sys.exit(0 if len(one) == len(two) and worst <= 1e-5 else 1)
-PY
+    same_losses mpi-cuda-one-process.json mpi-cuda-two-processes.json "mpi-cuda (two processes against one)"
 }
 
 run() {
@@ -465,6 +493,13 @@ run() {
     done
     train_table
     graph_table
+    local gpus
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+    if (( gpus >= 2 )); then
+        step graph-per-rank 60 graph_per_rank
+    elif wanted graph-per-rank; then
+        record graph-per-rank "NOT VERIFIED (one GPU: --devices per-rank needs two)" 0 60
+    fi
     local why=""
     if [[ ! -x ./pipefill-mpi ]]; then
         why="the bundle has no pipefill-mpi (no MPI where it was built)"
@@ -475,8 +510,10 @@ run() {
     fi
     if [[ -z "$why" || -n "$STOPPED" ]]; then
         step mpi-cuda 90 mpi_cuda
+        step mpi-cuda-graph 90 mpi_cuda_graph
     elif wanted mpi-cuda; then
         record mpi-cuda "NOT VERIFIED ($why)" 0 90
+        record mpi-cuda-graph "NOT VERIFIED ($why)" 0 90
     fi
     step bench-overlap 60 ./pipefill bench overlap --hidden 1024,4096 --rows 1024 --repeats 3
     export PIPEFILL_KERNELS_SIZES="$KERNELS_SIZES"

@@ -441,8 +441,9 @@ fn a_rank_that_fails_with_an_error_ends_the_whole_job_within_seconds() {
 /// `mpirun -n 2 pipefill train --backend cuda --launcher mpi` on a machine without a CUDA driver:
 /// the job ends with exit 2 and one `no CUDA driver found` error (the flags are checked by every
 /// process, the lowest rank reports), within a deadline, no process left waiting; with
-/// `--data-parallel 2` on 4 processes too (the flag is taken: only the driver is missing). On a
-/// machine with a GPU this test has nothing to check (the GPU run is `tests/gpu_nccl.rs`).
+/// `--data-parallel 2` on 4 processes, and with `--graph` (each process would capture its rank's
+/// step), too: the flags are taken, only the driver is missing. On a machine with a GPU this test
+/// has nothing to check (the GPU runs are `tests/gpu_nccl.rs` and `scripts/gpu-check.sh`).
 #[test]
 fn gpu_ranks_without_a_cuda_driver_exit_2_in_every_process_without_hanging() {
     if pipefill::cuda::driver_present() {
@@ -457,6 +458,16 @@ fn gpu_ranks_without_a_cuda_driver_exit_2_in_every_process_without_hanging() {
         4,
         &with(&[&cuda[..], &["--data-parallel", "2"]].concat()),
     );
+    let graph = [
+        "--backend",
+        "cuda",
+        "--launcher",
+        "mpi",
+        "--graph",
+        "--steps",
+        "4",
+    ];
+    no_driver(&dir, 2, &with(&graph));
 }
 
 /// `mpirun -n procs pipefill args` ends with exit 2 and one `no CUDA driver found` error.

@@ -58,6 +58,12 @@ pub enum NcclError {
         /// The operation refused.
         op: &'static str,
     },
+    /// The NCCL library is older than 2.9, the first whose calls a CUDA graph can capture.
+    #[error("NCCL {found} cannot be captured in a CUDA graph (--graph with --launcher mpi needs NCCL 2.9 or newer): install a newer NCCL (the nvidia-nccl-cu12 wheel), or drop --graph")]
+    TooOldForGraphs {
+        /// The version found, `major.minor.patch`.
+        found: String,
+    },
     /// Two buffers of an exchange or a reduction do not have the same length.
     #[error("NCCL {op}: buffers of {a} and {b} values")]
     Length {
@@ -74,6 +80,44 @@ pub enum NcclError {
 pub fn nccl_present() -> bool {
     // SAFETY: only tries to open the library by its usual names.
     unsafe { cudarc::nccl::sys::is_culib_present() }
+}
+
+/// The smallest NCCL version whose calls stream capture records into a CUDA graph (2.9.0, as
+/// `ncclGetVersion` codes it: `major * 10000 + minor * 100 + patch` from 2.9 on).
+pub const GRAPH_NCCL_VERSION: i32 = 20900;
+
+/// The loaded NCCL's version code (`ncclGetVersion`), or [`NcclError::NoLibrary`].
+pub fn nccl_version() -> Result<i32, NcclError> {
+    if !nccl_present() {
+        return Err(NcclError::NoLibrary);
+    }
+    nccl_result::get_nccl_version().map_err(call("get version"))
+}
+
+/// `major.minor.patch` of an `ncclGetVersion` code (`major * 1000 + minor * 100 + patch` before
+/// 2.9, `major * 10000 + minor * 100 + patch` from 2.9 on).
+pub fn version_name(code: i32) -> String {
+    let major = if code >= 10000 {
+        code / 10000
+    } else {
+        code / 1000
+    };
+    let rest = if code >= 10000 {
+        code % 10000
+    } else {
+        code % 1000
+    };
+    format!("{major}.{}.{}", rest / 100, rest % 100)
+}
+
+/// Refuses an NCCL too old for graph capture ([`NcclError::TooOldForGraphs`]).
+pub fn check_graph_version(code: i32) -> Result<(), NcclError> {
+    if code < GRAPH_NCCL_VERSION {
+        return Err(NcclError::TooOldForGraphs {
+            found: version_name(code),
+        });
+    }
+    Ok(())
 }
 
 fn call(op: impl Into<String>) -> impl FnOnce(nccl_result::NcclError) -> NcclError {
@@ -299,6 +343,16 @@ impl NcclLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nccl_before_2_9_is_refused_for_graphs_naming_its_version() {
+        assert_eq!(version_name(2804), "2.8.4");
+        assert_eq!(version_name(22105), "2.21.5");
+        let e = check_graph_version(2804).unwrap_err().to_string();
+        assert!(e.contains("NCCL 2.8.4") && e.contains("2.9"), "{e}");
+        assert!(check_graph_version(20900).is_ok());
+        assert!(check_graph_version(22105).is_ok());
+    }
 
     #[test]
     fn an_id_survives_its_bytes_and_its_file() {

@@ -19,6 +19,15 @@
 //! between ranks is a stage's output or input gradient (the loss gradient never leaves its rank),
 //! so all of them have that type; a send of another type is refused (its receiver would expect
 //! another byte count).
+//!
+//! Capture (`train --backend cuda --launcher mpi --graph`): the communication stream joins the
+//! rank's capture by waiting on the fork event of its stream 0, so every send and receive of the
+//! step (NCCL calls on a capturing stream, captured since NCCL 2.9: an older NCCL is refused by
+//! name) and their buffers' allocations become nodes of the rank's graph; an event recorded on it
+//! after the last one is the join stream 0 waits on. Replaying is launching the rank's graph: the
+//! link has nothing more to do. What stays outside the graph is host work: [`Transport::complete`]
+//! and [`Transport::finish`] (an all-reduce of the ranks' outcomes) run after each launch.
+//! Not yet run on GPUs (UNVERIFIED).
 
 use std::sync::Arc;
 
@@ -30,7 +39,7 @@ use pipefill_host::schedule::deps::Edge;
 use super::device::Gpu;
 use super::error::CudaError;
 use super::launch::Launcher;
-use super::nccl::{NcclError, NcclLink, UniqueId};
+use super::nccl::{check_graph_version, nccl_version, NcclError, NcclLink, UniqueId};
 use super::tensor::{DeviceStored, DeviceTensor};
 
 /// One GPU rank's NCCL link for the per-rank stream runner: its communicator and the
@@ -209,5 +218,26 @@ impl Transport<DeviceTensor, CudaEvent> for NcclPeer {
                 Ok(v)
             });
         matches!(summed.as_deref(), Ok([failed]) if *failed == 0.0)
+    }
+
+    /// The communication stream waits on `fork` (recorded on the capturing stream 0), so the
+    /// NCCL calls enqueued next are captured; refused for an NCCL older than 2.9.
+    fn begin_capture(&mut self, fork: CudaEvent) -> Result<(), TransportError> {
+        nccl_version()
+            .and_then(check_graph_version)
+            .map_err(link_error)?;
+        self.comm
+            .wait(&fork)
+            .map_err(|e| link_error(CudaError::driver("cuStreamWaitEvent")(e)))
+    }
+
+    /// An event after the link's last captured call (stream 0 waits on it: the join).
+    fn end_capture(&mut self) -> Result<CudaEvent, TransportError> {
+        self.event()
+    }
+
+    /// Nothing: the link's calls are nodes of the rank's graph, launched with it.
+    fn replay(&mut self) -> Result<(), TransportError> {
+        Ok(())
     }
 }

@@ -1,7 +1,11 @@
 //! [`CudaRank`]: one GPU rank of a pipeline in its own process: the rank's stages copied to its
 //! GPU, the per-rank stream runner ([`RankStreams`]) on [`CudaStreams`], and the transfers over
 //! NCCL ([`NcclPeer`]). What `train --backend cuda --launcher mpi` runs in each process, and what
-//! the two-process GPU test runs.
+//! the two-process GPU test runs. With `--graph` the rank's step, its NCCL sends and receives
+//! included, is captured once as a CUDA graph and replayed ([`CudaRank::capture`],
+//! [`CudaRank::replay`]); host work (the ranks' agreement, MPI reductions, reading the loss) stays
+//! outside the graph. Not yet run on GPUs (UNVERIFIED); the CPU twin's test is
+//! `host/tests/runtime_rank_graph.rs`.
 
 use std::sync::Arc;
 
@@ -151,6 +155,27 @@ impl CudaRank {
             shape: &shape,
         };
         self.runner.step(batch, &mut self.peer)
+    }
+
+    /// Captures the rank's part of one step as a CUDA graph, its NCCL sends and receives
+    /// included, and runs it once ([`RankStreams::capture`]); `inputs` and `targets` become the
+    /// graph's fixed buffers. Every rank of the job captures the same step. Refused with a named
+    /// error for an NCCL older than 2.9.
+    pub fn capture(
+        &mut self,
+        inputs: Vec<DeviceTensor>,
+        targets: Vec<DeviceTensor>,
+        rows: &[usize],
+    ) -> RankOutcome {
+        let widths = &self.widths;
+        let shape = |e: Edge| edge_shape(rows, widths, e);
+        self.runner
+            .capture((inputs, targets), &self.loss, &shape, &mut self.peer)
+    }
+
+    /// Replays the captured step on new `inputs` and `targets` ([`RankStreams::replay`]).
+    pub fn replay(&mut self, inputs: Vec<DeviceTensor>, targets: Vec<DeviceTensor>) -> RankOutcome {
+        self.runner.replay(inputs, targets, &mut self.peer)
     }
 
     /// Sets (or clears) the data-parallel gradient reduction over the replicas of this rank

@@ -17,9 +17,10 @@
 use std::sync::atomic::AtomicUsize;
 
 mod devices;
+mod graph;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
 use pipefill_host::runtime::streams::{
     Device, DeviceError, GradientsFn, StreamId, StreamLoss, StreamStage,
@@ -79,13 +80,14 @@ fn stage_error(e: CudaError) -> StageError {
 /// against one origin per device).
 ///
 /// It can capture a whole step as a CUDA graph ([`Device::begin_capture`], used by
-/// [`StreamExecutor::capture`](pipefill_host::runtime::streams::StreamExecutor::capture)): capture
-/// runs on stream 0 in thread-local mode, the other streams join it through the executor's fork
-/// events, buffers made during the capture are graph allocations (stream-ordered allocation is
-/// required), and the graph is instantiated with auto-free-on-launch, since the loss partials are
-/// allocated in the graph and read after each launch. A clone shares the streams, not the graph;
-/// the graph stays with the device that captured it (moved with it, never shared). Capture is refused with several
-/// devices (a graph across devices is not verified here).
+/// [`StreamExecutor::capture`](pipefill_host::runtime::streams::StreamExecutor::capture)), on one
+/// device or across several (`streams/graph.rs`): capture runs on stream 0 in thread-local mode,
+/// the other streams (of any device) join it through the executor's fork events and are joined
+/// back before it ends, buffers made during the capture are graph allocations (stream-ordered
+/// allocation is required on every device), and the graph is instantiated with
+/// auto-free-on-launch, since the loss partials are allocated in the graph and read after each
+/// launch. A clone shares the streams, not the graph; the graph stays with the device that
+/// captured it (moved with it, never shared).
 pub struct CudaStreams {
     link: Arc<Link>,
     /// Each stream with its device, as stage calls are given them.
@@ -245,54 +247,15 @@ impl Device for CudaStreams {
     }
 
     fn begin_capture(&mut self) -> Result<(), DeviceError> {
-        if self.graph.is_some() {
-            return Err(DeviceError::new(
-                "this device already holds a captured step (one capture per device)",
-            ));
-        }
-        if self.link.gpus.len() > 1 {
-            return Err(DeviceError::new(
-                "graph capture across several devices is not supported (a captured step would \
-                 hold peer copies and cross-device event waits, which have not been verified): \
-                 run with all ranks on one device",
-            ));
-        }
-        if !self.link.gpus[0].context().has_async_alloc() {
-            return Err(DeviceError::new(
-                "graph capture needs stream-ordered allocation (cuMemAllocAsync), \
-                 which this device does not support",
-            ));
-        }
-        let s = self.link.stream(0).map_err(device_error)?;
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| device_error(CudaError::driver("cuStreamBeginCapture")(e)))
+        self.start_capture()
     }
 
     fn end_capture(&mut self) -> Result<(), DeviceError> {
-        let s = self.link.stream(0).map_err(device_error)?;
-        let flags = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-        let graph = s
-            .end_capture(flags)
-            .map_err(|e| {
-                device_error(CudaError::driver("cuStreamEndCapture / cuGraphInstantiate")(e))
-            })?
-            .ok_or_else(|| DeviceError::new("the capture recorded no work"))?;
-        graph
-            .upload()
-            .map_err(|e| device_error(CudaError::driver("cuGraphUpload")(e)))?;
-        self.graph = Some(Graph(graph));
-        Ok(())
+        self.finish_capture()
     }
 
     fn replay(&mut self) -> Result<(), DeviceError> {
-        let graph = self
-            .graph
-            .as_ref()
-            .ok_or_else(|| DeviceError::new("replay before a capture"))?;
-        graph
-            .0
-            .launch()
-            .map_err(|e| device_error(CudaError::driver("cuGraphLaunch")(e)))
+        self.launch_graph()
     }
 
     fn copy(&self, stream: usize, src: &DeviceTensor) -> Result<DeviceTensor, DeviceError> {
@@ -301,8 +264,7 @@ impl Device for CudaStreams {
     }
 
     fn refresh(&mut self, dst: &mut DeviceTensor, src: DeviceTensor) -> Result<(), DeviceError> {
-        let s = self.link.stream(0).map_err(device_error)?;
-        refresh_on(&s, dst, src).map_err(device_error)
+        self.refresh_fixed(dst, src).map_err(device_error)
     }
 
     fn read_loss(&self, loss: &DeviceLoss) -> Result<f32, DeviceError> {

@@ -67,16 +67,20 @@ impl Upload<Pending<Tensor>> for CpuUpload {
     }
 }
 
-/// How a step runs: plain, captured, or replayed.
+/// How a step runs with or without `--graph`: plain, captured, or replayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub enum Mode {
+    /// Enqueued action by action.
     Plain,
+    /// Enqueued once under capture, then launched.
     Capture,
+    /// The captured step launched again.
     Replay,
 }
 
-/// The mode of the `ran`-th step run here (from 0).
-fn mode(graph: bool, ran: usize) -> Mode {
+/// The mode of the `ran`-th step a runner runs (from 0): without a graph always plain; with one,
+/// [`GRAPH_PLAIN_STEPS`] plain steps, the capture, then replays.
+pub fn mode(graph: bool, ran: usize) -> Mode {
     if !graph || ran < GRAPH_PLAIN_STEPS {
         Mode::Plain
     } else if ran == GRAPH_PLAIN_STEPS {

@@ -159,6 +159,36 @@ pub trait Transport<P = Parcel, E = ()> {
     /// Waits until every rank has finished its step; returns `true` when all of them succeeded
     /// (`ok` is this rank's outcome). Only then may the ranks apply their optimizer steps.
     fn finish(&mut self, ok: bool) -> bool;
+
+    // Whole-step capture (a device transport whose work a graph can hold). A transport that
+    // cannot be captured keeps the defaults, which refuse. See `RankStreams::capture`.
+
+    /// The link's work from now on joins the device's capture: its stream waits on `fork` (an
+    /// event recorded on the capturing origin stream) before anything it enqueues next.
+    fn begin_capture(&mut self, fork: E) -> Result<(), TransportError> {
+        let _ = fork;
+        Err(not_capturable())
+    }
+
+    /// Ends the link's part of the capture: an event recorded after its last captured work, which
+    /// the origin stream must wait on before the device ends its capture (the join).
+    fn end_capture(&mut self) -> Result<E, TransportError> {
+        Err(not_capturable())
+    }
+
+    /// Runs the link's captured work once more, right after the device's
+    /// [`replay`](super::streams::Device::replay) (nothing to do where the device's graph holds
+    /// the link's work, as a CUDA graph holds NCCL's).
+    fn replay(&mut self) -> Result<(), TransportError> {
+        Err(not_capturable())
+    }
+}
+
+/// The error of a capture method a transport does not provide.
+fn not_capturable() -> TransportError {
+    TransportError::Link {
+        message: "this transport cannot be captured in a whole-step graph".into(),
+    }
 }
 
 /// Host parcels that arrived before they were wanted, by edge: what a host transport whose

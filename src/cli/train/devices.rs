@@ -4,8 +4,9 @@
 //! use; the candidates are ranked by the shared-device simulation). `per-rank`: rank `r` on GPU
 //! `r mod count` (payloads crossing GPUs are peer-copied; the candidates are ranked by the
 //! per-rank simulation, independent devices). `auto` (the default): `per-rank` when the machine has
-//! at least two GPUs and the run has at least two ranks, else `one`; `--graph` keeps `one` (a
-//! captured step across GPUs is refused).
+//! at least two GPUs and the run has at least two ranks, else `one`. `--graph` works with both: a
+//! captured step across GPUs holds every GPU's kernels and the peer copies in one graph
+//! (`cuda/src/streams/graph.rs`; not yet run on a machine with two GPUs).
 
 use serde_json::json;
 
@@ -46,14 +47,9 @@ pub struct DeviceChoice {
 }
 
 impl DeviceChoice {
-    /// Resolves `flag` for `ranks` ranks on a machine with `available` GPUs (`graph`: `--graph`
-    /// was given). The error is a usage message naming the flag and the fix.
-    pub fn resolve(
-        flag: DevicesFlag,
-        ranks: usize,
-        available: usize,
-        graph: bool,
-    ) -> Result<Self, String> {
+    /// Resolves `flag` for `ranks` ranks on a machine with `available` GPUs. The error is a
+    /// usage message naming the flag and the fix.
+    pub fn resolve(flag: DevicesFlag, ranks: usize, available: usize) -> Result<Self, String> {
         let per_rank = match flag {
             DevicesFlag::One => false,
             DevicesFlag::PerRank if available < 2 => {
@@ -62,16 +58,8 @@ impl DeviceChoice {
                      rank needs at least 2: give --devices one (every rank on GPU 0) or auto"
                 ))
             }
-            DevicesFlag::PerRank if graph => {
-                return Err(
-                    "--devices per-rank: --graph captures a step on one GPU only (a \
-                            graph across GPUs is not supported): give --devices one, or drop \
-                            --graph"
-                        .to_string(),
-                )
-            }
             DevicesFlag::PerRank => true,
-            DevicesFlag::Auto => available >= 2 && ranks >= 2 && !graph,
+            DevicesFlag::Auto => available >= 2 && ranks >= 2,
         };
         let rank_gpus = (0..ranks)
             .map(|r| if per_rank { r % available } else { 0 })
@@ -142,42 +130,37 @@ mod tests {
 
     #[test]
     fn auto_takes_one_gpu_per_rank_only_with_two_gpus_or_more() {
-        let one = DeviceChoice::resolve(DevicesFlag::Auto, 4, 1, false).unwrap();
+        let one = DeviceChoice::resolve(DevicesFlag::Auto, 4, 1).unwrap();
         assert!(!one.per_rank && one.shared());
         assert_eq!(one.rank_gpus, vec![0; 4]);
-        let two = DeviceChoice::resolve(DevicesFlag::Auto, 4, 2, false).unwrap();
+        let two = DeviceChoice::resolve(DevicesFlag::Auto, 4, 2).unwrap();
         assert!(two.per_rank && !two.shared());
         assert_eq!(two.rank_gpus, vec![0, 1, 0, 1]);
         assert_eq!(two.gpus_used(), 2);
-        let eight = DeviceChoice::resolve(DevicesFlag::Auto, 3, 8, false).unwrap();
+        let eight = DeviceChoice::resolve(DevicesFlag::Auto, 3, 8).unwrap();
         assert_eq!(
             (eight.rank_gpus.clone(), eight.gpus_used()),
             (vec![0, 1, 2], 3)
         );
-        // One rank, or --graph: one GPU.
+        // One rank: one GPU.
         assert!(
-            !DeviceChoice::resolve(DevicesFlag::Auto, 1, 2, false)
+            !DeviceChoice::resolve(DevicesFlag::Auto, 1, 2)
                 .unwrap()
                 .per_rank
         );
-        assert!(
-            !DeviceChoice::resolve(DevicesFlag::Auto, 4, 2, true)
-                .unwrap()
-                .per_rank
-        );
-        assert!(DeviceChoice::resolve(DevicesFlag::Auto, 4, 2, false)
+        assert!(DeviceChoice::resolve(DevicesFlag::Auto, 4, 2)
             .unwrap()
             .describe()
             .starts_with("--devices auto: per-rank"));
     }
 
     #[test]
-    fn per_rank_needs_two_gpus_and_no_graph() {
-        let e = DeviceChoice::resolve(DevicesFlag::PerRank, 2, 1, false).unwrap_err();
+    fn per_rank_needs_two_gpus() {
+        let e = DeviceChoice::resolve(DevicesFlag::PerRank, 2, 1).unwrap_err();
         assert!(e.contains("--devices one"), "{e}");
-        let e = DeviceChoice::resolve(DevicesFlag::PerRank, 2, 2, true).unwrap_err();
-        assert!(e.contains("--graph"), "{e}");
-        let one = DeviceChoice::resolve(DevicesFlag::One, 4, 4, false).unwrap();
+        let two = DeviceChoice::resolve(DevicesFlag::PerRank, 2, 2).unwrap();
+        assert_eq!(two.rank_gpus, vec![0, 1]);
+        let one = DeviceChoice::resolve(DevicesFlag::One, 4, 4).unwrap();
         assert!(one.shared());
         assert_eq!(one.json()["mode"], "one");
     }

@@ -255,9 +255,6 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let backend = resolve_backend(args.backend)?;
-    if backend == Backend::Cuda {
-        check_cuda_run(&args)?;
-    }
     check_graph(&args, backend)?;
     let devices = resolve_devices(&args, backend)?;
     let flag = match args.backend {
@@ -283,22 +280,6 @@ pub fn setup(mut args: Args) -> Result<Setup, CliError> {
     };
     setup.resume = super::checkpoint::prepare(&setup)?;
     Ok(setup)
-}
-
-/// What the CUDA path does not do, refused before anything runs: a whole-step graph for GPU ranks
-/// in separate processes (`--launcher mpi`: one GPU rank per process over NCCL).
-fn check_cuda_run(args: &Args) -> Result<(), CliError> {
-    if args.launcher != Launcher::Mpi {
-        return Ok(());
-    }
-    if args.graph {
-        return Err(usage(
-            "--graph is not built for GPU ranks in separate processes (--launcher mpi): drop \
-             --graph, or drop --launcher mpi"
-                .to_string(),
-        ));
-    }
-    Ok(())
 }
 
 /// The steps before the captured one with `--graph`: a warm-up and a plain, measured step.
@@ -351,7 +332,7 @@ fn resolve_devices(
     let available =
         crate::cuda::device_count().map_err(|e| CliError::Failed(format!("--devices: {e}")))?;
     let flag = args.devices.unwrap_or(DevicesFlag::Auto);
-    let choice = DeviceChoice::resolve(flag, args.ranks, available, args.graph).map_err(usage)?;
+    let choice = DeviceChoice::resolve(flag, args.ranks, available).map_err(usage)?;
     eprintln!("{}", choice.describe());
     Ok(Some(choice))
 }
@@ -532,7 +513,7 @@ fn check_model(args: &Args, spec: &ModelSpec, file: Option<&Schedule>) -> Result
 mod tests {
     use clap::Parser;
 
-    use super::{check_cuda_run, Args};
+    use super::{check_graph, Args, Backend};
     use crate::cli::{Cli, Command};
 
     fn train(flags: &[&str]) -> Args {
@@ -545,36 +526,30 @@ mod tests {
         }
     }
 
-    /// One process takes replicas and checkpoints on the GPU, and so do GPU ranks in separate
-    /// processes; these refuse graphs, naming the flag.
+    /// `--graph` is taken with every launcher and device choice of the CUDA backend, replicas
+    /// and checkpoints included; what is left refused is a step count with nothing to replay.
     #[test]
-    fn the_cuda_path_refuses_only_what_separate_gpu_processes_cannot_do() {
-        let one = [
-            "--data-parallel",
-            "2",
-            "--checkpoint",
-            "ck",
-            "--resume",
-            "ck",
+    fn graph_is_taken_with_every_cuda_launcher_and_device_choice() {
+        let taken: [&[&str]; 5] = [
+            &["--data-parallel", "2", "--checkpoint", "ck"],
+            &["--devices", "per-rank"],
+            &["--launcher", "mpi"],
+            &[
+                "--launcher",
+                "mpi",
+                "--data-parallel",
+                "2",
+                "--checkpoint",
+                "ck",
+            ],
+            &["--launcher", "mpi", "--devices", "per-rank"],
         ];
-        assert!(check_cuda_run(&train(&one)).is_ok());
-        assert!(check_cuda_run(&train(&["--graph", "--data-parallel", "2"])).is_ok());
-        let mpi = ["--launcher", "mpi", "--checkpoint", "ck", "--resume", "ck"];
-        assert!(check_cuda_run(&train(&mpi)).is_ok());
-        let dp = [
-            "--launcher",
-            "mpi",
-            "--data-parallel",
-            "2",
-            "--checkpoint",
-            "ck",
-        ];
-        assert!(check_cuda_run(&train(&dp)).is_ok());
-        let refused = ["--launcher", "mpi", "--graph", "--steps=4"];
-        let e = check_cuda_run(&train(&refused)).unwrap_err().to_string();
-        assert!(
-            e.starts_with("--graph") && e.contains("--launcher mpi"),
-            "{e}"
-        );
+        for flags in taken {
+            let args = train(&[&["--graph", "--steps=4"][..], flags].concat());
+            assert!(check_graph(&args, Backend::Cuda).is_ok(), "{flags:?}");
+        }
+        let args = train(&["--graph", "--steps=3", "--launcher", "mpi"]);
+        let e = check_graph(&args, Backend::Cuda).unwrap_err().to_string();
+        assert!(e.starts_with("--graph") && e.contains("--steps 4"), "{e}");
     }
 }

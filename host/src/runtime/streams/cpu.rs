@@ -27,6 +27,7 @@ use super::{Device, DeviceError, StreamId};
 mod capture;
 mod devices;
 mod flag;
+mod joins;
 mod on;
 mod peer;
 
@@ -56,6 +57,7 @@ impl CpuStream {
     }
 }
 pub use flag::Flag;
+use joins::unjoined;
 pub use on::{OnStreams, OnStreamsLoss};
 pub use peer::{CpuPeer, CpuPeers};
 
@@ -177,6 +179,8 @@ struct Link {
     devices: Mutex<Vec<usize>>,
     /// Bytes moved between devices by adopted payloads, since the device was made.
     copied: AtomicUsize,
+    /// The capture's fork/join model (while capturing).
+    joins: Mutex<Option<joins::Joins>>,
 }
 
 impl Link {
@@ -189,14 +193,22 @@ impl Link {
             .map_err(|_| DeviceError::new(format!("stream {stream}'s worker has stopped")))
     }
 
-    /// Sends `job` to run once, or to be kept for replay while capturing.
+    /// Sends `job` to run once, or to be kept for replay while capturing (refused on a stream
+    /// that has not joined the capture: see `cpu/joins.rs`).
     fn submit(&self, stream: usize, job: impl Fn() + Send + 'static) -> Result<(), DeviceError> {
         let job = if self.capturing.load(Ordering::SeqCst) {
+            if let Some(joins) = self.joins().as_mut() {
+                joins.work(stream)?;
+            }
             Job::Keep(Box::new(job))
         } else {
             Job::Once(Box::new(job))
         };
         self.send(stream, job)
+    }
+
+    fn joins(&self) -> MutexGuard<'_, Option<joins::Joins>> {
+        self.joins.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Keeps `message` as the device's error (the first one wins) and skips later work.
@@ -262,6 +274,7 @@ impl CpuStreams {
                 capturing: AtomicBool::new(false),
                 devices: Mutex::new(Vec::new()),
                 copied: AtomicUsize::new(0),
+                joins: Mutex::new(None),
             }),
             streams: Vec::new(),
             rank_devices: Vec::new(),
@@ -347,12 +360,21 @@ impl Device for CpuStreams {
         let f = Arc::clone(&flag);
         self.control(stream, move || f.raise())?;
         if self.link.capturing.load(Ordering::SeqCst) {
+            if let Some(joins) = self.link.joins().as_mut() {
+                joins.record(stream, flag.id());
+            }
             self.captured_flags.push(Arc::clone(&flag));
         }
         Ok(flag)
     }
 
     fn wait(&mut self, stream: usize, event: &Arc<Flag>) -> Result<(), DeviceError> {
+        if self.link.capturing.load(Ordering::SeqCst) {
+            event.note_waited();
+            if let Some(joins) = self.link.joins().as_mut() {
+                joins.wait(stream, event.id());
+            }
+        }
         let (flag, link) = (Arc::clone(event), Arc::clone(&self.link));
         self.control(stream, move || flag.wait(&link.failed))
     }

@@ -177,3 +177,40 @@ pub trait Device {
 fn not_supported(what: &str) -> DeviceError {
     DeviceError::new(format!("this device does not support {what}"))
 }
+
+// The fork/join rule of a whole-step capture, shared by the runners that capture (see
+// `StreamExecutor::capture`, `RankStreams::capture` and `cpu/joins.rs`).
+
+/// The fork: an event recorded on stream 0 that streams `1..streams` wait on before their first
+/// captured work (work a stream takes before it joined the capture would not be captured). The
+/// event, to keep until the capture ends.
+pub(super) fn fork<D: Device>(device: &mut D, streams: usize) -> Result<D::Event, DeviceError> {
+    let fork = device.record(0)?;
+    for s in 1..streams {
+        device.wait(s, &fork)?;
+    }
+    Ok(fork)
+}
+
+/// The join: stream 0 waits on an event recorded on each of streams `1..streams` after their last
+/// captured work (a capture cannot end with a stream not joined back). The events.
+pub(super) fn join<D: Device>(
+    device: &mut D,
+    streams: usize,
+) -> Result<Vec<D::Event>, DeviceError> {
+    (1..streams)
+        .map(|s| {
+            let join = device.record(s)?;
+            device.wait(0, &join)?;
+            Ok(join)
+        })
+        .collect()
+}
+
+/// Copies of `inputs` on stream 0 (in a capture: copied anew from the fixed buffers on each replay).
+pub(super) fn copies<D: Device>(
+    device: &D,
+    inputs: &[D::Payload],
+) -> Result<Vec<D::Payload>, DeviceError> {
+    inputs.iter().map(|x| device.copy(0, x)).collect()
+}

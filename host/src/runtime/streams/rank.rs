@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+mod graph;
+
 use super::after::{self, Hook};
 use super::peer::{peer_ops, PeerOp, PostOrder, RankPlan};
 use super::stage::bound_home;
@@ -62,6 +64,8 @@ pub struct RankStreams<D: Device, S: StreamStage<D::Stream, D::Payload>> {
     recompute: Vec<Recompute>,
     /// The data-parallel reduction, if any ([`set_reducer`](RankStreams::set_reducer)).
     reducer: Option<Arc<Reducer>>,
+    /// The captured step, if any ([`capture`](RankStreams::capture)).
+    graph: Option<graph::RankCaptured<D>>,
 }
 
 /// A step enqueued: its state and the origin of its timing marks.
@@ -71,6 +75,9 @@ type Enqueued<D, T> = (Step<D, T>, <D as Device>::Mark);
 struct Walk<D: Device> {
     events: HashMap<usize, D::Event>,
     posted: HashMap<Edge, (D::Payload, D::Event)>,
+    /// Whether each run is timed (not while capturing: a mark in a graph records nothing
+    /// readable).
+    timed: bool,
 }
 
 impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
@@ -117,6 +124,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             ready: Ready::default(),
             recompute: Vec::new(),
             reducer: None,
+            graph: None,
         })
     }
 
@@ -196,15 +204,22 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
         peer: &mut P,
         hook: Hook<'_>,
     ) -> RankOutcome {
-        let mut out = RankOutcome::empty(Ok(()));
         let rank = self.rank;
-        let enqueued =
-            catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, peer))).unwrap_or_else(|p| {
-                Err(RuntimeError::Internal {
-                    rank,
-                    message: format!("the runtime panicked: {}", panic_message(&*p)),
-                })
-            });
+        let enqueued = catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, peer)))
+            .unwrap_or_else(|p| Err(panicked(rank, &*p)));
+        self.settle(enqueued, peer, |me, step, out| me.report(step, out, hook))
+    }
+
+    /// Ends a step whose work was enqueued (or failed to be): aborts the peers on a failure, waits
+    /// for the device and the link, fills the outcome with `done` when both completed, and agrees
+    /// with the other ranks on the step's end.
+    fn settle<T, P: Transport<D::Payload, D::Event>>(
+        &mut self,
+        enqueued: Result<T, RuntimeError>,
+        peer: &mut P,
+        done: impl FnOnce(&mut Self, T, &mut RankOutcome) -> Result<(), RankStop>,
+    ) -> RankOutcome {
+        let mut out = RankOutcome::empty(Ok(()));
         if enqueued.is_err() {
             peer.abort();
         }
@@ -216,7 +231,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
             (Ok(_), _, Err(TransportError::Aborted)) => Err(RankStop::Aborted),
             (Ok(_), Err(e), _) => Err(RankStop::Failed(device_error(e))),
             (Ok(_), Ok(()), Err(error)) => Err(self.peer_failed(error)),
-            (Ok(step), Ok(()), Ok(())) => self.report(step, &mut out, hook),
+            (Ok(step), Ok(()), Ok(())) => done(self, step, &mut out),
         };
         out.result = end_of_step(result, peer, P::abort, P::finish);
         self.ready.stepped(out.result.is_ok());
@@ -260,22 +275,41 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
     ) -> Result<Enqueued<D, S::Stash>, RuntimeError> {
         self.check_batch(batch.inputs.len(), batch.targets.len())?;
         let rank = self.rank;
-        let home = self.home();
-        let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
-        let mut stages = bound_home(&self.device, stages, |_| home)?;
-        zero_grads(stages.iter_mut().map(|(s, b)| (*s, b)), |_| rank)?;
+        self.zero_grads()?;
         let inputs = std::mem::take(&mut batch.inputs);
         let mut step = Step::one_rank(&self.schedule, rank, inputs, &self.recompute);
         let origin = self.device.mark(0).map_err(device_error)?;
+        self.walk(&mut step, &batch, peer, true)?;
+        Ok((step, origin))
+    }
+
+    /// Enqueues every op of the plan, each run between timing marks when `timed`; what the walk
+    /// leaves (its events, kept alive by the caller while it needs them).
+    fn walk<L: StreamLoss<D::Stream, D::Payload>, P: Transport<D::Payload, D::Event>>(
+        &mut self,
+        step: &mut Step<D, S::Stash>,
+        batch: &RankBatch<'_, D::Payload, L>,
+        peer: &mut P,
+        timed: bool,
+    ) -> Result<Walk<D>, RuntimeError> {
         let mut walk = Walk {
             events: HashMap::new(),
             posted: HashMap::new(),
+            timed,
         };
         for i in 0..self.plan.ops.len() {
             let op = self.plan.ops[i];
-            self.op(op, &mut step, &mut walk, &batch, peer)?;
+            self.op(op, step, &mut walk, batch, peer)?;
         }
-        Ok((step, origin))
+        Ok(walk)
+    }
+
+    /// Zeroes the gradients of the rank's stages (on its main stream).
+    fn zero_grads(&mut self) -> Result<(), RuntimeError> {
+        let (rank, home) = (self.rank, self.home());
+        let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
+        let mut stages = bound_home(&self.device, stages, |_| home)?;
+        zero_grads(stages.iter_mut().map(|(s, b)| (*s, b)), |_| rank)
     }
 
     /// Enqueues one op of the plan.
@@ -293,7 +327,8 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
         };
         match op {
             PeerOp::Local(StreamOp::Run { stream, action }) => {
-                let start = self.device.mark(stream).map_err(device_error)?;
+                let mark = |d: &mut D| d.mark(stream).map_err(device_error);
+                let start = walk.timed.then(|| mark(&mut self.device)).transpose()?;
                 let Some(&at) = self.index.get(&action.stage) else {
                     return Err(self.internal(format!("{action} is not on this rank")));
                 };
@@ -308,8 +343,10 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
                     batch.targets,
                     batch.loss,
                 )?;
-                let end = self.device.mark(stream).map_err(device_error)?;
-                step.marks.push((action, start, end));
+                if let Some(start) = start {
+                    let end = mark(&mut self.device)?;
+                    step.marks.push((action, start, end));
+                }
             }
             PeerOp::Local(StreamOp::Record { stream, event }) => {
                 let e = self.device.record(stream).map_err(device_error)?;
@@ -402,6 +439,11 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
         }
         out.peak_held = step.machine(self.rank).map_or(0, |m| m.peak());
         after::tell(&self.schedule, hook, &timed)?;
+        self.reduce()
+    }
+
+    /// The data-parallel reduction of the rank's gradients, if any (after the device completed).
+    fn reduce(&mut self) -> Result<(), RankStop> {
         let home = self.home();
         let stages = self.stages.iter_mut().map(|(s, st)| (*s, st));
         let reducer = self.reducer.as_deref();
@@ -419,4 +461,12 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> RankStreams<D, S> {
 
 fn device_error(e: DeviceError) -> RuntimeError {
     RuntimeError::Device { message: e.message }
+}
+
+/// The error of a panic while enqueuing rank `rank`'s step.
+fn panicked(rank: usize, p: &(dyn std::any::Any + Send)) -> RuntimeError {
+    RuntimeError::Internal {
+        rank,
+        message: format!("the runtime panicked: {}", panic_message(p)),
+    }
 }

@@ -5,7 +5,11 @@
 //! activations and gradients crossing ranks over NCCL. The outcomes go to process 0 over MPI as on
 //! the CPU path, which prints what the threaded run prints. Checkpoints copy each rank's stages back
 //! to the host and save them as the CPU ranks do; `--resume` copies the saved state to the GPU.
-//! Without replicas or graphs (refused at the flags).
+//! With `--data-parallel`, each replica's ranks reduce their gradients over MPI. With `--graph`,
+//! each process captures its rank's step (its NCCL sends and receives included) after
+//! [`GRAPH_PLAIN_STEPS`](crate::trainer::streams::GRAPH_PLAIN_STEPS) plain steps and replays it;
+//! a captured or replayed step reports the last plain step's timeline (nothing is timed inside a
+//! graph). Not yet run on GPUs (UNVERIFIED).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,10 +24,11 @@ use crate::cuda::{device_count, CudaError, CudaRank, Gpu, NcclPeer, RankModel};
 use crate::model::stage_ranges;
 use crate::mpi::{Comm, GradientMean, Place, World};
 use crate::trainer::cuda::upload_batch;
+use crate::trainer::streams::{mode, Mode};
 use crate::trainer::{
     optimizer_failed, states_of, HostBatch, Saver, StepResult, StepRunner, TrainError,
 };
-use pipefill_host::runtime::Reducer;
+use pipefill_host::runtime::{RankOutcome, Reducer};
 
 fn cuda_failed(e: impl std::fmt::Display) -> CliError {
     CliError::Failed(format!("--backend cuda: {e}"))
@@ -100,6 +105,9 @@ pub(super) fn train_rank(
         job: Job::new(world, setup, place, &chosen.plan),
         me,
         upload,
+        graph: setup.args.graph,
+        ran: 0,
+        last_plain: None,
     };
     train_job(setup, (plans, chosen), first_step, &mut runner, place)
 }
@@ -109,6 +117,12 @@ struct GpuRank<'a> {
     job: Job<'a>,
     me: CudaRank,
     upload: Arc<CudaStream>,
+    /// `--graph`: capture the rank's step and replay it.
+    graph: bool,
+    /// Steps run so far (what [`mode`] decides by).
+    ran: usize,
+    /// The last plain step's spans and action times (what a graph step reports).
+    last_plain: Option<RankOutcome>,
 }
 
 impl StepRunner for GpuRank<'_> {
@@ -134,7 +148,21 @@ impl StepRunner for GpuRank<'_> {
         .map_err(|e| TrainError::Runner(cuda_failed(e).to_string()))?;
         job.world.barrier();
         let epoch = Instant::now();
-        let out = self.me.step(inputs, &targets, &rows);
+        let m = mode(self.graph, self.ran);
+        let mut out = match m {
+            Mode::Plain => self.me.step(inputs, &targets, &rows),
+            Mode::Capture => self.me.capture(inputs, targets, &rows),
+            Mode::Replay => self.me.replay(inputs, targets),
+        };
+        self.ran += 1;
+        match (&self.last_plain, m) {
+            (_, Mode::Plain) => self.last_plain = Some(out.clone()),
+            (Some(last), _) => {
+                out.spans = last.spans.clone();
+                out.action_seconds = last.action_seconds.clone();
+            }
+            (None, _) => {}
+        }
         let (out, seconds) = stopped(step, out, epoch.elapsed().as_secs_f64())?;
         gather(job, out, seconds)
     }

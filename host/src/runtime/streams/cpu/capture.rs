@@ -9,6 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::joins::Joins;
 use super::{CpuStreams, Job, Pending};
 use crate::runtime::streams::DeviceError;
 use crate::runtime::Tensor;
@@ -21,13 +22,19 @@ impl CpuStreams {
             ));
         }
         self.captured_flags.clear();
+        *self.link.joins() = Some(Joins::begin(self.workers.len()));
         self.link.capturing.store(true, Ordering::SeqCst);
         Ok(())
     }
 
+    /// Ends the capture; refused (nothing kept for replay) when a stream that joined it was not
+    /// joined back into stream 0, as CUDA refuses it (`cpu/joins.rs`).
     pub(super) fn finish_capture(&mut self) -> Result<(), DeviceError> {
         if !self.link.capturing.swap(false, Ordering::SeqCst) {
             return Err(DeviceError::new("end_capture without begin_capture"));
+        }
+        if let Some(joins) = self.link.joins().take() {
+            joins.end()?;
         }
         self.captured = true;
         Ok(())

@@ -8,6 +8,8 @@ use std::time::Duration;
 pub struct Flag {
     set: Mutex<bool>,
     cond: Condvar,
+    /// Whether a stream waited on it during a capture (see `cpu/joins.rs`).
+    waited: AtomicBool,
 }
 
 impl Flag {
@@ -15,7 +17,23 @@ impl Flag {
         Arc::new(Flag {
             set: Mutex::new(false),
             cond: Condvar::new(),
+            waited: AtomicBool::new(false),
         })
+    }
+
+    /// The flag's identity while it is alive (its address), for the capture's event map.
+    pub(super) fn id(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+
+    /// A stream waited on this flag during a capture.
+    pub(super) fn note_waited(&self) {
+        self.waited.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a stream waited on this flag during a capture.
+    pub(super) fn was_waited(&self) -> bool {
+        self.waited.load(Ordering::SeqCst)
     }
 
     pub(super) fn lower(&self) {

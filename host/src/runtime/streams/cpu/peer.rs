@@ -11,6 +11,12 @@
 //! reported, not hung. [`CpuPeers::eager`] models small messages instead, which NCCL buffers: a
 //! send completes without waiting for its receive, so a wrong posting order swaps messages
 //! (caught as a mismatch) instead of deadlocking.
+//!
+//! Capture ([`Transport::begin_capture`]): while the rank's device captures a step, the link's
+//! jobs are kept by its thread, after a wait on the fork event, and end with a join event; each
+//! [`Transport::replay`] runs them again (the twin of NCCL calls captured into a CUDA graph). A
+//! replay is refused when the join event was never waited on during the capture, as CUDA refuses
+//! to end a capture with a stream not joined back.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -191,6 +197,28 @@ enum Job {
         done: Arc<Flag>,
     },
     Sync(mpsc::Sender<()>),
+    /// Waits for a device event (the fork of a capture).
+    Wait(Arc<Flag>),
+    /// Raises an event (the join of a capture).
+    Raise(Arc<Flag>),
+}
+
+/// What the communication thread is sent: a job to run now, one to keep for every replay
+/// (while capturing), or a replay of the kept ones.
+enum Post {
+    Once(Job),
+    Keep(Job),
+    Replay,
+}
+
+/// The link's capture: whether it is capturing or holds a captured step, the events it made
+/// during the capture (lowered once a replay completed) and the join.
+#[derive(Default)]
+struct Capture {
+    capturing: bool,
+    captured: bool,
+    flags: Vec<Arc<Flag>>,
+    join: Option<Arc<Flag>>,
 }
 
 /// Links between ranks that are threads of one process, each rank on its own [`CpuStreams`](super::CpuStreams):
@@ -230,21 +258,27 @@ impl CpuPeers {
 pub struct CpuPeer {
     rank: usize,
     hub: Arc<Hub>,
-    jobs: Option<Sender<Job>>,
+    jobs: Option<Sender<Post>>,
+    capture: Capture,
     worker: Option<JoinHandle<()>>,
     error: Arc<Mutex<Option<TransportError>>>,
 }
 
 impl CpuPeer {
     fn start(rank: usize, hub: &Arc<Hub>) -> Self {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Post>();
         let error = Arc::new(Mutex::new(None));
         let (h, e) = (Arc::clone(hub), Arc::clone(&error));
         let worker = std::thread::Builder::new()
             .name(format!("peer-r{rank}"))
             .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    run(rank, &h, &e, job);
+                let mut kept = Vec::new();
+                while let Ok(post) = rx.recv() {
+                    match post {
+                        Post::Once(job) => run(rank, &h, &e, &job),
+                        Post::Keep(job) => kept.push(job),
+                        Post::Replay => kept.iter().for_each(|job| run(rank, &h, &e, job)),
+                    }
                 }
             })
             .ok();
@@ -252,6 +286,7 @@ impl CpuPeer {
             rank,
             hub: Arc::clone(hub),
             jobs: Some(tx),
+            capture: Capture::default(),
             worker,
             error,
         }
@@ -274,14 +309,28 @@ impl CpuPeer {
             message: format!("rank {}'s communication thread has stopped", self.rank),
         };
         let tx = self.jobs.as_ref().ok_or_else(stopped)?;
-        tx.send(job).map_err(|_| stopped())
+        let post = if self.capture.capturing {
+            Post::Keep(job)
+        } else {
+            Post::Once(job)
+        };
+        tx.send(post).map_err(|_| stopped())
+    }
+
+    fn replay_kept(&self) -> Result<(), TransportError> {
+        let tx = self.jobs.as_ref().ok_or_else(|| TransportError::Link {
+            message: format!("rank {}'s communication thread has stopped", self.rank),
+        })?;
+        tx.send(Post::Replay).map_err(|_| TransportError::Link {
+            message: format!("rank {}'s communication thread has stopped", self.rank),
+        })
     }
 }
 
 /// Runs one job on the communication thread; a failure is kept (the first wins), poisons the hub
 /// so no other rank waits for this one, and still raises the receive's flag so the consumer's
 /// stream goes on (to find no data).
-fn run(rank: usize, hub: &Hub, error: &Mutex<Option<TransportError>>, job: Job) {
+fn run(rank: usize, hub: &Hub, error: &Mutex<Option<TransportError>>, job: &Job) {
     let fail = |e: TransportError| {
         lock(error).get_or_insert(e);
         hub.poison();
@@ -293,6 +342,7 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<TransportError>>, job: Job) 
             data,
             to,
         } => {
+            let (edge, to) = (*edge, *to);
             after.wait(&hub.failed);
             if hub.failed.load(Ordering::SeqCst) {
                 return fail(TransportError::Aborted);
@@ -314,6 +364,7 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<TransportError>>, job: Job) 
             into,
             done,
         } => {
+            let (edge, from) = (*edge, *from);
             match hub.recv(from, rank) {
                 Ok(m) if m.edge != edge => fail(TransportError::Mismatch {
                     from,
@@ -323,7 +374,7 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<TransportError>>, job: Job) 
                 Ok(m) if m.tensor.shape() != shape.as_slice() => fail(TransportError::Shape {
                     from,
                     edge,
-                    expected: shape,
+                    expected: shape.clone(),
                     got: m.tensor.shape().to_vec(),
                 }),
                 Ok(m) => into.fill(m.tensor),
@@ -334,6 +385,8 @@ fn run(rank: usize, hub: &Hub, error: &Mutex<Option<TransportError>>, job: Job) 
         Job::Sync(ack) => {
             let _ = ack.send(());
         }
+        Job::Wait(flag) => flag.wait(&hub.failed),
+        Job::Raise(flag) => flag.raise(),
     }
 }
 
@@ -372,6 +425,9 @@ impl Transport<Pending<Tensor>, Arc<Flag>> for CpuPeer {
             into: data.share(),
             done: Arc::clone(&done),
         })?;
+        if self.capture.capturing {
+            self.capture.flags.push(Arc::clone(&done));
+        }
         Ok((data, done))
     }
 
@@ -381,6 +437,9 @@ impl Transport<Pending<Tensor>, Arc<Flag>> for CpuPeer {
         rx.recv().map_err(|_| TransportError::Link {
             message: format!("rank {}'s communication thread has stopped", self.rank),
         })?;
+        // Every kept job has run: the capture's events are lowered for the next replay (the
+        // device's streams, synchronised before, wait on none of them any more).
+        self.capture.flags.iter().for_each(|f| f.lower());
         match lock(&self.error).take() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -393,6 +452,50 @@ impl Transport<Pending<Tensor>, Arc<Flag>> for CpuPeer {
 
     fn finish(&mut self, ok: bool) -> bool {
         self.hub.finish(ok)
+    }
+
+    fn begin_capture(&mut self, fork: Arc<Flag>) -> Result<(), TransportError> {
+        if self.capture.capturing || self.capture.captured {
+            return Err(TransportError::Link {
+                message: format!("rank {}'s link already holds a captured step", self.rank),
+            });
+        }
+        self.capture.capturing = true;
+        self.post(Job::Wait(fork))
+    }
+
+    fn end_capture(&mut self) -> Result<Arc<Flag>, TransportError> {
+        if !self.capture.capturing {
+            return Err(TransportError::Link {
+                message: "end_capture without begin_capture".into(),
+            });
+        }
+        let join = Flag::new();
+        self.post(Job::Raise(Arc::clone(&join)))?;
+        self.capture.capturing = false;
+        self.capture.captured = true;
+        self.capture.flags.push(Arc::clone(&join));
+        self.capture.join = Some(Arc::clone(&join));
+        Ok(join)
+    }
+
+    /// Refused before a capture, and when the capture's join was never waited on by a capturing
+    /// stream (CUDA's `CUDA_ERROR_STREAM_CAPTURE_UNJOINED` at the end of the capture).
+    fn replay(&mut self) -> Result<(), TransportError> {
+        let join = self
+            .capture
+            .join
+            .as_ref()
+            .ok_or_else(|| TransportError::Link {
+                message: format!("rank {}'s link: replay before a capture", self.rank),
+            })?;
+        if !join.was_waited() {
+            let what = format!("rank {}'s communication stream", self.rank);
+            return Err(TransportError::Link {
+                message: super::unjoined(&what),
+            });
+        }
+        self.replay_kept()
     }
 }
 

@@ -3,8 +3,9 @@
 //! job list on [`CpuStreams`](super::super::CpuStreams)), and each later step only refreshes the
 //! fixed input and target buffers and replays it.
 //!
-//! What is captured: every stage's `zero_grad` (on its rank's main stream), a copy of each fixed input into
-//! a step-owned payload (stream 0), the fork of every other stream from stream 0, every op of the
+//! What is captured: the fork of every other stream from stream 0 (first: a stream's work counts
+//! only once it joined the capture), every stage's `zero_grad` (on its rank's main stream), a copy
+//! of each fixed input into a step-owned payload (stream 0), every op of the
 //! program (untimed: a timing mark inside a graph records nothing readable), the loss values and
 //! gradients, and the join of every stream back into stream 0. What is not: the optimizer steps,
 //! which the trainer applies after each replay as after a plain step
@@ -14,6 +15,7 @@
 use std::time::Instant;
 
 use super::{device_error, Step, StreamExecutor};
+use crate::runtime::streams::device::{copies, fork, join};
 use crate::runtime::streams::Device;
 use crate::runtime::streams::{StreamLoss, StreamStage};
 use crate::runtime::{Payload, RuntimeError, StepReport};
@@ -111,33 +113,22 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
         self.graph.is_some()
     }
 
-    /// The captured work: zero-grad, input copies, fork, every op, join (see the module notes).
+    /// The captured work: fork, zero-grad, input copies, every op, join (see the module notes).
     fn capture_body<L: StreamLoss<D::Stream, D::Payload>>(
         &mut self,
         inputs: &[D::Payload],
         targets: &[D::Payload],
         loss: &L,
     ) -> Result<CapturedWork<D, S::Stash>, RuntimeError> {
-        self.zero_grads()?;
-        let copies = inputs
-            .iter()
-            .map(|x| self.device.copy(0, x))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(device_error)?;
+        // The fork comes first: work enqueued on a stream before it joins the capture would not
+        // be captured (CUDA runs it once, now; the CPU twin refuses it).
         let streams = self.program.streams.len();
-        let mut events = Vec::with_capacity(2 * streams);
-        let fork = self.device.record(0).map_err(device_error)?;
-        for s in 1..streams {
-            self.device.wait(s, &fork).map_err(device_error)?;
-        }
-        events.push(fork);
+        let mut events = vec![fork(&mut self.device, streams).map_err(device_error)?];
+        self.zero_grads()?;
+        let copies = copies(&self.device, inputs).map_err(device_error)?;
         let mut step = self.new_step(copies);
         events.extend(self.enqueue_ops(&mut step, targets, loss, false)?);
-        for s in 1..streams {
-            let join = self.device.record(s).map_err(device_error)?;
-            self.device.wait(0, &join).map_err(device_error)?;
-            events.push(join);
-        }
+        events.extend(join(&mut self.device, streams).map_err(device_error)?);
         Ok((step, events))
     }
 
