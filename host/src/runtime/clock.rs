@@ -110,11 +110,13 @@ impl<'c> Clock<'c> {
 }
 
 /// The worker's layer calls for the [`Machine`](super::machine::Machine): timed by `clock`
-/// (`seconds` gets each call's duration), guarded against errors and panics.
+/// (`seconds` gets each call's duration, `rebuilds` each stash rebuild's again), guarded against
+/// errors and panics.
 pub(super) struct Timed<'r, 'c> {
     pub clock: &'r mut Clock<'c>,
     pub rank: usize,
     pub seconds: &'r mut Vec<(Action, f64)>,
+    pub rebuilds: &'r mut Vec<(Action, f64)>,
 }
 
 impl Calls<Tensor> for Timed<'_, '_> {
@@ -137,6 +139,20 @@ impl Calls<Tensor> for Timed<'_, '_> {
         f: impl FnOnce() -> Result<R, StageError>,
     ) -> Result<R, RankStop> {
         self.clock.call(self.rank, action, self.seconds, f)
+    }
+
+    /// Timed as any call (its time is the action's), and recorded apart as a rebuild.
+    #[inline]
+    fn rebuild<R>(
+        &mut self,
+        action: Action,
+        f: impl FnOnce() -> Result<R, StageError>,
+    ) -> Result<R, RankStop> {
+        let r = self.clock.call(self.rank, action, self.seconds, f);
+        if let Some(&last) = self.seconds.last() {
+            self.rebuilds.push(last);
+        }
+        r
     }
 }
 

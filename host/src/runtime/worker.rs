@@ -275,6 +275,7 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
             clock: &mut self.clock,
             rank,
             seconds: &mut self.out.action_seconds,
+            rebuilds: &mut self.out.rebuild_seconds,
         };
         if let Some((edge, data)) =
             self.machine
