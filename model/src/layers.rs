@@ -214,7 +214,12 @@ impl Stage for LinearStage {
     }
 
     fn held_bytes(&self, stash: &LinearStash) -> usize {
-        stash.inputs.iter().flatten().map(Stored::bytes).sum::<usize>()
+        stash
+            .inputs
+            .iter()
+            .flatten()
+            .map(Stored::bytes)
+            .sum::<usize>()
             + stash.pre.iter().flatten().map(Stored::bytes).sum::<usize>()
             + stash.grads.iter().map(Stored::bytes).sum::<usize>()
     }

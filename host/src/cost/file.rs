@@ -295,16 +295,18 @@ fn parse_entry(
         parameter_bytes: e.required("parameter_bytes", Quantity::Bytes)?,
         output_bytes: e.number("output_bytes", Quantity::Bytes)?.unwrap_or(0.0),
         input_bytes: e.number("input_bytes", Quantity::Bytes)?.unwrap_or(0.0),
-        selective_bytes: e
-            .number("selective_bytes", Quantity::Bytes)?
-            .unwrap_or(0.0),
+        selective_bytes: e.number("selective_bytes", Quantity::Bytes)?.unwrap_or(0.0),
         selective_time: e
             .number("selective_time", Quantity::Seconds)?
             .unwrap_or(0.0),
         recompute: match e.string("recompute")? {
             None => Recompute::None,
             Some(m) => m.parse().map_err(|reason: String| {
-                CostError::field(e.path_of("recompute"), reason, "write \"none\", \"full\" or \"selective\"")
+                CostError::field(
+                    e.path_of("recompute"),
+                    reason,
+                    "write \"none\", \"full\" or \"selective\"",
+                )
             })?,
         },
     };

@@ -268,9 +268,13 @@ impl StageCost {
         self.selective_bytes > 0.0
     }
 
-    /// The same stage run with recomputation `mode`.
+    /// The same stage run with recomputation `mode`; [`Recompute::Selective`] on a stage that
+    /// declares nothing selective is [`Recompute::None`] (what its runtime does: it drops nothing).
     pub fn with_recompute(mut self, mode: Recompute) -> Self {
-        self.recompute = mode;
+        self.recompute = match mode {
+            Recompute::Selective if !self.selective() => Recompute::None,
+            mode => mode,
+        };
         self
     }
 

@@ -104,7 +104,7 @@ impl super::CostModel {
 /// ```
 /// use pipefill_host::cost::RecomputeChoice;
 /// assert_eq!("auto".parse::<RecomputeChoice>(), Ok(RecomputeChoice::Auto));
-/// assert!("most".parse::<RecomputeChoice>().unwrap_err().contains("none, full, auto"));
+/// assert!("most".parse::<RecomputeChoice>().unwrap_err().contains("none, full, selective, auto"));
 /// ```
 ///
 /// [`PlanRequest::recompute`]: crate::plan::PlanRequest::recompute
@@ -117,15 +117,21 @@ pub enum RecomputeChoice {
     None,
     /// Every stage recomputes fully.
     Full,
+    /// Every stage that declares part of its stash rebuildable
+    /// ([`StageCost::selective`](super::StageCost::selective)) recomputes selectively; the
+    /// others keep their stash.
+    Selective,
     /// Per stage, chosen with the partition and the schedule under the memory limit: none
-    /// everywhere, full everywhere, and full on the stages that save the most bytes per second of
-    /// forward added until the plan fits ([`crate::plan::fit_recompute`]); the fastest plan that
-    /// fits wins, the fewest recomputing stages on a tie.
+    /// everywhere, full everywhere, selective wherever declared, and the greedy set
+    /// ([`crate::plan::fit_recompute`]: stage by stage, the step (none to selective or full,
+    /// selective to full) that frees the most bytes per second of rebuild added, until the plan
+    /// fits); the fastest plan that fits wins, the fewest recomputing stages on a tie.
     Auto,
 }
 
 crate::named_enum!(RecomputeChoice as "recomputation choice" {
     None => "none",
     Full => "full",
+    Selective => "selective",
     Auto => "auto",
 });
