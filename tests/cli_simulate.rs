@@ -474,3 +474,63 @@ fn recompute_full_trades_time_for_memory_and_is_reported_per_stage() {
         "{err}"
     );
 }
+
+#[test]
+fn recompute_selective_prices_the_declared_part_and_refuses_costs_without_it() {
+    let stage = r#"{"forward": 1, "backward": 2, "activation_bytes": 100, "parameter_bytes": 0, "output_bytes": 10, "selective_bytes": 40, "selective_time": 0.25}"#;
+    let costs = write(
+        "selective-stages.json",
+        &format!(r#"{{"stages": [{stage}, {stage}, {stage}, {stage}]}}"#),
+    );
+    let path = costs.to_str().unwrap();
+    let run = |mode: &str| {
+        let v = json(&[
+            "simulate",
+            "--schedule",
+            "1f1b",
+            "--ranks",
+            "4",
+            "--microbatches",
+            "8",
+            "--costs",
+            path,
+            "--recompute",
+            mode,
+        ]);
+        v["results"][0].clone()
+    };
+    let [none, sel, full] = ["none", "selective", "full"].map(run);
+    let peak = |r: &Value| {
+        r["peak_activations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .fold(0.0, f64::max)
+    };
+    let time = |r: &Value| r["makespan"].as_f64().unwrap();
+    assert!(
+        peak(&full) < peak(&sel) && peak(&sel) < peak(&none),
+        "{sel}"
+    );
+    assert!(
+        time(&none) < time(&sel) && time(&sel) < time(&full),
+        "{sel}"
+    );
+    assert_eq!(sel["recompute"], serde_json::json!(vec!["selective"; 4]));
+    // `--cost` declares nothing selective: refused, one line naming the flag.
+    let (code, _, err) = pipefill(&[
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+        "--recompute",
+        "selective",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--recompute selective"), "{err}");
+}
