@@ -243,16 +243,19 @@ impl<P: Payload, T> Machine<P, T> {
         if self.stashes.contains_key(&key) {
             return Err(self.fail(a, "this forward already ran and its stash is still held"));
         }
-        let mode = self.recompute.get(a.stage).copied().unwrap_or_default();
-        if mode == Recompute::Full {
-            return self.forward_keeping_input(a, key, input, stage, calls);
+        match self.recompute.get(a.stage) {
+            Some(Recompute::Full) => {
+                return self.forward_keeping_input(a, key, input, stage, calls);
+            }
+            Some(Recompute::Selective) => {
+                return self.forward_shrinking(a, key, input, stage, calls)
+            }
+            _ => {}
         }
-        let selective = mode == Recompute::Selective;
-        let (out, stash, bytes, shrunk) = calls.call(a, || {
-            let (out, mut stash) = stage.forward(input)?;
-            let shrunk = selective && stage.shrink(&mut stash)?;
+        let (out, stash, bytes) = calls.call(a, || {
+            let (out, stash) = stage.forward(input)?;
             let bytes = stage.held_bytes(&stash);
-            Ok((out, stash, bytes, shrunk))
+            Ok((out, stash, bytes))
         })?;
         self.hold(bytes, 0);
         if self.evaluation {
@@ -265,7 +268,7 @@ impl<P: Payload, T> Machine<P, T> {
             stash,
             input_done: false,
             bytes,
-            shrunk,
+            shrunk: false,
         };
         self.stashes.insert(key, stashed);
         Ok(out)

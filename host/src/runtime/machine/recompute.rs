@@ -18,6 +18,8 @@ use crate::schedule::{Action, Op};
 impl<P: Payload, T> Machine<P, T> {
     /// `F` with full recomputation: keeps a copy of `input` (its bytes held until the backward)
     /// and drops the stash as soon as the forward returns.
+    #[cold]
+    #[inline(never)]
     pub(super) fn forward_keeping_input<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
         a: Action,
@@ -37,9 +39,40 @@ impl<P: Payload, T> Machine<P, T> {
         Ok(out)
     }
 
+    /// `F` with selective recomputation: the forward, then [`Stage::shrink`] on its stash in the
+    /// same layer call; the shrunk stash's bytes are held until the backward rebuilds it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn forward_shrinking<S: Stage<P, Stash = T>, C: Calls<P>>(
+        &mut self,
+        a: Action,
+        key: (usize, usize),
+        input: P,
+        stage: &mut S,
+        calls: &mut C,
+    ) -> Result<P, C::Stop> {
+        let (out, stash, bytes, shrunk) = calls.call(a, || {
+            let (out, mut stash) = stage.forward(input)?;
+            let shrunk = stage.shrink(&mut stash)?;
+            let bytes = stage.held_bytes(&stash);
+            Ok((out, stash, bytes, shrunk))
+        })?;
+        self.hold(bytes, 0);
+        let stashed = Stashed {
+            stash,
+            input_done: false,
+            bytes,
+            shrunk,
+        };
+        self.stashes.insert(key, stashed);
+        Ok(out)
+    }
+
     /// `I` or `B` (`a.op`) on a stage that kept its input: the forward again on it, then the
     /// backward on the rebuilt stash, held from the call's start. After `I` the stash stays for
     /// `W`; after `B` it is gone.
+    #[cold]
+    #[inline(never)]
     pub(super) fn backward_rebuilt<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
         a: Action,
@@ -64,6 +97,8 @@ impl<P: Payload, T> Machine<P, T> {
     /// `I` or `B` (`a.op`) on `slot`, a stash selective recomputation shrank after `F` (taken
     /// out of the stashes): the stage rebuilds it (its bytes held from the start), then the
     /// backward runs on it.
+    #[cold]
+    #[inline(never)]
     pub(super) fn backward_selective<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
         a: Action,
