@@ -181,13 +181,14 @@ fn selective_recomputation_holds_what_an_independent_count_says_between_none_and
             let sim = simulate(&s, &costs).unwrap();
             let counted = counted_peak(&costs, &sim.timeline.spans);
             assert_eq!(sim.peak_activations, counted, "{family} {mode}");
-            let peak = counted.iter().cloned().fold(0.0, f64::max);
-            (peak, sim.timeline.makespan(), sim.lower_bound)
+            // Rank 0 keeps the most microbatches between F and I/B (a last rank that runs I right
+            // after F saves nothing in any mode).
+            (counted[0], sim.timeline.makespan(), sim.lower_bound)
         });
         let [none, selective, full] = sims;
         assert!(
             full.0 < selective.0 && selective.0 < none.0,
-            "{family}: peaks {sims:?}"
+            "{family}: rank 0's peaks {sims:?}"
         );
         // The rebuild (0.25) is cheaper than the forward (1): between the two in time.
         assert!(
