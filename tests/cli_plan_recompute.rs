@@ -99,7 +99,7 @@ fn plan_table_has_a_recompute_column_and_bad_values_are_refused() {
     // clap's refusal: one line naming the flag and the values, then its usual pointer to --help.
     let first = err.lines().next().unwrap_or("");
     assert!(
-        first.contains("--recompute") && first.contains("none, full, auto"),
+        first.contains("--recompute") && first.contains("none, full, selective, auto"),
         "{err}"
     );
 }

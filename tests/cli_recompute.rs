@@ -1,7 +1,9 @@
-//! `pipefill train --recompute none|full|auto`: full recomputation trains with the losses of the
-//! run without it, bit for bit (threads, ZB-H1 and ZB-V, data parallelism, a checkpoint resumed
-//! with the other mode, and under `mpirun` with the `mpi` feature), holds less at its peak as the
-//! runtime measures it (`peak_held_bytes`) and reports the mode per stage; under a
+//! `pipefill train --recompute none|full|selective|auto`: full and selective recomputation train
+//! with the losses of the run without it, bit for bit (threads, ZB-H1 and ZB-V, data parallelism,
+//! a checkpoint resumed with the other mode, and under `mpirun` with the `mpi` feature), hold less
+//! at their peak as the runtime measures it (`peak_held_bytes`; selective between none and full)
+//! and report the mode per stage and the measured rebuild time per rank; `selective` where no
+//! stage can exits 2 naming the flag; under a
 //! `--memory-limit` no plan without recomputation meets, the default (`auto`) recomputes and
 //! trains; a bad value exits 2 naming the flag.
 
@@ -52,6 +54,49 @@ fn full_recomputation_keeps_the_losses_and_holds_less() {
         // `host/tests/sim_recompute.rs`: here each run profiles anew, so two runs' predictions
         // differ by the profile's noise.)
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn selective_recomputation_keeps_the_losses_and_holds_between_none_and_full() {
+    let dir = scratch("recompute-selective");
+    // Two layers a stage: the second layer's input is rebuilt from the first's pre-activation.
+    for family in ["1f1b", "zb-h1"] {
+        let base = ["--schedule", family, "--steps", "3"];
+        let none = run(&dir, &[&base[..], &["--recompute", "none"]].concat());
+        let sel = run(&dir, &[&base[..], &["--recompute", "selective"]].concat());
+        let full = run(&dir, &[&base[..], &["--recompute", "full"]].concat());
+        assert_eq!(sel["losses"], none["losses"], "{family}");
+        let stages = none["stages"].as_u64().unwrap() as usize;
+        assert_eq!(
+            sel["recompute"],
+            serde_json::json!(vec!["selective"; stages])
+        );
+        let peak = |v: &Value| numbers(v, "peak_held_bytes").iter().sum::<f64>();
+        assert!(
+            peak(&full) < peak(&sel) && peak(&sel) < peak(&none),
+            "{family}: full {}, selective {}, none {}",
+            peak(&full),
+            peak(&sel),
+            peak(&none)
+        );
+        // The rebuilds were timed, per rank; none without recomputation.
+        let rebuilt = numbers(&sel, "rebuild_seconds");
+        assert_eq!(rebuilt.len(), 2, "{family}: one per rank");
+        assert!(rebuilt.iter().all(|&t| t > 0.0), "{family}: {rebuilt:?}");
+        assert!(numbers(&full, "rebuild_seconds").iter().all(|&t| t > 0.0));
+        assert!(numbers(&none, "rebuild_seconds").iter().all(|&t| t == 0.0));
+    }
+    // One layer a stage (ZB-V on 4 layers, 2 ranks): nothing to rebuild selectively.
+    let args = small_train(&["--schedule", "zbv", "--recompute", "selective"]);
+    let (code, _, err) = pipefill_in(Some(&dir), &args);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--recompute selective"), "{err}");
+    assert!(
+        !dir.join("pipefill-timeline.svg").exists(),
+        "nothing written"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -149,7 +194,7 @@ fn a_bad_mode_exits_2_naming_the_flag() {
     assert_eq!(code, 2, "{err}");
     let first = err.lines().next().unwrap_or_default();
     assert!(
-        first.contains("--recompute") && first.contains("none, full, auto"),
+        first.contains("--recompute") && first.contains("none, full, selective, auto"),
         "{err}"
     );
     assert!(

@@ -418,33 +418,58 @@ fn the_formats_doc_cost_file_example_is_accepted() {
     assert_eq!(v["results"][0]["peak_activations_unit"], "bytes");
 }
 
+/// `simulate` of 1F1B on 4 ranks, M = 8, with the cost flags `costs` and `--recompute mode`: its
+/// one result.
+fn recomputed_1f1b(costs: [&str; 2], mode: &str) -> Value {
+    let v = json(&[
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "4",
+        "--microbatches",
+        "8",
+        costs[0],
+        costs[1],
+        "--recompute",
+        mode,
+    ]);
+    v["results"][0].clone()
+}
+
+/// What `simulate --recompute mode` of 1F1B on the default `--cost` says on its one line of
+/// stderr; it must exit 2.
+fn refused(mode: &str) -> String {
+    let (code, _, err) = pipefill(&[
+        "simulate",
+        "--schedule",
+        "1f1b",
+        "--ranks",
+        "2",
+        "--microbatches",
+        "2",
+        "--recompute",
+        mode,
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+/// The largest `peak_activations` of a result.
+fn peak(r: &Value) -> f64 {
+    r["peak_activations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .fold(0.0, f64::max)
+}
+
 #[test]
 fn recompute_full_trades_time_for_memory_and_is_reported_per_stage() {
-    let run = |mode: &str| {
-        let v = json(&[
-            "simulate",
-            "--schedule",
-            "1f1b",
-            "--ranks",
-            "4",
-            "--microbatches",
-            "8",
-            "--cost",
-            "F=1,I=1,W=1,A=100,O=10",
-            "--recompute",
-            mode,
-        ]);
-        v["results"][0].clone()
-    };
+    let run = |mode: &str| recomputed_1f1b(["--cost", "F=1,I=1,W=1,A=100,O=10"], mode);
     let (none, full) = (run("none"), run("full"));
-    let peak = |r: &Value| {
-        r["peak_activations"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .fold(0.0, f64::max)
-    };
     assert!(peak(&full) < peak(&none), "{full}\n{none}");
     assert!(full["makespan"].as_f64().unwrap() > none["makespan"].as_f64().unwrap());
     assert_eq!(
@@ -457,20 +482,34 @@ fn recompute_full_trades_time_for_memory_and_is_reported_per_stage() {
     );
     // The bound sees the longer backward too: the schedule stays at or above it.
     assert!(full["lower_bound"].as_f64().unwrap() > none["lower_bound"].as_f64().unwrap());
-    let (code, _, err) = pipefill(&[
-        "simulate",
-        "--schedule",
-        "1f1b",
-        "--ranks",
-        "2",
-        "--microbatches",
-        "2",
-        "--recompute",
-        "half",
-    ]);
-    assert_eq!(code, 2);
+    let err = refused("half");
     assert!(
         err.contains("--recompute") && err.contains("none, full"),
         "{err}"
     );
+}
+
+#[test]
+fn recompute_selective_prices_the_declared_part_and_refuses_costs_without_it() {
+    let stage = r#"{"forward": 1, "backward": 2, "activation_bytes": 100, "parameter_bytes": 0, "output_bytes": 10, "selective_bytes": 40, "selective_time": 0.25}"#;
+    let costs = write(
+        "selective-stages.json",
+        &format!(r#"{{"stages": [{stage}, {stage}, {stage}, {stage}]}}"#),
+    );
+    let path = costs.to_str().unwrap();
+    let [none, sel, full] =
+        ["none", "selective", "full"].map(|m| recomputed_1f1b(["--costs", path], m));
+    let time = |r: &Value| r["makespan"].as_f64().unwrap();
+    assert!(
+        peak(&full) < peak(&sel) && peak(&sel) < peak(&none),
+        "{sel}"
+    );
+    assert!(
+        time(&none) < time(&sel) && time(&sel) < time(&full),
+        "{sel}"
+    );
+    assert_eq!(sel["recompute"], serde_json::json!(vec!["selective"; 4]));
+    // `--cost` declares nothing selective: refused, one line naming the flag.
+    let err = refused("selective");
+    assert!(err.contains("--recompute selective"), "{err}");
 }

@@ -211,3 +211,74 @@ fn the_first_stage_skips_its_input_gradient() {
         "I twice"
     );
 }
+
+/// Selective recomputation on the built-in stage: after `F` every layer input that is the
+/// activation of a kept pre-activation is dropped (the bytes counted), rebuilt before `I`, and
+/// the input gradient, the weight and bias gradients are those of the stage that kept it, bit for
+/// bit; nothing is dropped where the layer before is the identity, or with BF16 activations.
+#[test]
+fn shrunk_and_rebuilt_stashes_give_the_same_gradients_bit_for_bit() {
+    use pipefill_host::cost::ActivationDtype;
+    for &gemm in GemmBackend::ALL {
+        for activation in Activation::ALL {
+            let spec = ModelSpec {
+                input: 7,
+                layers: [9, 6, 4]
+                    .map(|width| LayerSpec { width, activation })
+                    .to_vec(),
+                loss: LossKind::Mse,
+                batch: 5,
+            };
+            let build = || {
+                let mut s = spec
+                    .build_stages(std::slice::from_ref(&(0..3)), Optimizer::sgd(0.1), gemm, 3)
+                    .unwrap()
+                    .remove(0);
+                s.first = false;
+                s
+            };
+            let (xs, ts) = Teacher::new(&spec, 3).batch(0, 5, 1);
+            let (mut kept, mut shrunk) = (build(), build());
+            let what = format!("{gemm} {activation}");
+            let (y, mut a) = kept.forward(xs[0].clone()).unwrap();
+            let (y2, mut b) = shrunk.forward(xs[0].clone()).unwrap();
+            assert_eq!(y.data(), y2.data(), "{what}");
+            let whole = shrunk.held_bytes(&b);
+            let dropped = shrunk.shrink(&mut b).unwrap();
+            // Layers 1 and 2 read act(Z) of the layer before: 5 rows of 9 and of 6 values.
+            let expect = if activation == Activation::Identity {
+                0
+            } else {
+                4 * 5 * (9 + 6)
+            };
+            assert_eq!(dropped, expect > 0, "{what}");
+            assert_eq!(whole - shrunk.held_bytes(&b), expect, "{what}");
+            shrunk.rebuild(&mut b).unwrap();
+            assert_eq!(shrunk.held_bytes(&b), whole, "{what}");
+            let (_, dy) = LossKind::Mse.loss(&y, &ts[0]).unwrap();
+            kept.zero_grad();
+            shrunk.zero_grad();
+            let dx = kept.backward_input(&mut a, dy.clone()).unwrap();
+            let dx2 = shrunk.backward_input(&mut b, dy).unwrap();
+            kept.backward_weight(a).unwrap();
+            shrunk.backward_weight(b).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(dx.data()), bits(dx2.data()), "dX {what}");
+            for (l, (p, q)) in kept.layers.iter().zip(&shrunk.layers).enumerate() {
+                assert_eq!(
+                    bits(p.weight_grad().unwrap()),
+                    bits(q.weight_grad().unwrap()),
+                    "dW layer {l} {what}"
+                );
+                assert_eq!(
+                    bits(p.bias_grad().unwrap()),
+                    bits(q.bias_grad().unwrap()),
+                    "db layer {l} {what}"
+                );
+            }
+            let mut bf16 = build().with_activations(ActivationDtype::Bf16);
+            let (_, mut c) = bf16.forward(xs[0].clone()).unwrap();
+            assert!(!bf16.shrink(&mut c).unwrap(), "{what}: bf16 drops nothing");
+        }
+    }
+}

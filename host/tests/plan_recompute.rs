@@ -5,6 +5,72 @@ use pipefill_host::cost::{CostFile, LayerCost, LinkCost, Recompute, RecomputeCho
 use pipefill_host::plan::{plan, plan_given, Plan, PlanError, PlanRequest, Split};
 use pipefill_host::schedule::Params;
 
+/// [`costs`] with 60 of each layer's 100 bytes declared selective, rebuilt in 0.01 (a 25th of
+/// the forward).
+fn selective_costs() -> CostFile {
+    let mut c = costs();
+    for l in &mut c.layers {
+        (l.selective_bytes, l.selective_time) = (60.0, 0.01);
+    }
+    c
+}
+
+#[test]
+fn auto_chooses_selective_where_it_fits_for_less_time_than_full() {
+    // One chunk per rank: each stage holds two layers, so every stage can recompute selectively.
+    let with = |limit, choice| {
+        let mut r = request(limit, choice);
+        r.costs = selective_costs();
+        r.families = vec!["1f1b".into(), "zb-h1".into(), "zb-h2".into()];
+        r.chunks = vec![1];
+        plan(&r)
+    };
+    let least = with(None, RecomputeChoice::None)
+        .unwrap()
+        .plans
+        .iter()
+        .map(worst)
+        .fold(f64::INFINITY, f64::min);
+    // Below every plan without recomputation, found by lowering the limit.
+    let mut limit = least;
+    while with(Some(limit), RecomputeChoice::None).is_ok() {
+        limit *= 0.95;
+    }
+    let auto = with(Some(limit), RecomputeChoice::Auto).unwrap();
+    let full = with(Some(limit), RecomputeChoice::Full).unwrap();
+    let (a, f) = (auto.best().unwrap(), full.best().unwrap());
+    assert!(worst(a) <= limit);
+    assert!(
+        a.recompute.contains(&Recompute::Selective),
+        "{:?} {} {}",
+        a.recompute,
+        a.family,
+        a.step_time
+    );
+    assert!(
+        a.step_time < f.step_time,
+        "{} vs full {}",
+        a.step_time,
+        f.step_time
+    );
+    // `selective`: every stage that declares it (each has two layers here), none elsewhere.
+    let sel = with(None, RecomputeChoice::Selective).unwrap();
+    for p in &sel.plans {
+        for (st, m) in p.cost.stages.iter().zip(&p.recompute) {
+            let want = if st.selective() {
+                Recompute::Selective
+            } else {
+                Recompute::None
+            };
+            assert_eq!(*m, want, "{} {:?}", p.family, p.layers_per_stage);
+        }
+    }
+    assert!(sel
+        .plans
+        .iter()
+        .any(|p| p.recompute.contains(&Recompute::Selective)));
+}
+
 /// Eight layers whose stashes (100 bytes a sample) dwarf their inputs (1 byte) and parameters; a
 /// cheap forward, so recomputing costs little time.
 fn costs() -> CostFile {

@@ -1,6 +1,8 @@
 //! Recomputation in the cost model: full recomputation keeps only a stage's input between `F` and
-//! its backward, and the backward runs the forward again first. Checked against an independent
-//! count over the simulated timeline, and against closed forms.
+//! its backward, and the backward runs the forward again first; selective keeps all but the
+//! part the stage declares (`selective_bytes`), rebuilt in `selective_time` before the backward.
+//! Checked against an independent count over the simulated timeline, and against closed forms;
+//! the cost file refuses a selective stage that declares nothing.
 
 use pipefill_host::cost::{CostInput, CostModel, LinkCost, Recompute, StageCost};
 use pipefill_host::schedule::{families, Op, Params};
@@ -27,11 +29,10 @@ fn counted_peak(costs: &CostModel, spans: &[Vec<pipefill_host::timeline::Span>])
             for span in lane {
                 for a in span.item().actions() {
                     let c = &costs.stages[a.stage];
-                    let full = c.recompute == Recompute::Full;
-                    let kept = if full {
-                        c.input_bytes.min(c.activation_bytes)
-                    } else {
-                        c.activation_bytes
+                    let kept = match c.recompute {
+                        Recompute::Full => c.input_bytes.min(c.activation_bytes),
+                        Recompute::Selective => c.activation_bytes - c.selective_bytes,
+                        _ => c.activation_bytes,
                     };
                     let rebuilt = c.activation_bytes - kept;
                     match a.op {
@@ -155,4 +156,95 @@ fn the_cost_file_carries_recomputation_per_stage() {
         e.contains("layers[0].recompute") && e.contains("per-stage"),
         "{e}"
     );
+}
+
+/// [`model`] with 40 of the 100 bytes declared selective, rebuilt in 0.25.
+fn selective_model(stages: usize, mode: Recompute) -> CostModel {
+    let mut m = model(stages, 100.0, 10.0, 30.0, Recompute::None);
+    for st in &mut m.stages {
+        (st.selective_bytes, st.selective_time) = (40.0, 0.25);
+        *st = st.with_recompute(mode);
+    }
+    m
+}
+
+#[test]
+fn selective_recomputation_holds_what_an_independent_count_says_between_none_and_full() {
+    let mut compared = 0;
+    for family in ["1f1b", "zb-h1", "zb-h2", "zbv", "gpipe"] {
+        let fam = families::family(family).expect("a known family");
+        let Ok(s) = (fam.generate)(&Params::new(4, 8)) else {
+            continue;
+        };
+        let sims = [Recompute::None, Recompute::Selective, Recompute::Full].map(|mode| {
+            let costs = selective_model(s.stages(), mode);
+            let sim = simulate(&s, &costs).unwrap();
+            let counted = counted_peak(&costs, &sim.timeline.spans);
+            assert_eq!(sim.peak_activations, counted, "{family} {mode}");
+            // Rank 0 keeps the most microbatches between F and I/B (a last rank that runs I right
+            // after F saves nothing in any mode).
+            (counted[0], sim.timeline.makespan(), sim.lower_bound)
+        });
+        let [none, selective, full] = sims;
+        assert!(
+            full.0 < selective.0 && selective.0 < none.0,
+            "{family}: rank 0's peaks {sims:?}"
+        );
+        // The rebuild (0.25) is cheaper than the forward (1): between the two in time.
+        assert!(
+            none.1 < selective.1 && selective.1 < full.1,
+            "{family}: times {sims:?}"
+        );
+        assert!(none.2 < selective.2, "{family}: the bound sees the rebuild");
+        compared += 1;
+    }
+    assert!(compared >= 4, "only {compared} cases ran");
+}
+
+#[test]
+fn the_cost_file_reads_selective_and_refuses_it_where_nothing_is_declared() {
+    let text = r#"{"stages": [
+        {"forward": 1, "backward": 2, "activation_bytes": 100, "parameter_bytes": 0},
+        {"forward": 1, "backward": 2, "activation_bytes": 100, "parameter_bytes": 0,
+         "selective_bytes": 40, "selective_time": 0.25, "recompute": "selective"}
+    ]}"#;
+    let CostInput::Stages(m) = CostInput::parse(text).unwrap() else {
+        panic!("per-stage costs")
+    };
+    assert_eq!(m.recompute(), vec![Recompute::None, Recompute::Selective]);
+    assert_eq!(m.stages[1].footprint().allocated_by(Op::F), 60.0);
+    assert_eq!(m.stages[1].time(Op::I), 1.25);
+    // A stage asking for it without declaring anything selective.
+    let bad = text.replace("\"selective_bytes\": 40", "\"selective_bytes\": 0");
+    let e = CostInput::parse(&bad).unwrap_err().to_string();
+    assert!(
+        e.contains("stages[1].recompute") && e.contains("selective_bytes"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+    // More than the stash.
+    let bad = text.replace("\"selective_bytes\": 40", "\"selective_bytes\": 400");
+    let e = CostInput::parse(&bad).unwrap_err().to_string();
+    assert!(e.contains("stages[1].selective_bytes"), "{e}");
+    // A file written before selective recomputation: nothing declared, nothing selective.
+    let old = r#"{"stages": [{"forward": 1, "backward": 2, "activation_bytes": 1, "parameter_bytes": 0}]}"#;
+    let CostInput::Stages(m) = CostInput::parse(old).unwrap() else {
+        panic!("per-stage costs")
+    };
+    assert!(!m.stages[0].selective() && m.selective_where_declared().is_none());
+    // Per layer: counted from each stage's second layer on.
+    let layers = r#"{"layers": [
+        {"name": "a", "forward": 1, "backward": 2, "activation_bytes": 100, "parameter_bytes": 0, "selective_bytes": 30, "selective_time": 0.5},
+        {"name": "b", "forward": 1, "backward": 2, "activation_bytes": 100, "parameter_bytes": 0, "selective_bytes": 30, "selective_time": 0.5}
+    ]}"#;
+    let CostInput::Layers(f) = CostInput::parse(layers).unwrap() else {
+        panic!("per-layer costs")
+    };
+    let one = f.model(&[2]).unwrap();
+    assert_eq!(
+        (one.stages[0].selective_bytes, one.stages[0].selective_time),
+        (30.0, 0.5)
+    );
+    let two = f.model(&[1, 1]).unwrap();
+    assert!(two.stages.iter().all(|st| !st.selective()));
 }

@@ -10,6 +10,16 @@
 //! pre-activation `Z` (for `act'(Z)`, not kept for the identity). `I` turns `Z` into `dZ` and keeps
 //! it; `W` consumes `X` and `dZ`.
 //!
+//! # Selective recomputation
+//!
+//! Within a stage, a layer's input `X` is the layer before's output `act(Z)`, and that `Z` is in
+//! the stash too (unless the activation is the identity): [`Stage::shrink`] drops every such `X`
+//! after `F`, and [`Stage::rebuild`] computes it again before `I`/`B`, elementwise, no GEMM. The
+//! rebuilt values are the dropped ones bit for bit (the same function on the same `f32`s), so
+//! training is unchanged. The stage's first `X` stays (it came from outside). With BF16
+//! activations nothing is dropped: `X` was rounded from `act(Z)` before `Z` was, and `act` of
+//! the rounded `Z` may differ.
+//!
 //! # BF16 activations
 //!
 //! A stage made [`with_activations`](LinearStage::with_activations)`(ActivationDtype::Bf16)`
@@ -59,8 +69,8 @@ pub struct LinearStage {
 #[derive(Debug)]
 pub struct LinearStash {
     rows: usize,
-    /// Per layer, its input `X`.
-    inputs: Vec<Stored>,
+    /// Per layer, its input `X` (`None` while selective recomputation dropped it).
+    inputs: Vec<Option<Stored>>,
     /// Per layer, `Z` after `F` (if the activation needs it), dropped at `I`.
     pre: Vec<Option<Stored>>,
     /// Per layer, `dZ`, filled by `I`.
@@ -143,7 +153,7 @@ impl Stage for LinearStage {
             let (mut y, z) = layer.forward(self.gemm, &x, rows);
             store::round_in_place(dtype, &mut y);
             let layer_input = std::mem::replace(&mut x, y);
-            stash.inputs.push(Stored::new(dtype, layer_input));
+            stash.inputs.push(Some(Stored::new(dtype, layer_input)));
             stash.pre.push(z.map(|z| Stored::new(dtype, z)));
         }
         Ok((self.hand_on(rows, self.outputs(), x)?, stash))
@@ -195,15 +205,54 @@ impl Stage for LinearStage {
         }
         let gemm = self.gemm;
         for ((layer, x), dz) in self.layers.iter_mut().zip(&stash.inputs).zip(&stash.grads) {
+            let x = x
+                .as_ref()
+                .ok_or_else(|| StageError::new("W on a stash whose inputs were not rebuilt"))?;
             layer.backward_weight(gemm, &x.values(), &dz.values(), stash.rows);
         }
         Ok(())
     }
 
     fn held_bytes(&self, stash: &LinearStash) -> usize {
-        stash.inputs.iter().map(Stored::bytes).sum::<usize>()
+        stash
+            .inputs
+            .iter()
+            .flatten()
+            .map(Stored::bytes)
+            .sum::<usize>()
             + stash.pre.iter().flatten().map(Stored::bytes).sum::<usize>()
             + stash.grads.iter().map(Stored::bytes).sum::<usize>()
+    }
+
+    /// Drops every layer input after the first whose layer before keeps its pre-activation (see
+    /// the module's "Selective recomputation"); nothing with BF16 activations.
+    fn shrink(&mut self, stash: &mut LinearStash) -> Result<bool, StageError> {
+        if self.activations != ActivationDtype::F32 {
+            return Ok(false);
+        }
+        let mut dropped = false;
+        for l in 1..stash.inputs.len() {
+            if stash.pre[l - 1].is_some() {
+                dropped |= stash.inputs[l].take().is_some();
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Each dropped input again, `act(Z)` of the layer before.
+    fn rebuild(&mut self, stash: &mut LinearStash) -> Result<(), StageError> {
+        let dtype = self.activations;
+        for l in 1..stash.inputs.len().min(self.layers.len()) {
+            if stash.inputs[l].is_some() {
+                continue;
+            }
+            let z = stash.pre[l - 1].as_ref().ok_or_else(|| {
+                StageError::new("rebuild: a dropped input's pre-activation is gone (I ran?)")
+            })?;
+            let y = self.layers[l - 1].output_of(&z.values());
+            stash.inputs[l] = Some(Stored::new(dtype, y));
+        }
+        Ok(())
     }
 
     fn zero_grad(&mut self) {

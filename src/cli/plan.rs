@@ -102,8 +102,9 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, conflicts_with = "max_in_flight")]
     pub memory_limit: Option<f64>,
     /// Activation recomputation: `none`, `full` (every stage keeps only its input and runs its
-    /// forward again before I/B), or `auto` (chosen per stage with the partition and schedule under
-    /// --memory-limit). Default: `auto` with --memory-limit, else `none`.
+    /// forward again before I/B), `selective` (every stage drops what its layers declare cheap to
+    /// rebuild, `selective_bytes`), or `auto` (chosen per stage with the partition and schedule
+    /// under --memory-limit). Default: `auto` with --memory-limit, else `none`.
     #[arg(long, value_name = "MODE", value_parser = parse_choice)]
     pub recompute: Option<RecomputeChoice>,
     /// Microbatch size (samples) the costs were measured at. Default: the cost file's
@@ -146,9 +147,15 @@ pub struct Args {
     pub auto: AutoArgs,
 }
 
-/// `--recompute`: none, full or auto.
+/// `--recompute`: none, full, selective or auto.
 pub fn parse_choice(s: &str) -> Result<RecomputeChoice, String> {
     s.parse()
+}
+
+/// Whether some layer after the first declares a selective part (a stage holding it and the layer
+/// before can recompute selectively).
+pub fn declares_selective(costs: &pipefill_host::cost::CostFile) -> bool {
+    costs.layers.iter().skip(1).any(|l| l.selective_bytes > 0.0)
 }
 
 /// Maps planning errors to the CLI (all usage errors, exit code 2), naming the flag when one is
@@ -268,6 +275,11 @@ pub fn request_from_flags(args: &Args) -> Result<PlanRequest, CliError> {
         Some(_) => RecomputeChoice::Auto,
         None => RecomputeChoice::None,
     });
+    if req.recompute == RecomputeChoice::Selective && !declares_selective(&req.costs) {
+        return Err(CliError::Usage(
+            "--recompute selective: no layer after another declares anything selective (selective_bytes) in the cost file; profile the model with `pipefill profile`, or give --recompute full".into(),
+        ));
+    }
     req.families = args.families.clone();
     req.chunks = args.chunks.clone();
     req.max_microbatches = args.max_microbatches;

@@ -275,6 +275,11 @@ pub fn profile_model(spec: &ModelSpec, m: &Measure) -> Result<CostFile, CliError
         Backend::Cuda => profile_rows_cuda(spec, stages(), rows, options, precision),
     };
     let mut costs = at(rows)?;
+    // What the CPU runtime's selective recomputation drops and rebuilds (the CUDA stages and BF16
+    // activations drop nothing).
+    if backend == Backend::Cpu && activations == ActivationDtype::F32 {
+        profile_selective(&mut costs, stages(), rows, options)?;
+    }
     let mut sampled: Vec<(usize, Vec<LayerCost>)> = Vec::new();
     for &size in sizes.iter() {
         if size != rows && size > 0 && !sampled.iter().any(|(s, _)| *s == size) {
@@ -344,6 +349,50 @@ fn one_layer_stages(
             (format!("linear{l}"), stage, bytes)
         })
         .collect()
+}
+
+/// Each layer's selective part after the first ([`LayerCost::selective_bytes`],
+/// [`LayerCost::selective_time`]): the layer and the one before as one stage on `rows` rows, its
+/// stash shrunk ([`Stage::shrink`]: the bytes it drops) and rebuilt ([`Stage::rebuild`]: the
+/// median time over `options.repeats`, after `options.warmup`).
+fn profile_selective(
+    costs: &mut [LayerCost],
+    stages: Vec<(String, LinearStage, f64)>,
+    rows: usize,
+    options: ProfileOptions,
+) -> Result<(), CliError> {
+    use pipefill_host::runtime::Stage;
+    let failed = |e: pipefill_host::runtime::StageError| CliError::Failed(e.to_string());
+    let layers: Vec<_> = stages.into_iter().map(|(_, s, _)| s).collect();
+    for (l, pair) in layers.windows(2).enumerate() {
+        let mut stage = pair[0].clone();
+        stage.layers.extend(pair[1].layers.iter().cloned());
+        let width = stage.inputs();
+        let x = Tensor::matrix(rows, width, vec![0.5; rows * width])
+            .map_err(|e| CliError::Failed(e.to_string()))?;
+        let (_, mut stash) = stage.forward(x).map_err(failed)?;
+        let whole = stage.held_bytes(&stash);
+        if !stage.shrink(&mut stash).map_err(failed)? {
+            continue;
+        }
+        let dropped = whole.saturating_sub(stage.held_bytes(&stash));
+        let mut times = Vec::with_capacity(options.repeats);
+        for round in 0..options.warmup + options.repeats {
+            if round > 0 {
+                stage.shrink(&mut stash).map_err(failed)?;
+            }
+            let t = std::time::Instant::now();
+            stage.rebuild(&mut stash).map_err(failed)?;
+            if round >= options.warmup {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        if let Some(c) = costs.get_mut(l + 1) {
+            c.selective_bytes = dropped as f64;
+            c.selective_time = median(&mut times);
+        }
+    }
+    Ok(())
 }
 
 /// The profile's input: `rows` rows of `0.5`.

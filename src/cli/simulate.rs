@@ -95,7 +95,8 @@ pub struct Args {
     pub overlap_share: Option<f64>,
     /// Activation recomputation: `none` or `full` for every stage (default: as the cost file says;
     /// `full` keeps each stage's input only and runs the forward again before I/B: less memory,
-    /// longer I/B), or `auto`: per stage, the fewest that make each schedule fit --memory-limit.
+    /// longer I/B), `selective` on every stage whose costs declare it (`selective_bytes`), or
+    /// `auto`: per stage, the fewest and cheapest that make each schedule fit --memory-limit.
     #[arg(long, value_name = "MODE", value_parser = super::plan::parse_choice)]
     pub recompute: Option<RecomputeChoice>,
     /// Memory limit per rank in bytes, parameters included (needs activation sizes, A=): for
@@ -146,7 +147,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     if args.recompute == Some(RecomputeChoice::Auto) && args.memory_limit.is_none() {
         return Err(usage(
-            "--recompute auto: needs --memory-limit BYTES (it chooses what fits that limit); or give --recompute none|full",
+            "--recompute auto: needs --memory-limit BYTES (it chooses what fits that limit); or give --recompute none|full|selective",
         ));
     }
     let spec = cost_spec(&args)?;
@@ -162,6 +163,13 @@ pub fn run(args: Args) -> Result<(), CliError> {
             .model_for(schedule.ranks, schedule.chunks)
             .map(|m| recomputed(m, fixed_mode(args.recompute)))
             .map_err(|e| usage(format!("costs for `{}`: {e}", schedule.name)))?;
+        if args.recompute == Some(RecomputeChoice::Selective)
+            && !model.stages.iter().any(|st| st.selective())
+        {
+            return Err(usage(
+                "--recompute selective: no stage's costs declare anything selective (selective_bytes); give a cost file with selective_bytes and selective_time, or --recompute full",
+            ));
+        }
         let model = match (args.recompute, args.memory_limit) {
             (Some(RecomputeChoice::Auto), Some(limit)) => {
                 fitted(schedule, model, limit).map_err(|e| match e {
@@ -236,6 +244,7 @@ pub fn recomputed(mut model: CostModel, mode: Option<Recompute>) -> CostModel {
 fn fixed_mode(choice: Option<RecomputeChoice>) -> Option<Recompute> {
     match choice? {
         RecomputeChoice::Full => Some(Recompute::Full),
+        RecomputeChoice::Selective => Some(Recompute::Selective),
         RecomputeChoice::Auto => None,
         _ => Some(Recompute::None),
     }

@@ -29,6 +29,13 @@ pub struct Outcome {
     /// held at once over the run's steps, as the runtime measured them (replica 0's; 0 where the
     /// runner does not count them: pending payloads on streams).
     pub peak_held_bytes: Vec<usize>,
+    /// Per rank, the seconds the median step spent rebuilding stashes before `I` or `B`
+    /// (recomputation; [`StepReport::rebuild_seconds`]): 0 without recomputation, and where the
+    /// runner does not time the rebuild apart (streams).
+    pub rebuild_seconds: Vec<f64>,
+    /// Per stage, the share of the median step's `I`/`B` time on it that rebuilt stashes, over
+    /// the actions that rebuilt one (0 where none did): what the SVG hatches.
+    pub rebuild_share: Vec<f64>,
     /// The stream runner's host enqueue time per action, plain and with a captured graph.
     pub host_enqueue: Option<HostEnqueue>,
 }
@@ -69,7 +76,10 @@ impl Outcome {
         } else {
             r.timeline.clone()
         };
+        let (rebuild_seconds, rebuild_share) = rebuilds(plan, r);
         Ok(Outcome {
+            rebuild_seconds,
+            rebuild_share,
             first_step,
             losses,
             step_seconds,
@@ -80,6 +90,31 @@ impl Outcome {
             host_enqueue: None,
         })
     }
+}
+
+/// Per rank, `r`'s rebuild seconds; per stage, the share of the rebuilding actions' seconds that
+/// rebuilt.
+fn rebuilds(plan: &Plan, r: &StepReport) -> (Vec<f64>, Vec<f64>) {
+    let stages = plan.schedule.stages();
+    let (mut rebuilt, mut total) = (vec![0.0; stages], vec![0.0; stages]);
+    for (a, t) in &r.rebuild_seconds {
+        if let Some(x) = rebuilt.get_mut(a.stage) {
+            *x += t;
+        }
+    }
+    for (a, t) in &r.action_seconds {
+        if r.rebuild_seconds.iter().any(|(b, _)| b == a) {
+            if let Some(x) = total.get_mut(a.stage) {
+                *x += t;
+            }
+        }
+    }
+    let share = rebuilt
+        .iter()
+        .zip(&total)
+        .map(|(&b, &t)| if t > 0.0 { (b / t).min(1.0) } else { 0.0 })
+        .collect();
+    (r.rebuild_seconds_by_rank(&plan.schedule), share)
 }
 
 /// Index of the median of `v`.

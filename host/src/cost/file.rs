@@ -25,7 +25,8 @@
 //! | `parameter_bytes` | yes | weights (and anything else held for the whole step) |
 //! | `released_at_input` | no (0) | part of `activation_bytes` freed when I ends |
 //! | `output_bytes` | no (0) | the output per microbatch (crosses the boundary after this layer) |
-//! | `recompute` | no (`"none"`), `stages` only | `"none"` or `"full"`: full recomputation keeps only the stage's input from F to its backward and runs F again before I/B (module [`recompute`](super::recompute)) |
+//! | `recompute` | no (`"none"`), `stages` only | `"none"`, `"full"` or `"selective"`: full recomputation keeps only the stage's input from F to its backward and runs F again before I/B; selective drops `selective_bytes` after F and rebuilds them before I/B in `selective_time` (only for a stage with `selective_bytes > 0`) (module [`recompute`](super::recompute)) |
+//! | `selective_bytes`, `selective_time` | no (0) | the part of the stash the stage (or, for `layers`, the layer, counted where the layer before it is in the same stage) can drop after F and rebuild cheaply before I/B, and the rebuild's time; at most `activation_bytes` |
 //! | `input_bytes` | no, `stages` only | the stage's input per microbatch (what `full` keeps); default: the previous stage's `output_bytes` (0 for the first) |
 //! | `fixed` | no, `layers` only | `{"forward": s, "backward_input": s, "backward_weight": s}`: the part of each time that does not grow with the microbatch size (all three required, each at most the op's time) |
 //! | `samples` | no, `layers` only | `[{"scale": b / b0, "forward": s, "backward_input": s, "backward_weight": s, "backward": s}, ...]`: the layer's times measured at other microbatch sizes (`backward` optional, default `I + W`; scales positive, distinct, not 1) |
@@ -74,6 +75,8 @@ const ENTRY_KEYS: &[&str] = &[
     "samples",
     "input_bytes",
     "recompute",
+    "selective_bytes",
+    "selective_time",
 ];
 
 /// The keys the top level may have.
@@ -292,10 +295,18 @@ fn parse_entry(
         parameter_bytes: e.required("parameter_bytes", Quantity::Bytes)?,
         output_bytes: e.number("output_bytes", Quantity::Bytes)?.unwrap_or(0.0),
         input_bytes: e.number("input_bytes", Quantity::Bytes)?.unwrap_or(0.0),
+        selective_bytes: e.number("selective_bytes", Quantity::Bytes)?.unwrap_or(0.0),
+        selective_time: e
+            .number("selective_time", Quantity::Seconds)?
+            .unwrap_or(0.0),
         recompute: match e.string("recompute")? {
             None => Recompute::None,
             Some(m) => m.parse().map_err(|reason: String| {
-                CostError::field(e.path_of("recompute"), reason, "write \"none\" or \"full\"")
+                CostError::field(
+                    e.path_of("recompute"),
+                    reason,
+                    "write \"none\", \"full\" or \"selective\"",
+                )
             })?,
         },
     };
@@ -419,6 +430,8 @@ fn layer_from(name: String, s: &StageCost) -> LayerCost {
         released_at_input: s.released_at_input,
         parameter_bytes: s.parameter_bytes,
         output_bytes: s.output_bytes,
+        selective_bytes: s.selective_bytes,
+        selective_time: s.selective_time,
         fixed: None,
         samples: Vec::new(),
     }

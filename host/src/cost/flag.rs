@@ -113,6 +113,8 @@ pub fn parse_cost_flag(text: &str) -> Result<StageCost, CostError> {
         parameter_bytes: p.unwrap_or(0.0),
         output_bytes: o.unwrap_or(0.0),
         input_bytes: 0.0,
+        selective_bytes: 0.0,
+        selective_time: 0.0,
         recompute: super::Recompute::None,
     })
 }

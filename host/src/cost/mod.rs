@@ -80,6 +80,15 @@ pub struct LayerCost {
     pub parameter_bytes: f64,
     /// Bytes of the layer's output per microbatch (what crosses a stage boundary after it).
     pub output_bytes: f64,
+    /// Bytes of the layer's stash that selective recomputation drops after `F` and rebuilds before
+    /// `I`/`B` from the stash of the layer before it (cost file `"selective_bytes"`, default 0:
+    /// nothing selective). Counted only where that layer is in the same stage (module [`recompute`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub selective_bytes: f64,
+    /// Time the rebuild of [`selective_bytes`](LayerCost::selective_bytes) takes (cost file
+    /// `"selective_time"`, default 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub selective_time: f64,
     /// The part of F, I, W that does not grow with the microbatch size (cost file `"fixed"`);
     /// `None`: unknown, times scale linearly (see [`scaling`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -109,6 +118,8 @@ impl LayerCost {
             released_at_input: 0.0,
             parameter_bytes: 0.0,
             output_bytes: 0.0,
+            selective_bytes: 0.0,
+            selective_time: 0.0,
             fixed: None,
             samples: Vec::new(),
         }
@@ -131,6 +142,8 @@ impl LayerCost {
             parameter_bytes: self.parameter_bytes,
             output_bytes: self.output_bytes,
             input_bytes: 0.0,
+            selective_bytes: self.selective_bytes,
+            selective_time: self.selective_time,
             recompute: Recompute::None,
         }
     }
@@ -217,6 +230,13 @@ pub struct StageCost {
     /// recomputation keeps between `F` and the backward.
     #[serde(default)]
     pub input_bytes: f64,
+    /// Bytes of the stash selective recomputation drops after `F` and rebuilds before `I`/`B`
+    /// (0: the stage declares nothing selective, and cannot run [`Recompute::Selective`]).
+    #[serde(default)]
+    pub selective_bytes: f64,
+    /// Time the selective rebuild adds to `I`/`B`.
+    #[serde(default)]
+    pub selective_time: f64,
     /// How the stage keeps what its backward needs (module [`recompute`]).
     #[serde(default)]
     pub recompute: Recompute,
@@ -235,13 +255,26 @@ impl StageCost {
             parameter_bytes: 0.0,
             output_bytes: 0.0,
             input_bytes: 0.0,
+            selective_bytes: 0.0,
+            selective_time: 0.0,
             recompute: Recompute::None,
         }
     }
 
-    /// The same stage run with recomputation `mode`.
+    /// Whether the stage declares part of its stash rebuildable cheaply (`selective_bytes > 0`),
+    /// so that it can run [`Recompute::Selective`].
+    #[inline]
+    pub fn selective(&self) -> bool {
+        self.selective_bytes > 0.0
+    }
+
+    /// The same stage run with recomputation `mode`; [`Recompute::Selective`] on a stage that
+    /// declares nothing selective is [`Recompute::None`] (what its runtime does: it drops nothing).
     pub fn with_recompute(mut self, mode: Recompute) -> Self {
-        self.recompute = mode;
+        self.recompute = match mode {
+            Recompute::Selective if !self.selective() => Recompute::None,
+            mode => mode,
+        };
         self
     }
 
@@ -251,6 +284,7 @@ impl StageCost {
         match self.recompute {
             Recompute::None => 0.0,
             Recompute::Full => self.forward,
+            Recompute::Selective => self.selective_time,
         }
     }
 
@@ -260,6 +294,7 @@ impl StageCost {
         match self.recompute {
             Recompute::None => 0.0,
             Recompute::Full => (self.activation_bytes - self.input_bytes).max(0.0),
+            Recompute::Selective => self.selective_bytes.min(self.activation_bytes),
         }
     }
 
@@ -308,6 +343,8 @@ impl StageCost {
             parameter_bytes: self.parameter_bytes / d,
             output_bytes: self.output_bytes,
             input_bytes: self.input_bytes,
+            selective_bytes: self.selective_bytes / d,
+            selective_time: self.selective_time / d,
             recompute: self.recompute,
         }
     }
@@ -345,6 +382,16 @@ impl StageCost {
             ),
             ("output_bytes", self.output_bytes, check::Quantity::Bytes),
             ("input_bytes", self.input_bytes, check::Quantity::Bytes),
+            (
+                "selective_bytes",
+                self.selective_bytes,
+                check::Quantity::Bytes,
+            ),
+            (
+                "selective_time",
+                self.selective_time,
+                check::Quantity::Seconds,
+            ),
         ];
         for (name, v, q) in values {
             q.check(&format!("{path}.{name}"), v)?;
@@ -359,8 +406,30 @@ impl StageCost {
                 "released_at_input is the part of activation_bytes freed at I: at most activation_bytes",
             ));
         }
+        if self.selective_bytes > self.activation_bytes {
+            return Err(CostError::field(
+                format!("{path}.selective_bytes"),
+                format!(
+                    "is larger than activation_bytes ({} > {})",
+                    self.selective_bytes, self.activation_bytes
+                ),
+                "selective_bytes is the part of activation_bytes selective recomputation rebuilds: at most activation_bytes",
+            ));
+        }
+        if self.recompute == Recompute::Selective && !self.selective() {
+            return Err(CostError::field(
+                format!("{path}.recompute"),
+                "is \"selective\" but the stage declares nothing selective (selective_bytes is 0)",
+                "give the stage's selective_bytes and selective_time, or write \"full\" or \"none\"",
+            ));
+        }
         Ok(())
     }
+}
+
+/// `true` for 0 (a field written only when set).
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// Everything the simulator needs to turn a schedule into predicted time.

@@ -53,9 +53,14 @@ impl CostFile {
     }
 }
 
-/// The sum of a run of layers as one stage; the output bytes are the last layer's.
+/// The sum of a run of layers as one stage; the output bytes are the last layer's. What the layers
+/// declare selective counts from the second on: the first rebuilds from a layer in another stage.
 fn sum_layers(layers: &[LayerCost]) -> StageCost {
     let mut s = StageCost::uniform(0.0, 0.0, 0.0);
+    for l in layers.iter().skip(1) {
+        s.selective_bytes += l.selective_bytes;
+        s.selective_time += l.selective_time;
+    }
     for l in layers {
         s.forward += l.forward;
         s.backward_input += l.backward_input;
@@ -198,6 +203,7 @@ mod tests {
             .map(|i| {
                 let mut l = LayerCost::new(format!("l{i}"), 1.0 + i as f64, 1.0, 2.0);
                 l.activation_bytes = 10.0;
+                (l.selective_bytes, l.selective_time) = (3.0, 0.5);
                 l.released_at_input = 4.0;
                 l.output_bytes = 100.0 * (i + 1) as f64;
                 l
@@ -214,6 +220,13 @@ mod tests {
         assert_eq!(m.stages[1].released_at_input, 12.0);
         assert_eq!(m.stages[0].output_bytes, 100.0);
         assert_eq!(m.stages[1].output_bytes, 400.0);
+        // Selective: only the layers after a stage's first (they rebuild from a layer beside them).
+        assert_eq!(m.stages[0].selective_bytes, 0.0);
+        assert!(!m.stages[0].selective());
+        assert_eq!(
+            (m.stages[1].selective_bytes, m.stages[1].selective_time),
+            (6.0, 1.0)
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 /// use pipefill_host::cost::Recompute;
 /// assert_eq!("full".parse::<Recompute>(), Ok(Recompute::Full));
 /// assert_eq!(Recompute::default().to_string(), "none");
-/// assert!("some".parse::<Recompute>().unwrap_err().contains("none, full"));
+/// assert!("some".parse::<Recompute>().unwrap_err().contains("none, full, selective"));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -38,11 +38,22 @@ pub enum Recompute {
     None,
     /// Keep only the stage's input; run the forward again before `I` or `B`.
     Full,
+    /// Drop after `F` the part of the stash the stage declares it can rebuild cheaply
+    /// ([`StageCost::selective_bytes`], e.g. the built-in layers' inputs, which are the activation
+    /// of the layer before's kept pre-activation) and rebuild it before `I` or `B`
+    /// ([`StageCost::selective_time`]). Only for a stage that declares it
+    /// ([`StageCost::selective`]).
+    ///
+    /// [`StageCost::selective_bytes`]: super::StageCost::selective_bytes
+    /// [`StageCost::selective_time`]: super::StageCost::selective_time
+    /// [`StageCost::selective`]: super::StageCost::selective
+    Selective,
 }
 
 crate::named_enum!(Recompute as "recomputation mode" {
     None => "none",
     Full => "full",
+    Selective => "selective",
 });
 
 impl super::CostModel {
@@ -59,6 +70,33 @@ impl super::CostModel {
     pub fn recompute(&self) -> Vec<Recompute> {
         self.stages.iter().map(|s| s.recompute).collect()
     }
+
+    /// This model with [`Recompute::Selective`] on every stage that declares it
+    /// ([`StageCost::selective`](super::StageCost::selective)) and no recomputation elsewhere;
+    /// `None` when no stage declares it.
+    ///
+    /// ```
+    /// use pipefill_host::cost::{CostModel, LinkCost, Recompute, StageCost};
+    /// let mut m = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 2, LinkCost::default());
+    /// assert!(m.clone().selective_where_declared().is_none());
+    /// (m.stages[1].activation_bytes, m.stages[1].selective_bytes) = (8.0, 4.0);
+    /// let s = m.selective_where_declared().unwrap();
+    /// assert_eq!(s.recompute(), vec![Recompute::None, Recompute::Selective]);
+    /// ```
+    pub fn selective_where_declared(mut self) -> Option<Self> {
+        if !self.stages.iter().any(|s| s.selective()) {
+            return None;
+        }
+        for st in &mut self.stages {
+            let mode = if st.selective() {
+                Recompute::Selective
+            } else {
+                Recompute::None
+            };
+            *st = st.with_recompute(mode);
+        }
+        Some(self)
+    }
 }
 
 /// What a planner may do about recomputation (`plan --recompute`, [`PlanRequest::recompute`]).
@@ -66,7 +104,7 @@ impl super::CostModel {
 /// ```
 /// use pipefill_host::cost::RecomputeChoice;
 /// assert_eq!("auto".parse::<RecomputeChoice>(), Ok(RecomputeChoice::Auto));
-/// assert!("most".parse::<RecomputeChoice>().unwrap_err().contains("none, full, auto"));
+/// assert!("most".parse::<RecomputeChoice>().unwrap_err().contains("none, full, selective, auto"));
 /// ```
 ///
 /// [`PlanRequest::recompute`]: crate::plan::PlanRequest::recompute
@@ -79,15 +117,21 @@ pub enum RecomputeChoice {
     None,
     /// Every stage recomputes fully.
     Full,
+    /// Every stage that declares part of its stash rebuildable
+    /// ([`StageCost::selective`](super::StageCost::selective)) recomputes selectively; the
+    /// others keep their stash.
+    Selective,
     /// Per stage, chosen with the partition and the schedule under the memory limit: none
-    /// everywhere, full everywhere, and full on the stages that save the most bytes per second of
-    /// forward added until the plan fits ([`crate::plan::fit_recompute`]); the fastest plan that
-    /// fits wins, the fewest recomputing stages on a tie.
+    /// everywhere, full everywhere, selective wherever declared, and the greedy set
+    /// ([`crate::plan::fit_recompute`]: stage by stage, the step (none to selective or full,
+    /// selective to full) that frees the most bytes per second of rebuild added, until the plan
+    /// fits); the fastest plan that fits wins, the fewest recomputing stages on a tie.
     Auto,
 }
 
 crate::named_enum!(RecomputeChoice as "recomputation choice" {
     None => "none",
     Full => "full",
+    Selective => "selective",
     Auto => "auto",
 });

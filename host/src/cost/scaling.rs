@@ -195,6 +195,8 @@ impl LayerCost {
             released_at_input: self.released_at_input * factor,
             parameter_bytes: self.parameter_bytes,
             output_bytes: self.output_bytes * factor,
+            selective_bytes: self.selective_bytes * factor,
+            selective_time: self.selective_time * factor,
             // The fixed part is absolute: scaling the result again stays consistent.
             fixed: self.fixed,
             samples: Vec::new(),
@@ -228,6 +230,8 @@ impl LayerCost {
             released_at_input: self.released_at_input * factor,
             parameter_bytes: self.parameter_bytes,
             output_bytes: self.output_bytes * factor,
+            selective_bytes: self.selective_bytes * factor,
+            selective_time: self.selective_time * factor,
             fixed: None,
             samples: Vec::new(),
         }

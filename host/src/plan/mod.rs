@@ -546,6 +546,7 @@ fn shape<'a>(
 fn solve_modes(source: Source, choice: RecomputeChoice, limit: Option<f64>) -> Vec<Recompute> {
     match (source, choice, limit) {
         (Source::Auto, RecomputeChoice::Full, _) => vec![Recompute::Full],
+        (Source::Auto, RecomputeChoice::Selective, _) => vec![Recompute::Selective],
         (Source::Auto, RecomputeChoice::Auto, Some(_)) => vec![Recompute::None, Recompute::Full],
         _ => vec![Recompute::None],
     }

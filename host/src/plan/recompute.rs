@@ -2,11 +2,13 @@
 //! memory and time model).
 //!
 //! The planner tries, for every schedule and partition, the mode sets [`RecomputeChoice`] allows:
-//! none everywhere, full everywhere, and with `auto` also [`fit_recompute`]'s greedy set (full on
-//! the stages whose recomputation frees the most bytes per second of forward it adds, stage by
-//! stage, on the ranks still over the limit, until the plan fits). Each set is simulated like any
-//! other candidate; the fastest plan that fits wins, so recomputation is chosen only where no plan
-//! fits without it or where it lets a deeper schedule (more microbatches in flight) run faster.
+//! none everywhere, full everywhere, selective wherever a stage declares it, and with `auto` also
+//! [`fit_recompute`]'s greedy set (stage by stage, on the ranks still over the limit, the step
+//! that frees the most bytes per second of rebuild it adds, until the plan fits: a selective
+//! stage frees fewer bytes than a full one but costs far less time). Each set is simulated like
+//! any other candidate; the fastest plan that fits wins, so recomputation is chosen only where no
+//! plan fits without it or where it lets a deeper schedule (more microbatches in flight) run
+//! faster.
 
 use crate::cost::{CostModel, Recompute, RecomputeChoice};
 use crate::schedule::Schedule;
@@ -30,11 +32,28 @@ pub fn peak_memory(schedule: &Schedule, model: &CostModel, sim: &Simulation) -> 
     mem
 }
 
-/// The mode sets `choice` tries for `stages` stages, before the greedy one: none, full, or both.
-pub(crate) fn uniform_sets(choice: RecomputeChoice, stages: usize) -> Vec<Vec<Recompute>> {
-    let set = |m| vec![m; stages];
+/// The mode sets `choice` tries for `model`'s stages, before the greedy one: none, full,
+/// selective (where a stage declares it), or (`auto`) all three, none first; selective only where
+/// some stage declares it.
+pub(crate) fn uniform_sets(choice: RecomputeChoice, model: &CostModel) -> Vec<Vec<Recompute>> {
+    let set = |m| vec![m; model.stages.len()];
+    let selective = || {
+        let modes = model.stages.iter().map(|st| {
+            if st.selective() {
+                Recompute::Selective
+            } else {
+                Recompute::None
+            }
+        });
+        modes.collect()
+    };
+    let any_selective = model.stages.iter().any(|st| st.selective());
     match choice {
         RecomputeChoice::Full => vec![set(Recompute::Full)],
+        RecomputeChoice::Selective => vec![selective()],
+        RecomputeChoice::Auto if any_selective => {
+            vec![set(Recompute::None), set(Recompute::Full), selective()]
+        }
         RecomputeChoice::Auto => vec![set(Recompute::None), set(Recompute::Full)],
         _ => vec![set(Recompute::None)],
     }
@@ -42,9 +61,10 @@ pub(crate) fn uniform_sets(choice: RecomputeChoice, stages: usize) -> Vec<Vec<Re
 
 /// The greedy per-stage choice for `schedule` under `model` and `limit` bytes per rank
 /// (parameters included): starting from no recomputation, while some rank's predicted peak is
-/// over the limit, full recomputation on that rank's stage that frees the most stash bytes per
-/// second of forward it adds. `Ok(None)` when even that cannot bring every rank under the limit.
-/// No stage recomputes when the schedule fits without.
+/// over the limit, the step on one of that rank's stages (none to selective where the stage
+/// declares it, none or selective to full) that frees the most stash bytes per second of rebuild
+/// it adds. `Ok(None)` when even that cannot bring every rank under the limit. No stage
+/// recomputes when the schedule fits without.
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, Recompute, StageCost};
@@ -60,6 +80,10 @@ pub(crate) fn uniform_sets(choice: RecomputeChoice, stages: usize) -> Vec<Vec<Re
 /// assert_eq!(modes[3], Recompute::None);
 /// assert_eq!(fit_recompute(&s, &model, 100.0).unwrap(), Some(vec![Recompute::None; 4]));
 /// assert_eq!(fit_recompute(&s, &model, 5.0).unwrap(), None);
+/// // Half the stash rebuilt in a tenth of the forward: selective suffices at 30 bytes.
+/// let model = CostModel::uniform(StageCost { selective_bytes: 5.0, selective_time: 0.1, ..st }, 4, LinkCost::default());
+/// let modes = fit_recompute(&s, &model, 30.0).unwrap().unwrap();
+/// assert_eq!(modes[0], Recompute::Selective);
 /// ```
 pub fn fit_recompute(
     schedule: &Schedule,
@@ -75,28 +99,39 @@ pub fn fit_recompute(
         if !(0..peak.len()).any(over) {
             return Ok(Some(modes));
         }
-        let gain = |s: usize| {
-            let full = costs.stages[s].with_recompute(Recompute::Full);
-            let saved = full.rebuilt_bytes();
-            (saved > 0.0).then(|| saved / full.rebuild_time().max(f64::MIN_POSITIVE))
+        // Per stage, its best next step: (stage, mode, bytes freed per second added).
+        let step = |s: usize| {
+            let now = &costs.stages[s];
+            [Recompute::Selective, Recompute::Full]
+                .into_iter()
+                .filter(|&m| m != now.recompute && now.recompute != Recompute::Full)
+                .filter_map(|m| {
+                    let next = now.with_recompute(m);
+                    let saved = next.rebuilt_bytes() - now.rebuilt_bytes();
+                    let added = next.rebuild_time() - now.rebuild_time();
+                    (next.recompute == m && saved > 0.0)
+                        .then(|| (s, m, saved / added.max(f64::MIN_POSITIVE)))
+                })
+                .max_by(|a, b| a.2.total_cmp(&b.2))
         };
         let next = (0..modes.len())
-            .filter(|&s| modes[s] == Recompute::None && over(schedule.rank_of(s)))
-            .filter_map(|s| Some((s, gain(s)?)))
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+            .filter(|&s| over(schedule.rank_of(s)))
+            .filter_map(step)
+            .max_by(|a, b| a.2.total_cmp(&b.2).then(b.0.cmp(&a.0)));
         match next {
-            Some((s, _)) => modes[s] = Recompute::Full,
+            Some((s, m, _)) => modes[s] = m,
             None => return Ok(None),
         }
     }
 }
 
-/// How a plan's stages recompute, compactly: `-` for none, `full` for all, else `k of S`.
+/// How a plan's stages recompute, compactly: `-` for none, `full` or `selective` for all in that
+/// mode, else `k of S` (stages that recompute, in either mode).
 pub fn summary(modes: &[Recompute]) -> String {
     let k = modes.iter().filter(|&&m| m != Recompute::None).count();
     match k {
         0 => "-".into(),
-        k if k == modes.len() => "full".into(),
+        k if k == modes.len() && modes.iter().all(|&m| m == modes[0]) => modes[0].to_string(),
         k => format!("{k} of {}", modes.len()),
     }
 }

@@ -141,10 +141,14 @@ impl<'a> Shape<'a> {
     /// that fit, and why the others did not (module `recompute`).
     fn evaluate_modes(&self, part: &Partition, name: &str) -> (Vec<Plan>, Vec<String>) {
         let (mut found, mut why) = (Vec::new(), Vec::new());
-        let stages = self.schedule.stages();
+        let model = match self.model(&part.layers_per_stage()) {
+            Ok(m) => m,
+            Err(e) => return (found, vec![format!("{name} partition: {e}")]),
+        };
+        let sets = uniform_sets(self.request.recompute, &model);
         let mut fits = Vec::new();
-        for modes in uniform_sets(self.request.recompute, stages) {
-            match self.evaluate(part, name.to_string(), &modes) {
+        for modes in &sets {
+            match self.evaluate(part, name.to_string(), modes) {
                 // Auto: where this split and schedule fit without recomputation, recomputing
                 // would only make them slower (so it never wins a near-tie either).
                 Ok(p) if self.request.recompute == RecomputeChoice::Auto && fits.is_empty() => {
@@ -160,17 +164,18 @@ impl<'a> Shape<'a> {
                 }
             }
         }
-        // Auto: where none fits and full does, the fewest stages that make it fit.
-        if let (RecomputeChoice::Auto, Some(limit), [false, true]) = (
+        // Auto: where none fits but recomputing everywhere does, the fewest and cheapest steps
+        // that make it fit.
+        if let (RecomputeChoice::Auto, Some(limit), [false, rest @ ..]) = (
             self.request.recompute,
             self.request.memory_limit,
             fits.as_slice(),
         ) {
-            let greedy = self
-                .model(&part.layers_per_stage())
-                .ok()
-                .and_then(|m| fit_recompute(&self.schedule, &m, limit).ok().flatten());
-            if let Some(modes) = greedy.filter(|m| m.contains(&Recompute::None)) {
+            let greedy = rest
+                .contains(&true)
+                .then(|| fit_recompute(&self.schedule, &model, limit).ok().flatten())
+                .flatten();
+            if let Some(modes) = greedy.filter(|m| !sets.contains(m)) {
                 match self.evaluate(part, name.to_string(), &modes) {
                     Ok(p) => found.push(p),
                     Err(e) => why.push(e),

@@ -17,7 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::machine::{action_failed, Calls, RankStop};
+use super::machine::{action_failed, Calls, RankOutcome, RankStop};
 use super::{RuntimeError, StageError, Tensor};
 use crate::cpu_time::thread_cpu_seconds;
 use crate::schedule::Action;
@@ -110,11 +110,12 @@ impl<'c> Clock<'c> {
 }
 
 /// The worker's layer calls for the [`Machine`](super::machine::Machine): timed by `clock`
-/// (`seconds` gets each call's duration), guarded against errors and panics.
+/// (`out.action_seconds` gets each call's duration, `out.rebuild_seconds` each stash rebuild's
+/// again), guarded against errors and panics.
 pub(super) struct Timed<'r, 'c> {
     pub clock: &'r mut Clock<'c>,
     pub rank: usize,
-    pub seconds: &'r mut Vec<(Action, f64)>,
+    pub out: &'r mut RankOutcome,
 }
 
 impl Calls<Tensor> for Timed<'_, '_> {
@@ -136,7 +137,24 @@ impl Calls<Tensor> for Timed<'_, '_> {
         action: Action,
         f: impl FnOnce() -> Result<R, StageError>,
     ) -> Result<R, RankStop> {
-        self.clock.call(self.rank, action, self.seconds, f)
+        self.clock
+            .call(self.rank, action, &mut self.out.action_seconds, f)
+    }
+
+    /// Timed as any call (its time is the action's), and recorded apart as a rebuild.
+    #[inline]
+    fn rebuild<R>(
+        &mut self,
+        action: Action,
+        f: impl FnOnce() -> Result<R, StageError>,
+    ) -> Result<R, RankStop> {
+        let r = self
+            .clock
+            .call(self.rank, action, &mut self.out.action_seconds, f);
+        if let Some(&last) = self.out.action_seconds.last() {
+            self.out.rebuild_seconds.push(last);
+        }
+        r
     }
 }
 

@@ -119,6 +119,12 @@ pub trait DynStreamStage<St, P: Payload>: Send {
     /// [`StreamStage::held_bytes`]; 0 for a stash made by another stage type.
     fn held_bytes_dyn(&self, stash: &AnyStash) -> usize;
 
+    /// [`StreamStage::shrink`]; refuses a stash made by another stage type.
+    fn shrink_dyn(&mut self, on: &St, stash: &mut AnyStash) -> Result<bool, StageError>;
+
+    /// [`StreamStage::rebuild`]; refuses a stash made by another stage type.
+    fn rebuild_dyn(&mut self, on: &St, stash: &mut AnyStash) -> Result<(), StageError>;
+
     /// [`StreamStage::zero_grad`].
     fn zero_grad_dyn(&mut self, on: &St);
 
@@ -201,6 +207,20 @@ where
         stash
             .downcast_ref::<S::Stash>()
             .map_or(0, |s| self.held_bytes(s))
+    }
+
+    fn shrink_dyn(&mut self, on: &St, stash: &mut AnyStash) -> Result<bool, StageError> {
+        let stash = stash
+            .downcast_mut::<S::Stash>()
+            .ok_or_else(wrong_stash::<S>)?;
+        self.shrink(on, stash)
+    }
+
+    fn rebuild_dyn(&mut self, on: &St, stash: &mut AnyStash) -> Result<(), StageError> {
+        let stash = stash
+            .downcast_mut::<S::Stash>()
+            .ok_or_else(wrong_stash::<S>)?;
+        self.rebuild(on, stash)
     }
 
     fn zero_grad_dyn(&mut self, on: &St) {
@@ -320,6 +340,14 @@ impl Stage for BoxedStage {
         (**self).held_bytes_dyn(stash)
     }
 
+    fn shrink(&mut self, stash: &mut AnyStash) -> Result<bool, StageError> {
+        (**self).shrink_dyn(&(), stash)
+    }
+
+    fn rebuild(&mut self, stash: &mut AnyStash) -> Result<(), StageError> {
+        (**self).rebuild_dyn(&(), stash)
+    }
+
     fn zero_grad(&mut self) {
         (**self).zero_grad_dyn(&());
     }
@@ -387,6 +415,22 @@ macro_rules! boxed_stream_stage {
 
             fn held_bytes(&self, stash: &Self::Stash) -> usize {
                 $crate::runtime::DynStreamStage::held_bytes_dyn(&**self, stash)
+            }
+
+            fn shrink(
+                &mut self,
+                on: &$stream,
+                stash: &mut Self::Stash,
+            ) -> Result<bool, $crate::runtime::StageError> {
+                $crate::runtime::DynStreamStage::shrink_dyn(&mut **self, on, stash)
+            }
+
+            fn rebuild(
+                &mut self,
+                on: &$stream,
+                stash: &mut Self::Stash,
+            ) -> Result<(), $crate::runtime::StageError> {
+                $crate::runtime::DynStreamStage::rebuild_dyn(&mut **self, on, stash)
             }
 
             fn zero_grad(&mut self, on: &$stream) {

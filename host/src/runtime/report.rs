@@ -18,6 +18,7 @@ use crate::timeline::{Source, Timeline};
 ///     loss: 0.5, losses: vec![0.5], timeline: Timeline::new("gpipe", Source::Measured, 1),
 ///     peak_held_bytes: vec![64], seconds: 0.25,
 ///     action_seconds: vec![("0F0".parse().unwrap(), 0.125)],
+///     rebuild_seconds: Vec::new(),
 /// };
 /// let json = serde_json::to_string(&r).unwrap();
 /// assert!(json.contains(r#""action_seconds":[["0F0",0.125]]"#));
@@ -44,6 +45,26 @@ pub struct StepReport {
     /// every action of the schedule once.
     #[serde(with = "action_times")]
     pub action_seconds: Vec<(Action, f64)>,
+    /// The part of `action_seconds` spent rebuilding a stash before an `I` or `B`
+    /// (recomputation, [`Recompute`](crate::cost::Recompute)), per action that rebuilt one; empty
+    /// without recomputation, and on runners that do not time the rebuild apart (the stream
+    /// runners).
+    #[serde(with = "action_times", default)]
+    pub rebuild_seconds: Vec<(Action, f64)>,
+}
+
+impl StepReport {
+    /// Per rank (by the rank of each action's stage in `schedule`), the seconds spent rebuilding
+    /// stashes ([`StepReport::rebuild_seconds`]).
+    pub fn rebuild_seconds_by_rank(&self, schedule: &Schedule) -> Vec<f64> {
+        let mut by = vec![0.0; schedule.ranks];
+        for (a, t) in &self.rebuild_seconds {
+            if let Some(r) = by.get_mut(schedule.rank_of(a.stage)) {
+                *r += t;
+            }
+        }
+        by
+    }
 }
 
 /// `(action, seconds)` pairs as `["2F0", seconds]`.
@@ -96,7 +117,9 @@ pub fn assemble(
     let mut transfers = Vec::new();
     let mut peak_held_bytes = Vec::with_capacity(outputs.len());
     let mut action_seconds: Vec<(Action, f64)> = Vec::new();
+    let mut rebuild_seconds = Vec::new();
     for o in outputs {
+        rebuild_seconds.extend(o.rebuild_seconds);
         for (a, t) in o.action_seconds {
             // The last stage's F is two calls (forward, loss): one action.
             match action_seconds.last_mut() {
@@ -126,6 +149,7 @@ pub fn assemble(
         peak_held_bytes,
         seconds,
         action_seconds,
+        rebuild_seconds,
     })
 }
 

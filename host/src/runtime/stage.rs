@@ -161,6 +161,83 @@ pub trait Stage<T: Payload = Tensor>: Send {
     /// Bytes of activation memory `stash` holds.
     fn held_bytes(&self, stash: &Self::Stash) -> usize;
 
+    /// Selective recomputation ([`Recompute::Selective`](crate::cost::Recompute::Selective)),
+    /// right after `F`: drops from `stash` what [`rebuild`](Stage::rebuild) can compute again
+    /// cheaply from what stays, and says whether it dropped anything. The default drops nothing
+    /// (`Ok(false)`: the stage has nothing selective, and runs as without recomputation).
+    ///
+    /// The runtime calls it on a stage run with selective recomputation, counts
+    /// [`held_bytes`](Stage::held_bytes) after it, and calls `rebuild` on the stash right before
+    /// the microbatch's `I` or `B`. What the backward computes must not depend on it: the rebuilt
+    /// values must equal the dropped ones bit for bit (a deterministic elementwise function of
+    /// what the stash keeps, say).
+    ///
+    /// ```
+    /// use pipefill_host::runtime::{Stage, StageError, Tensor};
+    ///
+    /// /// `y = 2 x`, then `z = y * y`: backward needs `x` and `y`, and `y` is cheap to rebuild.
+    /// struct Square;
+    /// struct Kept { x: Tensor, y: Option<Tensor> }
+    ///
+    /// impl Stage for Square {
+    ///     type Stash = Kept;
+    ///     fn forward(&mut self, x: Tensor) -> Result<(Tensor, Kept), StageError> {
+    ///         let mut y = x.clone();
+    ///         y.scale(2.0);
+    ///         let z: Vec<f32> = y.data().iter().map(|v| v * v).collect();
+    ///         Ok((Tensor::new(x.shape().to_vec(), z)?, Kept { x, y: Some(y) }))
+    ///     }
+    ///     fn backward_input(&mut self, k: &mut Kept, dz: Tensor) -> Result<Tensor, StageError> {
+    ///         let y = k.y.as_ref().ok_or_else(|| StageError::new("y not rebuilt"))?;
+    ///         let dx = dz.data().iter().zip(y.data()).map(|(d, y)| 4.0 * d * y).collect();
+    ///         Ok(Tensor::new(dz.shape().to_vec(), dx)?)
+    ///     }
+    ///     fn backward_weight(&mut self, _: Kept) -> Result<(), StageError> { Ok(()) }
+    ///     fn held_bytes(&self, k: &Kept) -> usize {
+    ///         k.x.bytes() + k.y.as_ref().map_or(0, Tensor::bytes)
+    ///     }
+    ///     fn shrink(&mut self, k: &mut Kept) -> Result<bool, StageError> {
+    ///         Ok(k.y.take().is_some())
+    ///     }
+    ///     fn rebuild(&mut self, k: &mut Kept) -> Result<(), StageError> {
+    ///         if k.y.is_none() {
+    ///             let mut y = k.x.clone();
+    ///             y.scale(2.0);
+    ///             k.y = Some(y);
+    ///         }
+    ///         Ok(())
+    ///     }
+    ///     fn zero_grad(&mut self) {}
+    ///     fn optimizer_step(&mut self) -> Result<(), StageError> { Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> Result<(), StageError> {
+    /// let mut s = Square;
+    /// let (_, mut k) = s.forward(Tensor::new(vec![1, 2], vec![1.0, 3.0])?)?;
+    /// assert_eq!(s.held_bytes(&k), 16);
+    /// assert!(s.shrink(&mut k)?);
+    /// assert_eq!(s.held_bytes(&k), 8);
+    /// s.rebuild(&mut k)?;
+    /// let dx = s.backward_input(&mut k, Tensor::new(vec![1, 2], vec![1.0, 1.0])?)?;
+    /// assert_eq!(dx.data(), &[8.0, 24.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn shrink(&mut self, stash: &mut Self::Stash) -> Result<bool, StageError> {
+        let _ = stash;
+        Ok(false)
+    }
+
+    /// Selective recomputation, right before `I` or `B`: computes again what
+    /// [`shrink`](Stage::shrink) dropped from `stash` (bit for bit what it was). Called on a stash
+    /// `shrink` said it dropped something from; on a stash it left whole it must do nothing (a
+    /// stage whose stash is filled later, on a stream, says so before it knows). The default does
+    /// nothing.
+    fn rebuild(&mut self, stash: &mut Self::Stash) -> Result<(), StageError> {
+        let _ = stash;
+        Ok(())
+    }
+
     /// Sets the accumulated weight gradients to zero (called before a step's first microbatch).
     fn zero_grad(&mut self);
 

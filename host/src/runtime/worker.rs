@@ -274,7 +274,7 @@ impl<S: Stage, L: Loss, T: Transport> RankRun<'_, S, L, T> {
         let mut calls = Timed {
             clock: &mut self.clock,
             rank,
-            seconds: &mut self.out.action_seconds,
+            out: &mut self.out,
         };
         if let Some((edge, data)) =
             self.machine

@@ -2,7 +2,8 @@
 //! input-gradient and weight-gradient passes on the CPU.
 
 use pipefill_kernels::{
-    activation_backward_in_place, bias_activation, bias_grad_accumulate, Activation,
+    activation_backward_in_place, activation_forward, bias_activation, bias_grad_accumulate,
+    Activation,
 };
 
 use super::gemm::{matmul, GemmBackend, MatRef};
@@ -96,6 +97,14 @@ impl Linear {
         let mut z = self.keeps_pre_activation().then(|| vec![0.0; y.len()]);
         bias_activation(&mut y, z.as_deref_mut(), &self.bias, self.activation);
         (y, z)
+    }
+
+    /// `Y = act(Z)` from the pre-activation `Z` [`forward`](Linear::forward) kept: the same values
+    /// it returned (the activation is applied to the same `f32` values by the same function).
+    pub fn output_of(&self, pre: &[f32]) -> Vec<f32> {
+        let mut y = vec![0.0; pre.len()];
+        activation_forward(pre, &mut y, self.activation);
+        y
     }
 
     /// Turns `dY` into `dZ = dY * act'(Z)` in place (consuming `Z`) and, if `want_input`, returns

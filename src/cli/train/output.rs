@@ -94,7 +94,7 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
             "pipefill train: {} on {} ranks, M = {} (measured, then predicted)",
             chosen.plan.family, chosen.plan.schedule.ranks, chosen.plan.microbatches
         ),
-        rebuild_share: rebuild_shares(&chosen.plan),
+        rebuild_share: rebuild_shares(&chosen.plan, outcome),
         ..SvgOptions::default()
     };
     let all: Vec<&Timeline> = all.iter().collect();
@@ -106,9 +106,14 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
     Ok(())
 }
 
-/// Per stage, the share of its `I` (or, where the schedule has no `I` on it, `B`) spent on the
-/// forward run again, from the plan's costs (0 without recomputation): what the SVG hatches.
-fn rebuild_shares(plan: &Plan) -> Vec<f64> {
+/// Per stage, the share of its `I` (or, where the schedule has no `I` on it, `B`) spent on
+/// rebuilding its stash: as the run measured it where the runner timed the rebuild apart
+/// ([`Outcome::rebuild_share`]), else from the plan's costs (0 without recomputation): what the
+/// SVG hatches.
+fn rebuild_shares(plan: &Plan, outcome: &Outcome) -> Vec<f64> {
+    if outcome.rebuild_share.iter().any(|&s| s > 0.0) {
+        return outcome.rebuild_share.clone();
+    }
     let split = |s: usize| {
         let mut actions = plan.schedule.actions.iter().flatten();
         actions.any(|i| i.actions().any(|a| a.stage == s && a.op == Op::I))
@@ -477,6 +482,7 @@ pub fn print_json(setup: &Setup, candidates: &[Plan], chosen: &Chosen, outcome: 
     value["first_step"] = json!(outcome.first_step);
     value["recompute"] = json!(chosen.plan.cost.recompute());
     value["peak_held_bytes"] = json!(outcome.peak_held_bytes);
+    value["rebuild_seconds"] = json!(outcome.rebuild_seconds);
     value["near_tie"] = json!(chosen.near_tie);
     value["graph"] = json!(a.graph);
     value["devices"] = setup

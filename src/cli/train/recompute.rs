@@ -17,6 +17,9 @@ pub enum RecomputeFlag {
     None,
     /// Every stage keeps only its input and runs its forward again before `I` or `B`.
     Full,
+    /// Every stage that can drops what it rebuilds cheaply (its layers' inputs after the first)
+    /// and rebuilds it before `I` or `B`.
+    Selective,
     /// The planner chooses per stage, with the schedule and the partition, under `--memory-limit`
     /// ([`RecomputeChoice::Auto`]).
     Auto,
@@ -25,6 +28,7 @@ pub enum RecomputeFlag {
 pipefill_host::named_enum!(RecomputeFlag as "recomputation mode" {
     None => "none",
     Full => "full",
+    Selective => "selective",
     Auto => "auto",
 });
 
@@ -42,6 +46,7 @@ impl RecomputeFlag {
         match self {
             RecomputeFlag::None => Some(Recompute::None),
             RecomputeFlag::Full => Some(Recompute::Full),
+            RecomputeFlag::Selective => Some(Recompute::Selective),
             RecomputeFlag::Auto => None,
         }
     }
@@ -51,6 +56,7 @@ impl RecomputeFlag {
         match self {
             RecomputeFlag::None => RecomputeChoice::None,
             RecomputeFlag::Full => RecomputeChoice::Full,
+            RecomputeFlag::Selective => RecomputeChoice::Selective,
             RecomputeFlag::Auto => RecomputeChoice::Auto,
         }
     }
@@ -66,6 +72,11 @@ pub fn parse(s: &str) -> Result<RecomputeFlag, String> {
 pub fn recomputed(plans: Vec<Plan>, mode: Recompute) -> Result<Vec<Plan>, CliError> {
     let mut out = Vec::with_capacity(plans.len());
     for mut p in plans {
+        if mode == Recompute::Selective && !p.cost.stages.iter().any(|s| s.selective()) {
+            return Err(CliError::Usage(
+                "--recompute selective: no stage of this model can recompute selectively (a stage needs two layers or more, the one before with an activation other than identity, and f32 activations); give --recompute full or none".into(),
+            ));
+        }
         if p.cost.stages.iter().all(|s| s.recompute == mode) {
             out.push(p);
             continue;

@@ -176,8 +176,10 @@ pub struct Args {
     pub memory_limit: Option<f64>,
     /// Activation recomputation: none (keep each stash from F to its backward), full (every stage
     /// keeps only its input and runs its forward again right before I or B: less memory, a longer
-    /// backward; the losses are the same) or auto (chosen per stage with the schedule and the
-    /// partition under --memory-limit). Default: auto with --memory-limit, else none.
+    /// backward; the losses are the same), selective (every stage that can drops its layers'
+    /// inputs after the first and rebuilds them elementwise before I or B; the losses are the
+    /// same) or auto (chosen per stage with the schedule and the partition under
+    /// --memory-limit). Default: auto with --memory-limit, else none.
     #[arg(long, value_name = "MODE", value_parser = super::recompute::parse)]
     pub recompute: Option<super::recompute::RecomputeFlag>,
 }

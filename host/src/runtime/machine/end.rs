@@ -47,6 +47,10 @@ pub struct RankOutcome {
     pub peak_held: usize,
     /// Seconds spent in layer calls, per action, in execution order.
     pub action_seconds: Vec<(Action, f64)>,
+    /// Of those, the calls that rebuilt a stash before `I` or `B` (recomputation), per action in
+    /// execution order; empty where the runner does not time them apart.
+    #[serde(default)]
+    pub rebuild_seconds: Vec<(Action, f64)>,
     /// In an evaluation, `(microbatch, output of the last stage)` computed here (empty in training).
     /// Does not travel between processes (evaluation runs on the threaded runner).
     #[serde(skip)]
@@ -86,6 +90,7 @@ impl RankOutcome {
             losses: Vec::new(),
             peak_held: 0,
             action_seconds: Vec::new(),
+            rebuild_seconds: Vec::new(),
             outputs: Vec::new(),
             result,
         }

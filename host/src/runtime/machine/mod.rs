@@ -14,8 +14,11 @@
 //! Recomputation ([`Recompute`], per stage, [`Machine::recomputing`]) is the machine's too, so every
 //! runner has it ([`recompute`]): on a stage run with [`Recompute::Full`], `F` keeps a copy of the
 //! stage's input ([`Calls::keep`]) instead of the stash, and the stage's `I` or `B` runs the forward
-//! again on it first. A run without recomputation never reaches that code: the kept inputs live
-//! apart from the stashes, and a backward looks for one only where it finds no stash.
+//! again on it first. On a stage run with [`Recompute::Selective`], `F` asks the stage to drop
+//! what it can rebuild cheaply ([`Stage::shrink`]) and the backward has it rebuilt first
+//! ([`Stage::rebuild`]). A run without recomputation never reaches that code: the kept inputs live
+//! apart from the stashes, a backward looks for one only where it finds no stash, and a stash
+//! records whether it was shrunk.
 
 use super::key_map::KeyMap;
 use super::{Loss, Payload, RuntimeError, Stage, StageError};
@@ -61,6 +64,20 @@ pub(crate) trait Calls<P> {
     /// stream before the forward's work.
     fn keep(&mut self, action: Action, input: &P) -> Result<P, Self::Stop>;
 
+    /// Makes the layer call of `action` (an `I` or `B`) that rebuilds its stage's stash before the
+    /// backward, apart from the backward's own call so that a runner that times its calls can
+    /// tell the rebuild's time (the threaded worker reports it as
+    /// [`StepReport::rebuild_seconds`](crate::runtime::StepReport::rebuild_seconds)); by default
+    /// [`Calls::call`].
+    #[inline(always)]
+    fn rebuild<R>(
+        &mut self,
+        action: Action,
+        f: impl FnOnce() -> Result<R, StageError>,
+    ) -> Result<R, Self::Stop> {
+        self.call(action, f)
+    }
+
     /// Refuses a payload `action` reads when it cannot be read where the action runs (a device
     /// checks the payload's device; the host accepts everything).
     #[inline(always)]
@@ -79,11 +96,13 @@ pub(crate) fn action_failed(rank: usize, action: Action, message: impl ToString)
     }
 }
 
-/// A stash and whether `I` has already run on it.
+/// A stash, whether `I` has already run on it, and whether selective recomputation dropped part
+/// of it (rebuilt before `I` or `B`).
 struct Stashed<T> {
     stash: T,
     input_done: bool,
     bytes: usize,
+    shrunk: bool,
 }
 
 /// One rank's state during a step, and the one implementation of its actions.
@@ -224,8 +243,14 @@ impl<P: Payload, T> Machine<P, T> {
         if self.stashes.contains_key(&key) {
             return Err(self.fail(a, "this forward already ran and its stash is still held"));
         }
-        if self.recompute.get(a.stage) == Some(&Recompute::Full) {
-            return self.forward_keeping_input(a, key, input, stage, calls);
+        match self.recompute.get(a.stage) {
+            Some(Recompute::Full) => {
+                return self.forward_keeping_input(a, key, input, stage, calls);
+            }
+            Some(Recompute::Selective) => {
+                return self.forward_shrinking(a, key, input, stage, calls)
+            }
+            _ => {}
         }
         let (out, stash, bytes) = calls.call(a, || {
             let (out, stash) = stage.forward(input)?;
@@ -243,6 +268,7 @@ impl<P: Payload, T> Machine<P, T> {
             stash,
             input_done: false,
             bytes,
+            shrunk: false,
         };
         self.stashes.insert(key, stashed);
         Ok(out)
@@ -295,6 +321,10 @@ impl<P: Payload, T> Machine<P, T> {
         if slot.input_done {
             return Err(self.fail(a, "I already ran for this microbatch"));
         }
+        if slot.shrunk {
+            let slot = self.unstash(a)?;
+            return self.backward_selective(a, slot, grad, stage, calls);
+        }
         let (grad_input, bytes) = calls.call(a, || {
             let grad_input = stage.backward_input(&mut slot.stash, grad)?;
             Ok((grad_input, stage.held_bytes(&slot.stash)))
@@ -340,6 +370,9 @@ impl<P: Payload, T> Machine<P, T> {
         };
         if slot.input_done {
             return Err(self.fail(a, "B after I for this microbatch"));
+        }
+        if slot.shrunk {
+            return self.backward_selective(a, slot, grad, stage, calls);
         }
         self.hold(0, slot.bytes);
         calls.call(a, || stage.backward(slot.stash, grad))

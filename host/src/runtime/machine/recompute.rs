@@ -1,8 +1,15 @@
-//! Full recomputation on the [`Machine`]: `F` keeps a copy of the stage's input instead of the
-//! stash, and the stage's `I` or `B` (finding no stash) runs the forward again on that input,
-//! inside its own layer call, before the backward. The accounting follows the footprint model
+//! Recomputation on the [`Machine`].
+//!
+//! Full: `F` keeps a copy of the stage's input instead of the stash, and the stage's `I` or `B`
+//! (finding no stash) runs the forward again on that input, in a layer call of its own
+//! ([`Calls::rebuild`]), before the backward. Selective: `F` shrinks the stash
+//! ([`Stage::shrink`]), and `I` or `B` (finding it shrunk) rebuilds it ([`Stage::rebuild`]) in a
+//! layer call of its own before the backward.
+//!
+//! The accounting follows the footprint model
 //! ([`StageCost::footprint`](crate::cost::StageCost::footprint)) move for move: `F` holds the
-//! input's bytes, and the rebuilt stash is held from the start of `I` or `B`.
+//! input's bytes (full) or the shrunk stash's (selective), and the rebuilt stash is held from the
+//! start of `I` or `B`.
 
 use super::{Calls, Machine, Stashed};
 use crate::runtime::{Payload, Stage};
@@ -11,6 +18,8 @@ use crate::schedule::{Action, Op};
 impl<P: Payload, T> Machine<P, T> {
     /// `F` with full recomputation: keeps a copy of `input` (its bytes held until the backward)
     /// and drops the stash as soon as the forward returns.
+    #[cold]
+    #[inline(never)]
     pub(super) fn forward_keeping_input<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
         a: Action,
@@ -30,9 +39,40 @@ impl<P: Payload, T> Machine<P, T> {
         Ok(out)
     }
 
+    /// `F` with selective recomputation: the forward, then [`Stage::shrink`] on its stash in the
+    /// same layer call; the shrunk stash's bytes are held until the backward rebuilds it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn forward_shrinking<S: Stage<P, Stash = T>, C: Calls<P>>(
+        &mut self,
+        a: Action,
+        key: (usize, usize),
+        input: P,
+        stage: &mut S,
+        calls: &mut C,
+    ) -> Result<P, C::Stop> {
+        let (out, stash, bytes, shrunk) = calls.call(a, || {
+            let (out, mut stash) = stage.forward(input)?;
+            let shrunk = stage.shrink(&mut stash)?;
+            let bytes = stage.held_bytes(&stash);
+            Ok((out, stash, bytes, shrunk))
+        })?;
+        self.hold(bytes, 0);
+        let stashed = Stashed {
+            stash,
+            input_done: false,
+            bytes,
+            shrunk,
+        };
+        self.stashes.insert(key, stashed);
+        Ok(out)
+    }
+
     /// `I` or `B` (`a.op`) on a stage that kept its input: the forward again on it, then the
     /// backward on the rebuilt stash, held from the call's start. After `I` the stash stays for
     /// `W`; after `B` it is gone.
+    #[cold]
+    #[inline(never)]
     pub(super) fn backward_rebuilt<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
         a: Action,
@@ -45,29 +85,70 @@ impl<P: Payload, T> Machine<P, T> {
             return Err(self.no_stash(a));
         };
         let kept = input.bytes();
-        let split = a.op == Op::I;
-        let (grad_input, left, rebuilt) = calls.call(a, || {
-            let (_, mut stash) = stage.forward(input)?;
+        let (stash, rebuilt) = calls.rebuild(a, || {
+            let (_, stash) = stage.forward(input)?;
             let rebuilt = stage.held_bytes(&stash);
-            if split {
-                let grad_input = stage.backward_input(&mut stash, grad)?;
-                let bytes = stage.held_bytes(&stash);
-                Ok((grad_input, Some((stash, bytes)), rebuilt))
-            } else {
-                Ok((stage.backward(stash, grad)?, None, rebuilt))
-            }
+            Ok((stash, rebuilt))
         })?;
         self.hold(rebuilt, kept);
-        let bytes = left.as_ref().map_or(0, |(_, b)| *b);
-        self.hold(bytes, rebuilt);
-        if let Some((stash, bytes)) = left {
-            let stashed = Stashed {
-                stash,
-                input_done: true,
-                bytes,
-            };
-            self.stashes.insert(key, stashed);
+        self.backward_on(a, key, stash, rebuilt, grad, stage, calls)
+    }
+
+    /// `I` or `B` (`a.op`) on `slot`, a stash selective recomputation shrank after `F` (taken
+    /// out of the stashes): the stage rebuilds it (its bytes held from the start), then the
+    /// backward runs on it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn backward_selective<S: Stage<P, Stash = T>, C: Calls<P>>(
+        &mut self,
+        a: Action,
+        slot: Stashed<T>,
+        grad: P,
+        stage: &mut S,
+        calls: &mut C,
+    ) -> Result<P, C::Stop> {
+        let key = (a.stage, a.microbatch);
+        let Stashed {
+            mut stash, bytes, ..
+        } = slot;
+        let rebuilt = calls.rebuild(a, || {
+            stage.rebuild(&mut stash)?;
+            Ok(stage.held_bytes(&stash))
+        })?;
+        self.hold(rebuilt, bytes);
+        self.backward_on(a, key, stash, rebuilt, grad, stage, calls)
+    }
+
+    /// The backward `a.op` (`I` or `B`) on a rebuilt `stash` holding `rebuilt` bytes: after `I` the
+    /// stash stays for `W`, holding what the stage says; after `B` it is gone.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_on<S: Stage<P, Stash = T>, C: Calls<P>>(
+        &mut self,
+        a: Action,
+        key: (usize, usize),
+        mut stash: T,
+        rebuilt: usize,
+        grad: P,
+        stage: &mut S,
+        calls: &mut C,
+    ) -> Result<P, C::Stop> {
+        if a.op != Op::I {
+            let grad_input = calls.call(a, || stage.backward(stash, grad));
+            self.hold(0, rebuilt);
+            return grad_input;
         }
+        let (grad_input, bytes) = calls.call(a, || {
+            let grad_input = stage.backward_input(&mut stash, grad)?;
+            Ok((grad_input, stage.held_bytes(&stash)))
+        })?;
+        self.hold(bytes, rebuilt);
+        let stashed = Stashed {
+            stash,
+            input_done: true,
+            bytes,
+            shrunk: false,
+        };
+        self.stashes.insert(key, stashed);
         Ok(grad_input)
     }
 }

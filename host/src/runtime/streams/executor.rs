@@ -436,6 +436,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             peak_held_bytes: step.peaks(),
             seconds: 0.0,
             action_seconds,
+            rebuild_seconds: Vec::new(),
         };
         Ok((report, timed))
     }

@@ -62,6 +62,18 @@ pub trait StreamStage<St, P: Payload>: Send {
     /// Bytes of activation memory `stash` holds ([`Stage::held_bytes`]).
     fn held_bytes(&self, stash: &Self::Stash) -> usize;
 
+    /// Selective recomputation after `F`, on `on` ([`Stage::shrink`]; nothing by default).
+    fn shrink(&mut self, on: &St, stash: &mut Self::Stash) -> Result<bool, StageError> {
+        let _ = (on, stash);
+        Ok(false)
+    }
+
+    /// The rebuild before `I` or `B`, on `on` ([`Stage::rebuild`]; nothing by default).
+    fn rebuild(&mut self, on: &St, stash: &mut Self::Stash) -> Result<(), StageError> {
+        let _ = (on, stash);
+        Ok(())
+    }
+
     /// Zeroes the accumulated gradients, before a step's first action ([`Stage::zero_grad`]).
     fn zero_grad(&mut self, on: &St);
 
@@ -118,6 +130,14 @@ impl<St, P: Payload, S: Stage<P>> StreamStage<St, P> for S {
 
     fn held_bytes(&self, stash: &S::Stash) -> usize {
         Stage::held_bytes(self, stash)
+    }
+
+    fn shrink(&mut self, _: &St, stash: &mut S::Stash) -> Result<bool, StageError> {
+        Stage::shrink(self, stash)
+    }
+
+    fn rebuild(&mut self, _: &St, stash: &mut S::Stash) -> Result<(), StageError> {
+        Stage::rebuild(self, stash)
     }
 
     fn zero_grad(&mut self, _: &St) {
@@ -181,6 +201,14 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> Stage<D::Payload> for Bou
     #[inline(always)]
     fn held_bytes(&self, stash: &S::Stash) -> usize {
         self.stage.held_bytes(stash)
+    }
+
+    fn shrink(&mut self, stash: &mut S::Stash) -> Result<bool, StageError> {
+        self.stage.shrink(self.on, stash)
+    }
+
+    fn rebuild(&mut self, stash: &mut S::Stash) -> Result<(), StageError> {
+        self.stage.rebuild(self.on, stash)
     }
 
     fn zero_grad(&mut self) {

@@ -109,6 +109,29 @@ where
         0
     }
 
+    /// Enqueued after the forward: `true` before the stash is known (the host stage's
+    /// [`Stage::rebuild`] does nothing on a stash its `shrink` left whole).
+    fn shrink(&mut self, on: &CpuStream, stash: &mut Self::Stash) -> Result<bool, StageError> {
+        let (st, stage) = (stash.share(), Arc::clone(&self.stage));
+        on.enqueue(move || {
+            let mut held = st.lock();
+            let s = held.as_mut().ok_or("no stash: its forward has not run")?;
+            lock(&stage).shrink(s).map_err(|e| e.to_string())?;
+            Ok(())
+        })?;
+        Ok(true)
+    }
+
+    /// Enqueued before the backward.
+    fn rebuild(&mut self, on: &CpuStream, stash: &mut Self::Stash) -> Result<(), StageError> {
+        let (st, stage) = (stash.share(), Arc::clone(&self.stage));
+        on.enqueue(move || {
+            let mut held = st.lock();
+            let s = held.as_mut().ok_or("no stash: its forward has not run")?;
+            lock(&stage).rebuild(s).map_err(|e| e.to_string())
+        })
+    }
+
     /// Now, or (while the device captures) as a job on `on`, kept for every replay.
     fn zero_grad(&mut self, on: &CpuStream) {
         if !on.link.capturing.load(Ordering::SeqCst) {

@@ -161,6 +161,7 @@ impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
             peak_held_bytes,
             seconds: wall.elapsed().as_secs_f64(),
             action_seconds: Vec::new(),
+            rebuild_seconds: Vec::new(),
         })
     }
 }
