@@ -335,7 +335,7 @@ impl<'a> RankJobs<'a> {
     }
 
     /// Section 4: forwards released no earlier than the memory recurrence allows, when at most
-    /// `held` stage-microbatches fit (`m` microbatches).
+    /// `held` stage-microbatches fit (`m` microbatches); with the holding argument (section 6).
     fn memory_term(&self, m: usize, held: f64) -> f64 {
         let c = self.chain;
         let Some(&first) = self.mine.first() else {
@@ -349,28 +349,60 @@ impl<'a> RankJobs<'a> {
             return f64::INFINITY;
         }
         let n = held as usize;
-        let min_of = |f: &dyn Fn(usize) -> f64| {
-            self.mine
-                .iter()
-                .map(|&s| f(s))
-                .fold(f64::INFINITY, f64::min)
-        };
-        let head = c.head_f[first];
-        let spacing = min_of(&|s| c.forward[s]);
-        // The earliest a forward started at `t` or later can free its activations.
-        let freed = |t: f64| min_of(&|s| t.max(c.head_f[s]) + c.round_trip(s));
-        let work = min_of(&|s| self.forward_work(s));
-        let tail = min_of(&|s| c.tail_f(s));
-        let mut sigma = vec![head; count];
-        for i in 1..count {
-            sigma[i] = sigma[i - 1] + spacing;
-            if i >= n {
-                sigma[i] = sigma[i].max(freed(sigma[i - n]));
-            }
-        }
+        let heads: Vec<f64> = self.mine.iter().map(|&s| c.head_f[s]).collect();
+        let sigma = self.forward_starts(m, n, &heads);
+        let work = self.min_over(|s| self.forward_work(s));
+        let tail = self.min_over(|s| c.tail_f(s));
         let mut jobs = self.backward_jobs(m as f64);
         jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
-        jackson::preemptive(&jobs)
+        jackson::preemptive(&jobs).max(c.head_f[first] + self.holding(m, n))
+    }
+
+    /// The least of `f` over the rank's stages.
+    fn min_over(&self, f: impl Fn(usize) -> f64) -> f64 {
+        self.mine
+            .iter()
+            .map(|&s| f(s))
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Lower bounds on the start of the rank's `i`-th forward (in start order), `i < M x stages`,
+    /// when at most `n` stage-microbatches are held and the forwards of stage `mine[j]` start at
+    /// `heads[j]` or later (sections 4 and 5): at least the previous one's plus the shortest
+    /// forward; at least the `ceil((i + 1) / M)`-th smallest head (the first `i + 1` forwards hold
+    /// at most `M` of each stage); for `i >= n`, at least the earliest the `(i - n)`-th forward or a
+    /// later one can free its activations.
+    fn forward_starts(&self, m: usize, n: usize, heads: &[f64]) -> Vec<f64> {
+        let c = self.chain;
+        let count = self.mine.len() * m;
+        let mut sorted = heads.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let spacing = self.min_over(|s| c.forward[s]);
+        // The earliest a forward started at `t` or later can free its activations.
+        let freed = |t: f64| {
+            self.mine
+                .iter()
+                .zip(heads)
+                .map(|(&s, &h)| t.max(h) + c.round_trip(s))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let mut x = vec![sorted[0]; count];
+        for i in 1..count {
+            x[i] = (x[i - 1] + spacing).max(sorted[i / m.max(1)]);
+            if i >= n {
+                x[i] = x[i].max(freed(x[i - n]));
+            }
+        }
+        x
+    }
+
+    /// Section 6: the time the rank must hold activations for, divided by what it can hold at
+    /// once: every stage-microbatch holds a slot for at least its round trip, at most `n` slots
+    /// at a time.
+    fn holding(&self, m: usize, n: usize) -> f64 {
+        let c = self.chain;
+        let total: f64 = self.mine.iter().map(|&s| c.round_trip(s)).sum();
+        m as f64 * total / n.max(1) as f64
     }
 }
 

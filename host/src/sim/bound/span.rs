@@ -58,7 +58,18 @@ pub fn span_bound(
 }
 
 impl RankJobs<'_> {
-    /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches).
+    /// Per stage of the rank (in `mine`'s order), the earliest start of its forwards relative to
+    /// the rank's first action: the forward chain from the rank's lowest stage, whose forward comes
+    /// first on the rank (every action of the rank needs it).
+    pub(super) fn relative_heads(&self) -> Vec<f64> {
+        let c = self.chain;
+        let base = self.mine.first().map_or(0.0, |&s| c.head_f[s]);
+        self.mine.iter().map(|&s| c.head_f[s] - base).collect()
+    }
+
+    /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches): the
+    /// larger of the per-stage relaxation (no memory), the memory relaxation and the holding
+    /// argument.
     fn span_term(&self, m: usize, held: f64) -> f64 {
         let c = self.chain;
         if self.mine.is_empty() {
@@ -67,28 +78,29 @@ impl RankJobs<'_> {
         if held < 1.0 {
             return f64::INFINITY;
         }
-        let min_of = |f: &dyn Fn(usize) -> f64| {
-            self.mine
-                .iter()
-                .map(|&s| f(s))
-                .fold(f64::INFINITY, f64::min)
-        };
-        let count = self.mine.len() * m;
-        let n = if held >= count as f64 {
-            count
-        } else {
-            held as usize
-        };
-        let spacing = min_of(&|s| c.forward[s]);
-        let trip = min_of(&|s| c.round_trip(s));
-        let work = min_of(&|s| self.forward_work(s));
-        let mut x = vec![0.0; count];
-        for i in 1..count {
-            x[i] = x[i - 1] + spacing;
-            if i >= n {
-                x[i] = x[i].max(x[i - n] + trip);
-            }
+        let heads = self.relative_heads();
+        let mf = m as f64;
+        // Per stage: its forwards as one job from its relative head, followed by their own round
+        // trip on this rank; its inputs and rests as in section 3.
+        let mut jobs: Vec<Job> = Vec::new();
+        for (&s, &h) in self.mine.iter().zip(&heads) {
+            let work = self.forward_work(s);
+            jobs.push(Job {
+                head: h,
+                work: mf * work,
+                tail: c.round_trip(s) - work,
+            });
         }
+        self.push_backward(&mut jobs, &heads, mf);
+        let free = jackson::preemptive(&jobs);
+        let count = self.mine.len() * m;
+        if held >= count as f64 {
+            return free;
+        }
+        let n = held as usize;
+        let x = self.forward_starts(m, n, &heads);
+        let work = self.min_over(|s| self.forward_work(s));
+        let trip = self.min_over(|s| c.round_trip(s));
         let mut jobs: Vec<Job> = x
             .iter()
             .map(|&head| Job {
@@ -97,9 +109,17 @@ impl RankJobs<'_> {
                 tail: trip - work,
             })
             .collect();
-        let m = m as f64;
-        for &s in &self.mine {
-            let head = c.forward[s] + c.up[s];
+        self.push_backward(&mut jobs, &heads, mf);
+        free.max(jackson::preemptive(&jobs)).max(self.holding(m, n))
+    }
+
+    /// Each stage's `M` input-gradient passes (head: its forward's relative head, the forward and
+    /// the way up and back; tail: the rest of its backward, which follows on this rank) and its
+    /// `M` rests (tail 0), as jobs of `m` times the work.
+    fn push_backward(&self, jobs: &mut Vec<Job>, heads: &[f64], m: f64) {
+        let c = self.chain;
+        for (&s, &h) in self.mine.iter().zip(heads) {
+            let head = h + c.forward[s] + c.up[s];
             jobs.push(Job {
                 head,
                 work: m * c.input[s],
@@ -111,6 +131,5 @@ impl RankJobs<'_> {
                 tail: 0.0,
             });
         }
-        jackson::preemptive(&jobs)
     }
 }
