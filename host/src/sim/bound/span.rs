@@ -133,3 +133,20 @@ impl RankJobs<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{LinkCost, StageCost};
+
+    #[test]
+    fn vshape_first_rank_waits_for_its_last_chunk() {
+        // P = 4, V-shape, chunks of F = I = W = 0.5, M = 4: rank 0 runs its 4 first-chunk forwards
+        // (2) and then waits until the first microbatch has climbed to stage 7 (3.5), then works
+        // the remaining 10: 13.5, not the rank's work 12 (the schedules reach it: proven in
+        // `bench auto --part vshape`).
+        let c = CostModel::uniform(StageCost::uniform(0.5, 0.5, 0.5), 8, LinkCost::default());
+        let free = span_bound(4, 4, Placement::Vshape, &c, false, None).unwrap();
+        assert_eq!(free, 13.5);
+    }
+}
