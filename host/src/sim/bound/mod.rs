@@ -67,27 +67,43 @@
 //!
 //! The span of rank `r` is the time from the start of its first action to the end of its last;
 //! the span objective is the largest over ranks. Times here are relative to the start `a` of the
-//! rank's first action, which is a forward (an `I` or `W` needs the same stage's `F` on the same
-//! rank first), so every forward starts at `a` or later. The argument of section 4 then holds with
-//! the heads dropped: with at most `n` stage-microbatches held and `R` the shortest round trip of
-//! the rank's stages, the `i`-th forward (in start order) starts at `a + x_i` or later, where
+//! rank's first action. Every action of the rank needs a forward of the rank's lowest stage `s0`
+//! first (the chain of any higher stage passes through it), so that forward comes first and every
+//! forward of stage `s` starts at `a + h_s` or later, `h_s = head_F(s) - head_F(s0)` (the forward
+//! chain from `s0` to `s`; on V-shape rank 0 waits for its first microbatch to climb to stage
+//! `2P - 1`). After `I(s, k)` ends, the rank still runs its rest (`W`), and, for every lower stage
+//! `t` of the rank, the gradient chain down to `t`, `t`'s input gradient and rest (stage 0's whole
+//! backward): the **own tail** of `s` is the longest of these.
 //!
-//! `x_1 = 0`, `x_i = x_(i-1) + Fmin`, and for `i = n + j` also `x_i >= x_j + R`
+//! *Per stage, no limit.* Each stage's `M` forwards are one job with head `h_s` and tail the way
+//! up and back, its input gradient and its own tail; its `M` input gradients one job with head
+//! `h_s + F + up` and the own tail; its rests one job with head `h_s + F + up + I` and tail 0.
 //!
-//! (when the `(n + j)`-th forward starts, at most `n - 1` of the earlier ones still hold their
-//! activations, so `j` of them were freed; one of those is the `j`-th or later, which started at
-//! `a + x_j` or later and frees no earlier than a round trip after). Every action of the rank lies
-//! in `[a, a + span]`, so the span is at least the value of the one-machine problem with these
-//! relative heads: the `i`-th forward has head `x_i`, the shortest forward work and tail
-//! `R - Fmin work` (its own `W` runs on this rank and ends at least `R` after the forward
-//! starts); each stage's `M` input-gradient passes have head `F + up` (the round trip of the
-//! rank's first forward of that stage, which started at `a` or later) and tail `rest` (each `I` is
-//! followed by its `W` on this rank), and its `M` rests head `F + up + I` and tail 0. Jackson's
-//! preemptive schedule solves that problem exactly (section 3), so its value, and the rank's work
-//! `M * sum(F + min(B, I + W))`, bound the rank's span from below; the largest over ranks bounds
-//! the span objective ([`span_bound`]). Without a limit the recurrence only spaces the forwards.
-//! `host/tests/sim_bound.rs` checks it against the proven optimum (all orders enumerated) on small
-//! instances.
+//! *The limit.* With at most `n` stage-microbatches held, the `i`-th forward (in start order)
+//! starts at `a + x_i` or later, where `x_1 = 0`, `x_i >= x_(i-1) + Fmin`, `x_i >= ` the
+//! `ceil(i / M)`-th smallest `h_s` (the first `i` forwards hold at most `M` of each stage, so one
+//! of them is of a stage with that head or a later one), and for `i = n + j`
+//! `x_i >= g(x_j) = min_s (max(x_j, h_s) + R_s)` (when the `(n + j)`-th forward starts, `j` of the
+//! earlier ones were freed; one of those is the `j`-th or later, of some stage `s`, and frees no
+//! earlier than a round trip `R_s` after it starts). The `i`-th forward gets head `x_i`, the
+//! shortest forward work and the shortest forward tail over the rank's stages; the backward jobs
+//! are as above.
+//!
+//! Every action of the rank lies in `[a, a + span]`, so the span is at least the value of either
+//! one-machine problem (Jackson's preemptive schedule solves them exactly, section 3), at least
+//! the rank's work `M * sum(F + min(B, I + W))`, and at least the holding term of section 6; the
+//! largest over ranks bounds the span objective ([`span_bound`]).
+//!
+//! ## 6. Holding
+//!
+//! Every stage-microbatch holds one of at most `n` slots of its rank from its forward's start to
+//! the end of its backward, at least its round trip `R_s`; the slots are held within the rank's
+//! span (and after `head_F(s0)` for the makespan), so `n * span >= M * sum_s R_s`. Section 4's
+//! recurrence takes the same two forward-start bounds as section 5 (with absolute heads).
+//!
+//! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
+//! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
+//! included.
 //!
 //! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
 //! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from

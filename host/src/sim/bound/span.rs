@@ -88,7 +88,7 @@ impl RankJobs<'_> {
             jobs.push(Job {
                 head: h,
                 work: mf * work,
-                tail: c.round_trip(s) - work,
+                tail: c.forward[s] - work + c.up[s] + c.input[s] + self.own_tail(s),
             });
         }
         self.push_backward(&mut jobs, &heads, mf);
@@ -100,7 +100,8 @@ impl RankJobs<'_> {
         let n = held as usize;
         let x = self.forward_starts(m, n, &heads);
         let work = self.min_over(|s| self.forward_work(s));
-        let trip = self.min_over(|s| c.round_trip(s));
+        // From a forward's start to the end of the last action of this rank that needs it.
+        let trip = self.min_over(|s| c.forward[s] + c.up[s] + c.input[s] + self.own_tail(s));
         let mut jobs: Vec<Job> = x
             .iter()
             .map(|&head| Job {
@@ -113,8 +114,25 @@ impl RankJobs<'_> {
         free.max(jackson::preemptive(&jobs)).max(self.holding(m, n))
     }
 
+    /// From the end of `I(s, k)` to the end of the last action of this rank that depends on it:
+    /// its own rest (`W`), or the gradient chain down to a lower stage `t` of the rank (on
+    /// V-shape, the rank's first chunk), that stage's input gradient and its rest.
+    fn own_tail(&self, s: usize) -> f64 {
+        let c = self.chain;
+        self.mine
+            .iter()
+            .filter(|&&t| t <= s)
+            .map(|&t| match t {
+                _ if t == s => c.rest[s],
+                // `down` already holds stage 0's whole backward.
+                0 => c.down[s] - c.down[0],
+                _ => c.down[s] - c.down[t] + c.rest[t],
+            })
+            .fold(0.0, f64::max)
+    }
+
     /// Each stage's `M` input-gradient passes (head: its forward's relative head, the forward and
-    /// the way up and back; tail: the rest of its backward, which follows on this rank) and its
+    /// the way up and back; tail: [`Self::own_tail`]) and its
     /// `M` rests (tail 0), as jobs of `m` times the work.
     fn push_backward(&self, jobs: &mut Vec<Job>, heads: &[f64], m: f64) {
         let c = self.chain;
@@ -123,7 +141,7 @@ impl RankJobs<'_> {
             jobs.push(Job {
                 head,
                 work: m * c.input[s],
-                tail: c.rest[s],
+                tail: self.own_tail(s),
             });
             jobs.push(Job {
                 head: head + c.input[s],
