@@ -24,7 +24,10 @@
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
 //!    a branch and bound over every per-rank order that proves the optimum or reports the gap to
-//!    its bound (module `exact`).
+//!    its bound (module `exact`);
+//! 5. **reshaping**, when nothing proved the result optimal: a `W` moved anywhere after its `I`, a
+//!    forward moved over the backwards to the previous or next forward (warm-up depth), kept when
+//!    no worse, with half the time budget of its own (`improve::reshape`).
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
