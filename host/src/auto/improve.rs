@@ -8,7 +8,7 @@
 //! actions times `3P + 1`, and one second of budget is
 //! [`WORK_PER_SECOND`] units. So a result depends only on the request and the seed, on any machine.
 
-use crate::schedule::{Item, Schedule};
+use crate::schedule::{Action, Item, Op, Schedule};
 
 use super::instance::Instance;
 use super::list::{build, warmup_caps, Order, Rule, WMode};
@@ -194,10 +194,178 @@ fn moved(schedule: &Schedule, rank: Option<usize>, rng: &mut Rng) -> Option<Sche
     Some(s)
 }
 
+/// Moves that reshape a rank's list where the short moves of [`local_search`] rarely reach: one
+/// `W` moved anywhere after its `I` (the position of the weight passes), or one forward moved
+/// over the backward passes between it and the previous or next forward (how many forwards the
+/// rank runs ahead: its warm-up depth, and its depth at every later point). Scored like every
+/// candidate (the simulator, the limit by the instance's accounting), kept when no worse, until
+/// the budget is spent or the target is reached.
+pub(crate) fn reshape(
+    inst: &Instance,
+    objective: Objective,
+    best: &mut Scored,
+    rng: &mut Rng,
+    work: &mut Work,
+    target: f64,
+) {
+    while !reached(best.value, target) && work.take(sim_cost(inst, objective)) {
+        let focus = best.worst.filter(|_| rng.below(2) == 0);
+        let r = focus.unwrap_or_else(|| rng.below(best.schedule.ranks));
+        let candidate = if rng.below(2) == 0 {
+            w_moved(&best.schedule, r, rng)
+        } else {
+            depth_moved(&best.schedule, r, rng)
+        };
+        let Some(candidate) = candidate else {
+            continue;
+        };
+        if let Some(s) = evaluate(inst, objective, candidate, work) {
+            if s.value <= best.value {
+                *best = s;
+            }
+        }
+    }
+}
+
+/// The single action of `item` when it is one `op` pass.
+fn single(item: &Item, op: Op) -> Option<Action> {
+    match item {
+        Item::One(a) if a.op == op => Some(*a),
+        _ => None,
+    }
+}
+
+/// `schedule` with one `W` of rank `r` moved to a random place after its own `I`.
+fn w_moved(schedule: &Schedule, r: usize, rng: &mut Rng) -> Option<Schedule> {
+    let list = &schedule.actions[r];
+    let ws: Vec<usize> = (0..list.len())
+        .filter(|&i| single(&list[i], Op::W).is_some())
+        .collect();
+    let &i = ws.get(rng.below(ws.len().max(1)))?;
+    let w = single(&list[i], Op::W)?;
+    let own_i = list.iter().position(|it| {
+        it.actions()
+            .any(|a| a.op == Op::I && (a.stage, a.microbatch) == (w.stage, w.microbatch))
+    })?;
+    // Without the `W`, the list has `len - 1` items; it may go back anywhere after its `I`.
+    let places = list.len() - 1 - own_i;
+    if places < 2 {
+        return None;
+    }
+    let j = own_i + 1 + rng.below(places);
+    if j == i {
+        return None;
+    }
+    let mut s = schedule.clone();
+    let it = s.actions[r].remove(i);
+    s.actions[r].insert(j, it);
+    Some(s)
+}
+
+/// `schedule` with one forward of rank `r` moved over the items between it and the forward one
+/// or two places before it (just after that one) or after it (just before that one).
+fn depth_moved(schedule: &Schedule, r: usize, rng: &mut Rng) -> Option<Schedule> {
+    let list = &schedule.actions[r];
+    let fs: Vec<usize> = (0..list.len())
+        .filter(|&i| single(&list[i], Op::F).is_some())
+        .collect();
+    let k = rng.below(fs.len().max(1));
+    let &i = fs.get(k)?;
+    let hop = 1 + rng.below(2);
+    let j = if rng.below(2) == 0 {
+        // Earlier: just after the forward `hop` places before (or to the front).
+        k.checked_sub(hop).map_or(0, |q| fs[q] + 1)
+    } else {
+        // Later: just before the forward `hop` places after (or to the end).
+        fs.get(k + hop).map_or(list.len() - 1, |&q| q - 1)
+    };
+    if j == i {
+        return None;
+    }
+    let (lo, hi) = (i.min(j), i.max(j));
+    let item = list[i];
+    let between = if i < j { lo + 1..=hi } else { lo..=hi - 1 };
+    // Nothing of the same microbatch is passed over (its own backwards, or on V-shape the
+    // forward of the neighbouring stage on this rank, which it needs or which needs it).
+    let k = single(&item, Op::F)?.microbatch;
+    if list[between]
+        .iter()
+        .any(|other| other.actions().any(|a| a.microbatch == k))
+    {
+        return None;
+    }
+    let mut s = schedule.clone();
+    let it = s.actions[r].remove(i);
+    s.actions[r].insert(j, it);
+    Some(s)
+}
+
 /// Whether two items touch the same (stage, microbatch).
 fn shares_pair(a: &Item, b: &Item) -> bool {
     a.actions().any(|x| {
         b.actions()
             .any(|y| (x.stage, x.microbatch) == (y.stage, y.microbatch))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::families::generate;
+    use crate::schedule::validate::validate;
+    use crate::schedule::Params;
+
+    /// Forwards before the first backward on each rank.
+    fn depths(s: &Schedule) -> Vec<usize> {
+        s.actions
+            .iter()
+            .map(|l| l.iter().take_while(|i| single(i, Op::F).is_some()).count())
+            .collect()
+    }
+
+    /// Whether every rank runs F, I, W of each of its stage-microbatches in that order.
+    fn in_order(s: &Schedule) -> bool {
+        s.actions.iter().all(|list| {
+            let pos = |op: Op, a: Action| {
+                list.iter().position(|i| {
+                    single(i, op)
+                        .is_some_and(|b| (b.stage, b.microbatch) == (a.stage, a.microbatch))
+                })
+            };
+            list.iter().filter_map(|i| single(i, Op::I)).all(|a| {
+                let i = pos(Op::I, a);
+                pos(Op::F, a) < i && i < pos(Op::W, a)
+            })
+        })
+    }
+
+    #[test]
+    fn reshaping_moves_keep_rank_orders_and_reach_depths_and_w_places() {
+        let base = generate("zbv", &Params::new(4, 8).with_chunks(2)).unwrap();
+        let mut rng = Rng::new(3);
+        let (mut deeper, mut w_changed, mut runs) = (0, 0, 0);
+        for n in 0..400 {
+            let r = (n / 2) % base.ranks;
+            let moved = if n % 2 == 0 {
+                w_moved(&base, r, &mut rng)
+            } else {
+                depth_moved(&base, r, &mut rng)
+            };
+            let Some(s) = moved else { continue };
+            // Every move keeps F, I, W of a stage-microbatch in order on its rank (a move may
+            // still deadlock across ranks: the simulator refuses those, and the search with them).
+            assert!(in_order(&s), "{:?}", s.actions[r]);
+            assert_ne!(s.actions, base.actions);
+            runs += usize::from(validate(&s).is_ok());
+            if n % 2 == 0 {
+                w_changed += 1;
+                assert_eq!(depths(&s), depths(&base));
+            } else {
+                deeper += usize::from(depths(&s)[r] != depths(&base)[r]);
+            }
+        }
+        assert!(w_changed > 50, "{w_changed}");
+        assert!(deeper > 0, "no move changed a warm-up depth");
+        assert!(runs > 100, "{runs}");
+    }
 }

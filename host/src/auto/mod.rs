@@ -24,7 +24,10 @@
 //!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
 //!    a branch and bound over every per-rank order that proves the optimum or reports the gap to
-//!    its bound (module `exact`).
+//!    its bound (module `exact`);
+//! 5. **reshaping**, when nothing proved the result optimal: a `W` moved anywhere after its `I`, a
+//!    forward moved over the backwards to the previous or next forward (warm-up depth), kept when
+//!    no worse, with half the time budget of its own (`improve::reshape`).
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
@@ -90,6 +93,12 @@ use score::{schedule_of, score, Scored};
 /// The least budget of the constructive phase, seconds: every construction of an ordinary size
 /// fits in it, so a budget of 0 still builds the list schedules.
 pub const MIN_CONSTRUCT_SECONDS: f64 = 1.0;
+
+/// The share of the time budget the reshaping moves get after every other phase.
+const RESHAPE_SHARE: f64 = 0.5;
+
+/// Mixed into the seed for the reshaping moves' own random stream.
+const RESHAPE_STREAM: u64 = 0x7265_7368_6170_6521;
 
 /// The family name of automatic schedules (defined with the families' names).
 pub use crate::schedule::families::AUTO;
@@ -264,6 +273,19 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
                 proven = best.value <= lower * (1.0 + 1e-9);
             }
         }
+    }
+    // Reshaping moves (warm-up depth per rank, `W` positions) on the best of all, with a budget
+    // of their own: they keep only what is no worse, so the phases above give what they gave.
+    if !proven {
+        let before = best.value;
+        let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
+        let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
+        improve::reshape(&inst, req.objective, &mut best, &mut rng, &mut more, lower);
+        work.evaluations += more.evaluations;
+        if best.value < before && !origin.ends_with("+improved") {
+            origin.push_str("+improved");
+        }
+        proven = best.value <= lower * (1.0 + 1e-9);
     }
     if proven {
         lower = best.value;

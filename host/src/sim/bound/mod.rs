@@ -67,27 +67,43 @@
 //!
 //! The span of rank `r` is the time from the start of its first action to the end of its last;
 //! the span objective is the largest over ranks. Times here are relative to the start `a` of the
-//! rank's first action, which is a forward (an `I` or `W` needs the same stage's `F` on the same
-//! rank first), so every forward starts at `a` or later. The argument of section 4 then holds with
-//! the heads dropped: with at most `n` stage-microbatches held and `R` the shortest round trip of
-//! the rank's stages, the `i`-th forward (in start order) starts at `a + x_i` or later, where
+//! rank's first action. Every action of the rank needs a forward of the rank's lowest stage `s0`
+//! first (the chain of any higher stage passes through it), so that forward comes first and every
+//! forward of stage `s` starts at `a + h_s` or later, `h_s = head_F(s) - head_F(s0)` (the forward
+//! chain from `s0` to `s`; on V-shape rank 0 waits for its first microbatch to climb to stage
+//! `2P - 1`). After `I(s, k)` ends, the rank still runs its rest (`W`), and, for every lower stage
+//! `t` of the rank, the gradient chain down to `t`, `t`'s input gradient and rest (stage 0's whole
+//! backward): the **own tail** of `s` is the longest of these.
 //!
-//! `x_1 = 0`, `x_i = x_(i-1) + Fmin`, and for `i = n + j` also `x_i >= x_j + R`
+//! *Per stage, no limit.* Each stage's `M` forwards are one job with head `h_s` and tail the way
+//! up and back, its input gradient and its own tail; its `M` input gradients one job with head
+//! `h_s + F + up` and the own tail; its rests one job with head `h_s + F + up + I` and tail 0.
 //!
-//! (when the `(n + j)`-th forward starts, at most `n - 1` of the earlier ones still hold their
-//! activations, so `j` of them were freed; one of those is the `j`-th or later, which started at
-//! `a + x_j` or later and frees no earlier than a round trip after). Every action of the rank lies
-//! in `[a, a + span]`, so the span is at least the value of the one-machine problem with these
-//! relative heads: the `i`-th forward has head `x_i`, the shortest forward work and tail
-//! `R - Fmin work` (its own `W` runs on this rank and ends at least `R` after the forward
-//! starts); each stage's `M` input-gradient passes have head `F + up` (the round trip of the
-//! rank's first forward of that stage, which started at `a` or later) and tail `rest` (each `I` is
-//! followed by its `W` on this rank), and its `M` rests head `F + up + I` and tail 0. Jackson's
-//! preemptive schedule solves that problem exactly (section 3), so its value, and the rank's work
-//! `M * sum(F + min(B, I + W))`, bound the rank's span from below; the largest over ranks bounds
-//! the span objective ([`span_bound`]). Without a limit the recurrence only spaces the forwards.
-//! `host/tests/sim_bound.rs` checks it against the proven optimum (all orders enumerated) on small
-//! instances.
+//! *The limit.* With at most `n` stage-microbatches held, the `i`-th forward (in start order)
+//! starts at `a + x_i` or later, where `x_1 = 0`, `x_i >= x_(i-1) + Fmin`, `x_i >= ` the
+//! `ceil(i / M)`-th smallest `h_s` (the first `i` forwards hold at most `M` of each stage, so one
+//! of them is of a stage with that head or a later one), and for `i = n + j`
+//! `x_i >= g(x_j) = min_s (max(x_j, h_s) + R_s)` (when the `(n + j)`-th forward starts, `j` of the
+//! earlier ones were freed; one of those is the `j`-th or later, of some stage `s`, and frees no
+//! earlier than a round trip `R_s` after it starts). The `i`-th forward gets head `x_i`, the
+//! shortest forward work and the shortest forward tail over the rank's stages; the backward jobs
+//! are as above.
+//!
+//! Every action of the rank lies in `[a, a + span]`, so the span is at least the value of either
+//! one-machine problem (Jackson's preemptive schedule solves them exactly, section 3), at least
+//! the rank's work `M * sum(F + min(B, I + W))`, and at least the holding term of section 6; the
+//! largest over ranks bounds the span objective ([`span_bound`]).
+//!
+//! ## 6. Holding
+//!
+//! Every stage-microbatch holds one of at most `n` slots of its rank from its forward's start to
+//! the end of its backward, at least its round trip `R_s`; the slots are held within the rank's
+//! span (and after `head_F(s0)` for the makespan), so `n * span >= M * sum_s R_s`. Section 4's
+//! recurrence takes the same two forward-start bounds as section 5 (with absolute heads).
+//!
+//! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
+//! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
+//! included.
 //!
 //! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
 //! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from
@@ -335,7 +351,7 @@ impl<'a> RankJobs<'a> {
     }
 
     /// Section 4: forwards released no earlier than the memory recurrence allows, when at most
-    /// `held` stage-microbatches fit (`m` microbatches).
+    /// `held` stage-microbatches fit (`m` microbatches); with the holding argument (section 6).
     fn memory_term(&self, m: usize, held: f64) -> f64 {
         let c = self.chain;
         let Some(&first) = self.mine.first() else {
@@ -349,28 +365,60 @@ impl<'a> RankJobs<'a> {
             return f64::INFINITY;
         }
         let n = held as usize;
-        let min_of = |f: &dyn Fn(usize) -> f64| {
-            self.mine
-                .iter()
-                .map(|&s| f(s))
-                .fold(f64::INFINITY, f64::min)
-        };
-        let head = c.head_f[first];
-        let spacing = min_of(&|s| c.forward[s]);
-        // The earliest a forward started at `t` or later can free its activations.
-        let freed = |t: f64| min_of(&|s| t.max(c.head_f[s]) + c.round_trip(s));
-        let work = min_of(&|s| self.forward_work(s));
-        let tail = min_of(&|s| c.tail_f(s));
-        let mut sigma = vec![head; count];
-        for i in 1..count {
-            sigma[i] = sigma[i - 1] + spacing;
-            if i >= n {
-                sigma[i] = sigma[i].max(freed(sigma[i - n]));
-            }
-        }
+        let heads: Vec<f64> = self.mine.iter().map(|&s| c.head_f[s]).collect();
+        let sigma = self.forward_starts(m, n, &heads);
+        let work = self.min_over(|s| self.forward_work(s));
+        let tail = self.min_over(|s| c.tail_f(s));
         let mut jobs = self.backward_jobs(m as f64);
         jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
-        jackson::preemptive(&jobs)
+        jackson::preemptive(&jobs).max(c.head_f[first] + self.holding(m, n))
+    }
+
+    /// The least of `f` over the rank's stages.
+    fn min_over(&self, f: impl Fn(usize) -> f64) -> f64 {
+        self.mine
+            .iter()
+            .map(|&s| f(s))
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Lower bounds on the start of the rank's `i`-th forward (in start order), `i < M x stages`,
+    /// when at most `n` stage-microbatches are held and the forwards of stage `mine[j]` start at
+    /// `heads[j]` or later (sections 4 and 5): at least the previous one's plus the shortest
+    /// forward; at least the `ceil((i + 1) / M)`-th smallest head (the first `i + 1` forwards hold
+    /// at most `M` of each stage); for `i >= n`, at least the earliest the `(i - n)`-th forward or a
+    /// later one can free its activations.
+    fn forward_starts(&self, m: usize, n: usize, heads: &[f64]) -> Vec<f64> {
+        let c = self.chain;
+        let count = self.mine.len() * m;
+        let mut sorted = heads.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let spacing = self.min_over(|s| c.forward[s]);
+        // The earliest a forward started at `t` or later can free its activations.
+        let freed = |t: f64| {
+            self.mine
+                .iter()
+                .zip(heads)
+                .map(|(&s, &h)| t.max(h) + c.round_trip(s))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let mut x = vec![sorted[0]; count];
+        for i in 1..count {
+            x[i] = (x[i - 1] + spacing).max(sorted[i / m.max(1)]);
+            if i >= n {
+                x[i] = x[i].max(freed(x[i - n]));
+            }
+        }
+        x
+    }
+
+    /// Section 6: the time the rank must hold activations for, divided by what it can hold at
+    /// once: every stage-microbatch holds a slot for at least its round trip, at most `n` slots
+    /// at a time.
+    fn holding(&self, m: usize, n: usize) -> f64 {
+        let c = self.chain;
+        let total: f64 = self.mine.iter().map(|&s| c.round_trip(s)).sum();
+        m as f64 * total / n.max(1) as f64
     }
 }
 

@@ -58,7 +58,18 @@ pub fn span_bound(
 }
 
 impl RankJobs<'_> {
-    /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches).
+    /// Per stage of the rank (in `mine`'s order), the earliest start of its forwards relative to
+    /// the rank's first action: the forward chain from the rank's lowest stage, whose forward comes
+    /// first on the rank (every action of the rank needs it).
+    pub(super) fn relative_heads(&self) -> Vec<f64> {
+        let c = self.chain;
+        let base = self.mine.first().map_or(0.0, |&s| c.head_f[s]);
+        self.mine.iter().map(|&s| c.head_f[s] - base).collect()
+    }
+
+    /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches): the
+    /// larger of the per-stage relaxation (no memory), the memory relaxation and the holding
+    /// argument.
     fn span_term(&self, m: usize, held: f64) -> f64 {
         let c = self.chain;
         if self.mine.is_empty() {
@@ -67,28 +78,30 @@ impl RankJobs<'_> {
         if held < 1.0 {
             return f64::INFINITY;
         }
-        let min_of = |f: &dyn Fn(usize) -> f64| {
-            self.mine
-                .iter()
-                .map(|&s| f(s))
-                .fold(f64::INFINITY, f64::min)
-        };
-        let count = self.mine.len() * m;
-        let n = if held >= count as f64 {
-            count
-        } else {
-            held as usize
-        };
-        let spacing = min_of(&|s| c.forward[s]);
-        let trip = min_of(&|s| c.round_trip(s));
-        let work = min_of(&|s| self.forward_work(s));
-        let mut x = vec![0.0; count];
-        for i in 1..count {
-            x[i] = x[i - 1] + spacing;
-            if i >= n {
-                x[i] = x[i].max(x[i - n] + trip);
-            }
+        let heads = self.relative_heads();
+        let mf = m as f64;
+        // Per stage: its forwards as one job from its relative head, followed by their own round
+        // trip on this rank; its inputs and rests as in section 3.
+        let mut jobs: Vec<Job> = Vec::new();
+        for (&s, &h) in self.mine.iter().zip(&heads) {
+            let work = self.forward_work(s);
+            jobs.push(Job {
+                head: h,
+                work: mf * work,
+                tail: c.forward[s] - work + c.up[s] + c.input[s] + self.own_tail(s),
+            });
         }
+        self.push_backward(&mut jobs, &heads, mf);
+        let free = jackson::preemptive(&jobs);
+        let count = self.mine.len() * m;
+        if held >= count as f64 {
+            return free;
+        }
+        let n = held as usize;
+        let x = self.forward_starts(m, n, &heads);
+        let work = self.min_over(|s| self.forward_work(s));
+        // From a forward's start to the end of the last action of this rank that needs it.
+        let trip = self.min_over(|s| c.forward[s] + c.up[s] + c.input[s] + self.own_tail(s));
         let mut jobs: Vec<Job> = x
             .iter()
             .map(|&head| Job {
@@ -97,13 +110,38 @@ impl RankJobs<'_> {
                 tail: trip - work,
             })
             .collect();
-        let m = m as f64;
-        for &s in &self.mine {
-            let head = c.forward[s] + c.up[s];
+        self.push_backward(&mut jobs, &heads, mf);
+        free.max(jackson::preemptive(&jobs)).max(self.holding(m, n))
+    }
+
+    /// From the end of `I(s, k)` to the end of the last action of this rank that depends on it:
+    /// its own rest (`W`), or the gradient chain down to a lower stage `t` of the rank (on
+    /// V-shape, the rank's first chunk), that stage's input gradient and its rest.
+    fn own_tail(&self, s: usize) -> f64 {
+        let c = self.chain;
+        self.mine
+            .iter()
+            .filter(|&&t| t <= s)
+            .map(|&t| match t {
+                _ if t == s => c.rest[s],
+                // `down` already holds stage 0's whole backward.
+                0 => c.down[s] - c.down[0],
+                _ => c.down[s] - c.down[t] + c.rest[t],
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Each stage's `M` input-gradient passes (head: its forward's relative head, the forward and
+    /// the way up and back; tail: [`Self::own_tail`]) and its
+    /// `M` rests (tail 0), as jobs of `m` times the work.
+    fn push_backward(&self, jobs: &mut Vec<Job>, heads: &[f64], m: f64) {
+        let c = self.chain;
+        for (&s, &h) in self.mine.iter().zip(heads) {
+            let head = h + c.forward[s] + c.up[s];
             jobs.push(Job {
                 head,
                 work: m * c.input[s],
-                tail: c.rest[s],
+                tail: self.own_tail(s),
             });
             jobs.push(Job {
                 head: head + c.input[s],
@@ -111,6 +149,22 @@ impl RankJobs<'_> {
                 tail: 0.0,
             });
         }
-        jackson::preemptive(&jobs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{LinkCost, StageCost};
+
+    #[test]
+    fn vshape_first_rank_waits_for_its_last_chunk() {
+        // P = 4, V-shape, chunks of F = I = W = 0.5, M = 4: rank 0 runs its 4 first-chunk forwards
+        // (2) and then waits until the first microbatch has climbed to stage 7 (3.5), then works
+        // the remaining 10: 13.5, not the rank's work 12 (the schedules reach it: proven in
+        // `bench auto --part vshape`).
+        let c = CostModel::uniform(StageCost::uniform(0.5, 0.5, 0.5), 8, LinkCost::default());
+        let free = span_bound(4, 4, Placement::Vshape, &c, false, None).unwrap();
+        assert_eq!(free, 13.5);
     }
 }
