@@ -151,3 +151,52 @@ fn simulate_recompute_auto_refuses_without_a_limit_or_when_nothing_fits() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("--memory-limit"), "{err}");
 }
+
+/// The actions whose boxes the SVG at `path` hatches as a recomputed forward, in order.
+fn hatched(path: &std::path::Path) -> Vec<String> {
+    let svg = std::fs::read_to_string(path).unwrap();
+    svg.split(r#"fill="url(#rebuild)"><title>"#)
+        .skip(1)
+        .map(|rest| rest.split(" on rank").next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn simulate_svg_hatches_the_rebuilds_of_the_recomputing_stages_only() {
+    let dir = common::scratch("cli-recompute-svg");
+    let svg = dir.join("t.svg");
+    let with_svg = |extra: &[&str]| {
+        let (code, _, err) = simulate(&[extra, &["--svg", svg.to_str().unwrap()]].concat());
+        assert_eq!(code, 0, "{err}");
+        (hatched(&svg), std::fs::read_to_string(&svg).unwrap())
+    };
+    // Only stage 0 recomputes under 350 bytes: its eight B boxes, and nothing else, are hatched.
+    let (auto, text) = with_svg(&["--recompute", "auto", "--memory-limit", "350"]);
+    let want: Vec<String> = (0..8).map(|k| format!("0B{k}")).collect();
+    let mut got = auto.clone();
+    got.sort();
+    assert_eq!(got, want, "{auto:?}");
+    assert!(text.contains("recomputed forward"));
+    // Full recomputation: every stage's backward.
+    let (full, _) = with_svg(&["--recompute", "full"]);
+    assert_eq!(full.len(), 4 * 8);
+    assert!(full.iter().all(|a| a.contains('B')), "{full:?}");
+    // Without recomputation: no hatch and no legend entry.
+    let (none, text) = with_svg(&[]);
+    assert!(none.is_empty() && !text.contains("recomputed forward"));
+    // Two schedules, one picture: each panel hatches its own recomputing stages (ZB-H1 has I).
+    let (both, _) = with_svg(&[
+        "--schedule",
+        "1f1b,zb-h1",
+        "--recompute",
+        "auto",
+        "--memory-limit",
+        "350",
+    ]);
+    assert!(
+        both.iter()
+            .all(|a| a.starts_with("0B") || a.starts_with("0I")),
+        "{both:?}"
+    );
+    assert!(both.iter().any(|a| a.starts_with("0I")), "{both:?}");
+}

@@ -36,6 +36,40 @@ pub const BASIS: [Footprint; 3] = [
     },
 ];
 
+/// The edges of the cone of footprints (`released_at_input, rebuilt <= bytes`): a moment holds no
+/// more than another under every footprint when it does under each of these.
+const EDGES: [Footprint; 4] = [
+    BASIS[0],
+    BASIS[1],
+    BASIS[2],
+    Footprint {
+        bytes: 1.0,
+        released_at_input: 1.0,
+        rebuilt: 1.0,
+    },
+];
+
+/// Whether a moment with counts `a` (per stage) holds no more than one with `b` whatever the
+/// stages' footprints.
+fn dominated(a: &[Counts], b: &[Counts]) -> bool {
+    a.iter()
+        .zip(b)
+        .all(|(a, b)| EDGES.iter().all(|f| held(a, f) <= held(b, f)))
+}
+
+/// `moments` without those another one dominates (the first of equal ones kept).
+fn frontier<T: AsRef<[Counts]> + Clone>(moments: &[T]) -> Vec<T> {
+    let mut kept: Vec<T> = Vec::new();
+    for m in moments {
+        if kept.iter().any(|k| dominated(m.as_ref(), k.as_ref())) {
+            continue;
+        }
+        kept.retain(|k| !dominated(k.as_ref(), m.as_ref()));
+        kept.push(m.clone());
+    }
+    kept
+}
+
 /// What one stage holds at one moment, counted under the three [`BASIS`] footprints.
 pub type Counts = [u64; 3];
 
@@ -125,17 +159,21 @@ impl Holds {
         Holds::new(rank_stages, moments, in_flight.len())
     }
 
+    /// Keeps only the moments that may be a peak: no other one holds as much or more under every
+    /// footprint.
     fn new(rank_stages: Vec<Vec<usize>>, moments: Vec<Vec<Vec<Counts>>>, stages: usize) -> Holds {
-        let mut stage_counts: Vec<Vec<Counts>> = vec![Vec::new(); stages];
+        let moments: Vec<Vec<Vec<Counts>>> = moments.iter().map(|m| frontier(m)).collect();
+        let mut stage_counts: Vec<Vec<[Counts; 1]>> = vec![Vec::new(); stages];
         for (own, list) in rank_stages.iter().zip(&moments) {
             for moment in list {
                 for (&s, c) in own.iter().zip(moment) {
-                    if !stage_counts[s].contains(c) {
-                        stage_counts[s].push(*c);
-                    }
+                    stage_counts[s].push([*c]);
                 }
             }
         }
+        let stage_counts = (stage_counts.iter())
+            .map(|c| frontier(c).into_iter().map(|[c]| c).collect())
+            .collect();
         Holds {
             rank_stages,
             moments,
