@@ -152,51 +152,89 @@ fn simulate_recompute_auto_refuses_without_a_limit_or_when_nothing_fits() {
     assert!(err.contains("--memory-limit"), "{err}");
 }
 
-/// The actions whose boxes the SVG at `path` hatches as a recomputed forward, in order.
-fn hatched(path: &std::path::Path) -> Vec<String> {
+/// Per panel of the SVG at `path` (by schedule name), the actions whose boxes it hatches as a
+/// recomputed forward.
+fn hatched(path: &std::path::Path) -> Vec<(String, Vec<String>)> {
     let svg = std::fs::read_to_string(path).unwrap();
-    svg.split(r#"fill="url(#rebuild)"><title>"#)
-        .skip(1)
-        .map(|rest| rest.split(" on rank").next().unwrap().to_string())
+    (svg.split(r#"<tspan font-weight="bold">"#).skip(1))
+        .map(|panel| {
+            let name = panel.split("</tspan>").next().unwrap().to_string();
+            let actions = (panel.split(r#"fill="url(#rebuild)"><title>"#).skip(1))
+                .map(|rest| rest.split(" on rank").next().unwrap().to_string())
+                .collect();
+            (name, actions)
+        })
         .collect()
+}
+
+/// Runs `simulate` with `extra` and an SVG: per panel, the hatched actions and, from the JSON,
+/// the stages that recompute; and whether the legend names the hatch.
+fn hatches_and_modes(extra: &[&str]) -> (Vec<(Vec<String>, Vec<usize>)>, bool) {
+    let svg = common::scratch("cli-recompute-svg").join("t.svg");
+    let (code, out, err) = simulate(&[extra, &["--svg", svg.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let legend = std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("recomputed forward");
+    let panels = hatched(&svg)
+        .into_iter()
+        .map(|(name, actions)| {
+            let row = rows
+                .iter()
+                .find(|r| r["schedule"] == name.as_str())
+                .unwrap();
+            let modes = row["recompute"].as_array().unwrap();
+            let full = (0..modes.len()).filter(|&s| modes[s] == "full").collect();
+            (actions, full)
+        })
+        .collect();
+    (panels, legend)
 }
 
 #[test]
 fn simulate_svg_hatches_the_rebuilds_of_the_recomputing_stages_only() {
-    let dir = common::scratch("cli-recompute-svg");
-    let svg = dir.join("t.svg");
-    let with_svg = |extra: &[&str]| {
-        let (code, _, err) = simulate(&[extra, &["--svg", svg.to_str().unwrap()]].concat());
-        assert_eq!(code, 0, "{err}");
-        (hatched(&svg), std::fs::read_to_string(&svg).unwrap())
-    };
-    // Only stage 0 recomputes under 350 bytes: its eight B boxes, and nothing else, are hatched.
-    let (auto, text) = with_svg(&["--recompute", "auto", "--memory-limit", "350"]);
-    let want: Vec<String> = (0..8).map(|k| format!("0B{k}")).collect();
-    let mut got = auto.clone();
+    // 1F1B under 350 bytes: only stage 0 recomputes; its eight B boxes, and nothing else, are
+    // hatched.
+    let (panels, legend) = hatches_and_modes(&["--recompute", "auto", "--memory-limit", "350"]);
+    let mut got = panels[0].0.clone();
     got.sort();
-    assert_eq!(got, want, "{auto:?}");
-    assert!(text.contains("recomputed forward"));
+    assert_eq!(got, (0..8).map(|k| format!("0B{k}")).collect::<Vec<_>>());
+    assert_eq!(panels[0].1, vec![0]);
+    assert!(legend);
     // Full recomputation: every stage's backward.
-    let (full, _) = with_svg(&["--recompute", "full"]);
-    assert_eq!(full.len(), 4 * 8);
-    assert!(full.iter().all(|a| a.contains('B')), "{full:?}");
+    let (panels, _) = hatches_and_modes(&["--recompute", "full"]);
+    assert_eq!(panels[0].0.len(), 4 * 8);
     // Without recomputation: no hatch and no legend entry.
-    let (none, text) = with_svg(&[]);
-    assert!(none.is_empty() && !text.contains("recomputed forward"));
-    // Two schedules, one picture: each panel hatches its own recomputing stages (ZB-H1 has I).
-    let (both, _) = with_svg(&[
+    let (panels, legend) = hatches_and_modes(&[]);
+    assert!(panels[0].0.is_empty() && !legend);
+    // Several schedules in one picture (the helper's 1F1B, GPipe, interleaved 1F1B at V = 2), each
+    // recomputing its own stages: each panel hatches exactly its recomputing stages' I/B boxes,
+    // M of them each.
+    let (panels, _) = hatches_and_modes(&[
         "--schedule",
-        "1f1b,zb-h1",
+        "gpipe,interleaved-1f1b",
         "--recompute",
         "auto",
         "--memory-limit",
         "350",
     ]);
-    assert!(
-        both.iter()
-            .all(|a| a.starts_with("0B") || a.starts_with("0I")),
-        "{both:?}"
-    );
-    assert!(both.iter().any(|a| a.starts_with("0I")), "{both:?}");
+    assert_eq!(panels.len(), 3);
+    for (actions, full) in &panels {
+        let mut stages: Vec<usize> = actions
+            .iter()
+            .map(|a| a[..a.find(['B', 'I']).unwrap()].parse().unwrap())
+            .collect();
+        assert!(
+            actions.iter().all(|a| a.contains(['B', 'I'])),
+            "{actions:?}"
+        );
+        assert_eq!(stages.len(), 8 * full.len(), "{actions:?} {full:?}");
+        stages.sort();
+        stages.dedup();
+        assert_eq!(&stages, full);
+    }
+    let counts: Vec<usize> = panels.iter().map(|p| p.1.len()).collect();
+    assert!(counts.iter().any(|&c| c != counts[0]), "{counts:?}");
 }
