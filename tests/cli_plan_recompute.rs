@@ -67,7 +67,8 @@ fn plan_under_a_limit_recomputes_by_default_and_reports_it_per_stage() {
     let limit = format!("{}", (0.6 * least).floor());
     let (code, _, err) = plan_json(&["--memory-limit", &limit, "--recompute", "none"]);
     assert_eq!(code, 2, "{err}");
-    let (code, v, err) = plan_json(&["--memory-limit", &limit]);
+    let svg = common::scratch("cli-recompute-plan-svg").join("best.svg");
+    let (code, v, err) = plan_json(&["--memory-limit", &limit, "--svg", svg.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let best = &v["plans"][0];
     assert!(worst(best) <= 0.6 * least, "{best}");
@@ -77,6 +78,19 @@ fn plan_under_a_limit_recomputes_by_default_and_reports_it_per_stage() {
         best["layers_per_stage"].as_array().unwrap().len()
     );
     assert!(modes.iter().any(|m| m == "full"), "{best}");
+    // The chosen plan's picture hatches the rebuilds of its recomputing stages, and only those.
+    let chosen = &v["chosen"];
+    let hatched_stages: std::collections::BTreeSet<usize> = hatched(&svg)[0]
+        .1
+        .iter()
+        .map(|a| a[..a.find(['B', 'I']).unwrap()].parse().unwrap())
+        .collect();
+    let full: std::collections::BTreeSet<usize> = (chosen["recompute"].as_array().unwrap().iter())
+        .enumerate()
+        .filter(|(_, m)| *m == "full")
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(hatched_stages, full);
 }
 
 #[test]
