@@ -6,8 +6,11 @@
 
 use pipefill_host::auto::{solve, AutoRequest, MemoryLimit};
 use pipefill_host::cost::{CostModel, LinkCost, Recompute, StageCost};
-use pipefill_host::schedule::{families, Params, Placement, Schedule};
-use pipefill_host::sim::{lower_bound, lower_bound_with_limit, peak_activations, simulate};
+use pipefill_host::schedule::{families, Params, Placement};
+use pipefill_host::sim::{lower_bound, lower_bound_with_limit, simulate};
+
+mod sim_support;
+use sim_support::peak_in_flight as in_flight;
 
 /// `S` uneven stages with big stashes, small inputs, part released at `I`, in `modes` (cycled).
 fn model(stages: usize, modes: &[Recompute]) -> CostModel {
@@ -32,18 +35,6 @@ fn model(stages: usize, modes: &[Recompute]) -> CostModel {
         link,
         overlap_share: 0.0,
     }
-}
-
-/// Per rank, the schedule's peak in rank-microbatches (a stage's microbatch counts `1 / V`).
-fn in_flight(s: &Schedule, costs: &CostModel) -> Vec<f64> {
-    let sim = simulate(s, costs).unwrap();
-    let mut unit = costs.clone();
-    for st in &mut unit.stages {
-        st.activation_bytes = 1.0 / s.chunks as f64;
-        st.released_at_input = 0.0;
-        st.recompute = Recompute::None;
-    }
-    peak_activations(&sim.timeline, &unit)
 }
 
 const SHAPES: [(usize, usize, Placement); 5] = [

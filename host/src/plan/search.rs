@@ -325,7 +325,11 @@ impl Candidates {
         match result {
             Ok(part) if self.tried.contains(&part.boundaries) => {
                 // Tried with the request's sets, not necessarily with `also`.
-                if let Some(modes) = also {
+                let counts = part.layers_per_stage();
+                let done = |m: &[Recompute]| {
+                    (self.plans.iter()).any(|p| p.layers_per_stage == counts && p.recompute == m)
+                };
+                if let Some(modes) = also.filter(|m| !done(m)) {
                     match shape.evaluate(&part, name.to_string(), modes) {
                         Ok(p) => self.plans.push(p),
                         Err(e) => self.why.push(e),
