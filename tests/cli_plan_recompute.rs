@@ -181,9 +181,11 @@ fn hatched(path: &std::path::Path) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
-/// Runs `simulate` with `extra` and an SVG: per panel, the hatched actions and, from the JSON,
-/// the stages that recompute; and whether the legend names the hatch.
-fn hatches_and_modes(extra: &[&str]) -> (Vec<(Vec<String>, Vec<usize>)>, bool) {
+/// Per panel: the hatched actions and, from the JSON, the stages that recompute.
+type Panel = (Vec<String>, Vec<usize>);
+
+/// Runs `simulate` with `extra` and an SVG: each [`Panel`], and whether the legend names the hatch.
+fn hatches_and_modes(extra: &[&str]) -> (Vec<Panel>, bool) {
     let svg = common::scratch("cli-recompute-svg").join("t.svg");
     let (code, out, err) = simulate(&[extra, &["--svg", svg.to_str().unwrap()]].concat());
     assert_eq!(code, 0, "{err}");
