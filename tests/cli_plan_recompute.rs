@@ -67,7 +67,8 @@ fn plan_under_a_limit_recomputes_by_default_and_reports_it_per_stage() {
     let limit = format!("{}", (0.6 * least).floor());
     let (code, _, err) = plan_json(&["--memory-limit", &limit, "--recompute", "none"]);
     assert_eq!(code, 2, "{err}");
-    let (code, v, err) = plan_json(&["--memory-limit", &limit]);
+    let svg = common::scratch("cli-recompute-plan-svg").join("best.svg");
+    let (code, v, err) = plan_json(&["--memory-limit", &limit, "--svg", svg.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let best = &v["plans"][0];
     assert!(worst(best) <= 0.6 * least, "{best}");
@@ -77,6 +78,19 @@ fn plan_under_a_limit_recomputes_by_default_and_reports_it_per_stage() {
         best["layers_per_stage"].as_array().unwrap().len()
     );
     assert!(modes.iter().any(|m| m == "full"), "{best}");
+    // The chosen plan's picture hatches the rebuilds of its recomputing stages, and only those.
+    let chosen = &v["chosen"];
+    let hatched_stages: std::collections::BTreeSet<usize> = hatched(&svg)[0]
+        .1
+        .iter()
+        .map(|a| a[..a.find(['B', 'I']).unwrap()].parse().unwrap())
+        .collect();
+    let full: std::collections::BTreeSet<usize> = (chosen["recompute"].as_array().unwrap().iter())
+        .enumerate()
+        .filter(|(_, m)| *m == "full")
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(hatched_stages, full);
 }
 
 #[test]
@@ -150,4 +164,93 @@ fn simulate_recompute_auto_refuses_without_a_limit_or_when_nothing_fits() {
     assert_eq!(code, 2);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("--memory-limit"), "{err}");
+}
+
+/// Per panel of the SVG at `path` (by schedule name), the actions whose boxes it hatches as a
+/// recomputed forward.
+fn hatched(path: &std::path::Path) -> Vec<(String, Vec<String>)> {
+    let svg = std::fs::read_to_string(path).unwrap();
+    (svg.split(r#"<tspan font-weight="bold">"#).skip(1))
+        .map(|panel| {
+            let name = panel.split("</tspan>").next().unwrap().to_string();
+            let actions = (panel.split(r#"fill="url(#rebuild)"><title>"#).skip(1))
+                .map(|rest| rest.split(" on rank").next().unwrap().to_string())
+                .collect();
+            (name, actions)
+        })
+        .collect()
+}
+
+/// Per panel: the hatched actions and, from the JSON, the stages that recompute.
+type Panel = (Vec<String>, Vec<usize>);
+
+/// Runs `simulate` with `extra` and an SVG: each [`Panel`], and whether the legend names the hatch.
+fn hatches_and_modes(extra: &[&str]) -> (Vec<Panel>, bool) {
+    let svg = common::scratch("cli-recompute-svg").join("t.svg");
+    let (code, out, err) = simulate(&[extra, &["--svg", svg.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let rows = v["results"].as_array().unwrap();
+    let legend = std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("recomputed forward");
+    let panels = hatched(&svg)
+        .into_iter()
+        .map(|(name, actions)| {
+            let row = rows
+                .iter()
+                .find(|r| r["schedule"] == name.as_str())
+                .unwrap();
+            let modes = row["recompute"].as_array().unwrap();
+            let full = (0..modes.len()).filter(|&s| modes[s] == "full").collect();
+            (actions, full)
+        })
+        .collect();
+    (panels, legend)
+}
+
+#[test]
+fn simulate_svg_hatches_the_rebuilds_of_the_recomputing_stages_only() {
+    // 1F1B under 350 bytes: only stage 0 recomputes; its eight B boxes, and nothing else, are
+    // hatched.
+    let (panels, legend) = hatches_and_modes(&["--recompute", "auto", "--memory-limit", "350"]);
+    let mut got = panels[0].0.clone();
+    got.sort();
+    assert_eq!(got, (0..8).map(|k| format!("0B{k}")).collect::<Vec<_>>());
+    assert_eq!(panels[0].1, vec![0]);
+    assert!(legend);
+    // Full recomputation: every stage's backward.
+    let (panels, _) = hatches_and_modes(&["--recompute", "full"]);
+    assert_eq!(panels[0].0.len(), 4 * 8);
+    // Without recomputation: no hatch and no legend entry.
+    let (panels, legend) = hatches_and_modes(&[]);
+    assert!(panels[0].0.is_empty() && !legend);
+    // Several schedules in one picture (the helper's 1F1B, GPipe, interleaved 1F1B at V = 2), each
+    // recomputing its own stages: each panel hatches exactly its recomputing stages' I/B boxes,
+    // M of them each.
+    let (panels, _) = hatches_and_modes(&[
+        "--schedule",
+        "gpipe,interleaved-1f1b",
+        "--recompute",
+        "auto",
+        "--memory-limit",
+        "350",
+    ]);
+    assert_eq!(panels.len(), 3);
+    for (actions, full) in &panels {
+        let mut stages: Vec<usize> = actions
+            .iter()
+            .map(|a| a[..a.find(['B', 'I']).unwrap()].parse().unwrap())
+            .collect();
+        assert!(
+            actions.iter().all(|a| a.contains(['B', 'I'])),
+            "{actions:?}"
+        );
+        assert_eq!(stages.len(), 8 * full.len(), "{actions:?} {full:?}");
+        stages.sort();
+        stages.dedup();
+        assert_eq!(&stages, full);
+    }
+    let counts: Vec<usize> = panels.iter().map(|p| p.1.len()).collect();
+    assert!(counts.iter().any(|&c| c != counts[0]), "{counts:?}");
 }

@@ -17,10 +17,12 @@
 //! - every stage holds at least one layer (`L >= S`, else [`PartitionError::TooFewLayers`]);
 //! - ties are broken deterministically: among all optimal splits, the one whose list of boundaries is
 //!   lexicographically smallest (earlier stages as short as possible) is returned;
-//! - an optional per-rank memory limit ([`MemoryLimit`]): a rank's parameter bytes plus, for each of
-//!   its stages, the schedule's peak number of microbatches in flight on that stage times the stage's
-//!   activation bytes per microbatch, must fit; splits that do not are infeasible, and when no split
-//!   fits, [`PartitionError::MemoryInfeasible`] names the smallest limit that would.
+//! - an optional per-rank memory limit ([`MemoryLimit`]): a rank's parameter bytes plus the most its
+//!   stages' microbatches hold at one moment of the schedule ([`Holds`]), each stage in its
+//!   recomputation mode ([`Problem::with_recompute`]: a recomputing stage keeps its input, not its
+//!   stash, between `F` and the backward), must fit; this is the simulator's count. Splits that do
+//!   not fit are infeasible, and when no split fits, [`PartitionError::MemoryInfeasible`] names
+//!   the smallest limit that would.
 //!
 //! # Baselines
 //!
@@ -46,11 +48,13 @@ use crate::schedule::{Placement, Schedule};
 pub mod baselines;
 mod chain;
 mod error;
+mod holds;
 mod problem;
 mod search;
 
 use chain::{chain_optimum, min_peak_memory};
 pub use error::PartitionError;
+pub use holds::Holds;
 
 /// Cells of the exact split's table for `layers` layers into `stages` stages: each of the
 /// `stages x layers` entries looks at up to `layers` ends, so about `stages x layers^2 / 2` (the
@@ -130,9 +134,27 @@ impl Layout {
 pub struct MemoryLimit {
     /// Bytes each rank may use for parameters and held activations.
     pub bytes_per_rank: u64,
-    /// For each stage, the schedule's peak number of microbatches whose activations it holds at once
-    /// (from F until the end of its W or B).
-    pub in_flight: Vec<u64>,
+    /// What the schedule's microbatches hold on each rank, moment by moment.
+    pub holds: Holds,
+}
+
+impl MemoryLimit {
+    /// `bytes_per_rank` under `schedule`: the simulator's count ([`Holds::of_schedule`]).
+    pub fn of_schedule(bytes_per_rank: u64, schedule: &Schedule) -> Self {
+        MemoryLimit {
+            bytes_per_rank,
+            holds: Holds::of_schedule(schedule),
+        }
+    }
+
+    /// `bytes_per_rank` with stage `s` holding `in_flight[s]` whole stashes, all of a rank's stages
+    /// at once ([`Holds::whole`]).
+    pub fn whole(bytes_per_rank: u64, layout: &Layout, in_flight: &[u64]) -> Self {
+        MemoryLimit {
+            bytes_per_rank,
+            holds: Holds::whole(layout, in_flight),
+        }
+    }
 }
 
 /// A split of the layers into stages and what it costs.
@@ -225,7 +247,7 @@ impl Method {
         check_sizes(problem, layout)?;
         let part = problem.evaluate(layout, &boundaries)?;
         if let Some(limit) = limit {
-            let mem = problem.rank_memory(layout, &boundaries, &limit.in_flight)?;
+            let mem = problem.rank_memory(layout, &boundaries, &limit.holds)?;
             let peak = mem.iter().copied().max().unwrap_or(0);
             if peak > limit.bytes_per_rank {
                 return Err(PartitionError::OverMemory {
@@ -280,9 +302,9 @@ pub fn optimal_with_budget(
 ) -> Result<Partition, PartitionError> {
     check_sizes(problem, layout)?;
     if let Some(l) = limit {
-        if l.in_flight.len() != layout.stages() {
+        if l.holds.stages() != layout.stages() {
             return Err(PartitionError::InFlightLength {
-                got: l.in_flight.len(),
+                got: l.holds.stages(),
                 stages: layout.stages(),
             });
         }

@@ -43,7 +43,7 @@ fn brute_force(
     let mut best: Option<(u64, Vec<usize>)> = None;
     for b in all_splits(p.layers(), layout.stages()) {
         if let Some(l) = limit {
-            let mem = p.rank_memory(layout, &b, &l.in_flight).unwrap();
+            let mem = p.rank_memory(layout, &b, &l.holds).unwrap();
             if mem.iter().any(|&m| m > l.bytes_per_rank) {
                 continue;
             }
@@ -89,10 +89,7 @@ fn case() -> impl Strategy<Value = (Problem, Layout, Option<MemoryLimit>)> {
                 let acts = layers.iter().map(|l| l.2).collect();
                 let transfer = layers.iter().map(|l| l.3).collect();
                 let p = Problem::new(times, params, acts, transfer);
-                let limit = with_limit.then_some(MemoryLimit {
-                    bytes_per_rank: bytes,
-                    in_flight,
-                });
+                let limit = with_limit.then(|| MemoryLimit::whole(bytes, &layout, &in_flight));
                 (p, layout, limit)
             })
     })
@@ -218,10 +215,7 @@ fn memory_limit_forces_a_different_split_or_refuses() {
     let free = optimal(&p, &layout, None).unwrap();
     assert_eq!(free.boundaries, vec![0, 2, 4]);
     // The second stage holds two microbatches in flight: [0, 2, 4] would need 2 x 10 bytes there.
-    let limit = MemoryLimit {
-        bytes_per_rank: 10,
-        in_flight: vec![1, 2],
-    };
+    let limit = MemoryLimit::whole(10, &layout, &[1, 2]);
     let tight = optimal(&p, &layout, Some(&limit)).unwrap();
     assert_eq!(tight.boundaries, vec![0, 3, 4]);
     assert_eq!(tight.bottleneck, 30);
@@ -230,10 +224,7 @@ fn memory_limit_forces_a_different_split_or_refuses() {
         Err(PartitionError::OverMemory { peak, .. }) => assert_eq!(peak, 20),
         other => panic!("expected OverMemory, got {other:?}"),
     }
-    let none = MemoryLimit {
-        bytes_per_rank: 9,
-        in_flight: vec![1, 2],
-    };
+    let none = MemoryLimit::whole(9, &layout, &[1, 2]);
     match optimal(&p, &layout, Some(&none)) {
         Err(PartitionError::MemoryInfeasible { needed, .. }) => assert_eq!(needed, 10),
         other => panic!("expected MemoryInfeasible, got {other:?}"),

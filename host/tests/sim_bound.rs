@@ -10,22 +10,12 @@ mod sim_support;
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
 use pipefill_host::sim::{
-    basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit,
-    peak_activations, simulate, BoundError,
+    basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit, simulate,
+    BoundError,
 };
 use proptest::prelude::*;
+use sim_support::peak_in_flight;
 use sim_support::random::{case, Case};
-
-/// The schedule's peak in-flight per rank in rank-microbatches (a stage's microbatch counts 1/V).
-fn peak_in_flight(s: &Schedule, sim_costs: &CostModel) -> Vec<f64> {
-    let sim = simulate(s, sim_costs).unwrap();
-    let mut unit = sim_costs.clone();
-    for st in &mut unit.stages {
-        st.activation_bytes = 1.0 / s.chunks as f64;
-        st.released_at_input = 0.0;
-    }
-    peak_activations(&sim.timeline, &unit)
-}
 
 fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
     let cost = c.costs_for(s);

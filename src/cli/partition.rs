@@ -17,8 +17,8 @@ use clap::ValueEnum;
 use pipefill_host::cost::flag::parse_bytes_u64;
 use pipefill_host::cost::CostFile;
 use pipefill_host::partition::{
-    split_work, stage_in_flight, Layout, MemoryLimit, Method, Partition, PartitionError, Problem,
-    NANOS_PER_SECOND, SPLIT_CELLS_PER_SECOND,
+    split_work, Layout, MemoryLimit, Method, Partition, PartitionError, Problem, NANOS_PER_SECOND,
+    SPLIT_CELLS_PER_SECOND,
 };
 use pipefill_host::schedule::{families, Params, Placement, ScheduleError};
 use serde::Serialize;
@@ -233,10 +233,7 @@ fn memory_limit(args: &Args, layout: &Layout) -> Result<Option<MemoryLimit>, Cli
     }
     let params = Params::new(layout.ranks, m).with_chunks(layout.chunks);
     let schedule = families::generate(name, &params).map_err(|e| CliError::Usage(e.to_string()))?;
-    Ok(Some(MemoryLimit {
-        bytes_per_rank: bytes,
-        in_flight: stage_in_flight(&schedule),
-    }))
+    Ok(Some(MemoryLimit::of_schedule(bytes, &schedule)))
 }
 
 /// Runs `pipefill partition`.

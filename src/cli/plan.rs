@@ -503,6 +503,7 @@ fn best_timeline_svg(best: &Plan) -> Result<String, CliError> {
             best.layers_per_stage,
             best.step_time
         ),
+        rebuild_share: vec![best.cost.rebuild_shares(&best.schedule)],
         ..SvgOptions::default()
     };
     Ok(svg_gantt(&[&timeline], &options))

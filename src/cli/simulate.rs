@@ -158,6 +158,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let time_unit = if abstract_times { "units" } else { "s" };
     let mut rows = Vec::with_capacity(schedules.len());
     let mut sims = Vec::with_capacity(schedules.len());
+    let mut shares = Vec::with_capacity(schedules.len());
     for (schedule, from_file) in &schedules {
         let model = spec
             .model_for(schedule.ranks, schedule.chunks)
@@ -193,6 +194,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         row.time_unit = time_unit;
         rows.push(row);
         sims.push(sim);
+        shares.push(model.rebuild_shares(schedule));
     }
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by(|&a, &b| {
@@ -209,6 +211,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         let opts = SvgOptions {
             title: "pipefill simulate: predicted timelines, best first".into(),
             unit: time_unit.into(),
+            rebuild_share: order.iter().map(|&i| shares[i].clone()).collect(),
             ..SvgOptions::default()
         };
         write_atomic("--svg", path, svg_gantt(&timelines, &opts))?;

@@ -21,6 +21,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::schedule::{Op, Schedule};
+
 /// A stage's recomputation mode.
 ///
 /// ```
@@ -96,6 +98,37 @@ impl super::CostModel {
             *st = st.with_recompute(mode);
         }
         Some(self)
+    }
+
+    /// Per stage, the share of its `I` (or, where `schedule` has no `I` on it, `B`) spent on the
+    /// forward run again (0 without recomputation): what a timeline picture marks as rebuilt
+    /// ([`SvgOptions::rebuild_share`](crate::trace::SvgOptions::rebuild_share)).
+    ///
+    /// ```
+    /// use pipefill_host::cost::{CostModel, LinkCost, Recompute, StageCost};
+    /// use pipefill_host::schedule::{families, Params};
+    /// let mut m = CostModel::uniform(StageCost::uniform(1.0, 2.0, 2.0), 2, LinkCost::default());
+    /// m.stages[1].recompute = Recompute::Full;
+    /// let zb = families::generate("zb-h1", &Params::new(2, 4)).unwrap();
+    /// assert_eq!(m.rebuild_shares(&zb), vec![0.0, 1.0 / 3.0]); // F / (F + I)
+    /// let one = families::generate("1f1b", &Params::new(2, 4)).unwrap();
+    /// assert_eq!(m.rebuild_shares(&one), vec![0.0, 0.2]); // F / (F + B)
+    /// ```
+    pub fn rebuild_shares(&self, schedule: &Schedule) -> Vec<f64> {
+        let split = |s: usize| {
+            let mut items = schedule.actions.iter().flatten();
+            items.any(|i| i.actions().any(|a| a.stage == s && a.op == Op::I))
+        };
+        (self.stages.iter().enumerate())
+            .map(|(s, st)| {
+                let total = st.time(if split(s) { Op::I } else { Op::B });
+                if total > 0.0 {
+                    st.rebuild_time() / total
+                } else {
+                    0.0
+                }
+            })
+            .collect()
     }
 }
 

@@ -19,7 +19,7 @@ pub(super) fn chain_optimum(
     // Cost of stage s on layers a..b, or None when it breaks the memory limit.
     let cost = |s: usize, a: usize, b: usize| -> Option<u64> {
         if let Some(l) = limit {
-            if problem.stage_memory(a, b, l.in_flight[s]) > l.bytes_per_rank {
+            if problem.stage_memory(&l.holds, s, a, b) > l.bytes_per_rank {
                 return None;
             }
         }
@@ -91,8 +91,8 @@ fn chain_table(
 /// The smallest largest per-stage memory over all splits with one stage per rank (exact; used to tell
 /// the user which limit would work).
 pub(super) fn min_peak_memory(problem: &Problem, limit: &MemoryLimit) -> u64 {
-    let table = chain_table(problem.layers(), limit.in_flight.len(), |s, a, b| {
-        Some(problem.stage_memory(a, b, limit.in_flight[s]))
+    let table = chain_table(problem.layers(), limit.holds.stages(), |s, a, b| {
+        Some(problem.stage_memory(&limit.holds, s, a, b))
     });
     table[0][0]
 }

@@ -6,13 +6,16 @@
 //!
 //! - the incumbent starts as the `V = 1` chain optimum over the `S` stages, evaluated per rank;
 //! - a branch is cut when a rank's load reaches the incumbent, or when the average bound
-//!   `(sum of loads + remaining compute) / P` does, or when a rank's memory passes the limit;
+//!   `(sum of loads + remaining compute) / P` does, or when a rank's memory passes the limit (its
+//!   placed stages' parameters plus the most they hold at one moment of the schedule, which only
+//!   grows as stages are placed and as a stage takes more layers);
 //! - the first split found with a given value is the lexicographically smallest one with that value,
 //!   and only strictly better splits replace the incumbent, so ties are deterministic.
 //!
 //! The search is exact when it finishes; it stops after a node budget, and the result then says
 //! `exact: false`.
 
+use super::holds::held;
 use super::{
     chain_optimum, min_peak_memory, Layout, MemoryLimit, Partition, PartitionError, Problem,
 };
@@ -25,7 +28,10 @@ struct Search<'a> {
     layout: &'a Layout,
     limit: Option<&'a MemoryLimit>,
     loads: Vec<u64>,
-    memory: Vec<u64>,
+    /// Per rank: the parameter bytes of its placed stages.
+    params: Vec<u64>,
+    /// Per rank, per moment of the schedule ([`super::Holds::moments`]): what its placed stages hold.
+    held: Vec<Vec<f64>>,
     current: Vec<usize>,
     best_value: u64,
     best: Option<Vec<usize>>,
@@ -35,7 +41,50 @@ struct Search<'a> {
     first_only: bool,
 }
 
-impl Search<'_> {
+impl<'a> Search<'a> {
+    fn new(
+        problem: &'a Problem,
+        layout: &'a Layout,
+        limit: Option<&'a MemoryLimit>,
+        budget: u64,
+    ) -> Self {
+        let held = (0..layout.ranks)
+            .map(|r| vec![0.0; limit.map_or(0, |l| l.holds.moments(r).len())])
+            .collect();
+        Search {
+            problem,
+            layout,
+            limit,
+            loads: vec![0; layout.ranks],
+            params: vec![0; layout.ranks],
+            held,
+            current: vec![0],
+            best_value: u64::MAX,
+            best: None,
+            nodes: 0,
+            budget,
+            first_only: false,
+        }
+    }
+
+    /// Rank `r`'s parameters and per-moment holds with stage `s` on layers `a..b` placed too.
+    fn with_stage(
+        &self,
+        l: &MemoryLimit,
+        r: usize,
+        s: usize,
+        a: usize,
+        b: usize,
+    ) -> (u64, Vec<f64>) {
+        let local = l.holds.rank_stages(r).iter().position(|&x| x == s);
+        let f = self.problem.footprint(s, a, b);
+        let held = (self.held[r].iter().zip(l.holds.moments(r)))
+            .map(|(h, m)| h + local.map_or(0.0, |i| held(&m[i], &f)))
+            .collect();
+        let p = self.problem.parameter_sum(a, b);
+        (self.params[r].saturating_add(p), held)
+    }
+
     fn lower_bound(&self, end: usize) -> u64 {
         let p = self.layout.ranks as u64;
         let total: u64 =
@@ -74,11 +123,10 @@ impl Search<'_> {
             if self.loads[r] + self.problem.compute(a, b) >= self.best_value {
                 break; // compute only grows with b, transfers are >= 0
             }
-            let mem = self
-                .limit
-                .map(|l| self.memory[r] + self.problem.stage_memory(a, b, l.in_flight[s]));
-            if let (Some(m), Some(l)) = (mem, self.limit) {
-                if m > l.bytes_per_rank {
+            let mem = self.limit.map(|l| self.with_stage(l, r, s, a, b));
+            if let (Some((p, h)), Some(l)) = (&mem, self.limit) {
+                let peak = h.iter().copied().fold(0.0, f64::max).round() as u64;
+                if p.saturating_add(peak) > l.bytes_per_rank {
                     break; // memory only grows with b
                 }
             }
@@ -86,23 +134,25 @@ impl Search<'_> {
             if self.loads[r] + c >= self.best_value {
                 continue;
             }
-            let (old_load, old_mem) = (self.loads[r], self.memory[r]);
+            let old_load = self.loads[r];
             self.loads[r] += c;
-            if let Some(m) = mem {
-                self.memory[r] = m;
-            }
+            let old_mem = mem.map(|(p, mut h)| {
+                std::mem::swap(&mut self.held[r], &mut h);
+                (std::mem::replace(&mut self.params[r], p), h)
+            });
+            let mut finished = true;
             if self.lower_bound(b) < self.best_value {
                 self.current.push(b);
-                let finished = self.visit(s + 1, b);
+                finished = self.visit(s + 1, b);
                 self.current.pop();
-                if !finished {
-                    self.loads[r] = old_load;
-                    self.memory[r] = old_mem;
-                    return false;
-                }
             }
             self.loads[r] = old_load;
-            self.memory[r] = old_mem;
+            if let Some((p, h)) = old_mem {
+                (self.params[r], self.held[r]) = (p, h);
+            }
+            if !finished {
+                return false;
+            }
         }
         true
     }
@@ -120,28 +170,15 @@ pub(super) fn branch_and_bound(
     let seed_fits = match limit {
         None => true,
         Some(l) => problem
-            .rank_memory(layout, &seed, &l.in_flight)?
+            .rank_memory(layout, &seed, &l.holds)?
             .iter()
             .all(|&m| m <= l.bytes_per_rank),
     };
     let seed_value = problem.evaluate(layout, &seed)?.bottleneck;
-    let mut search = Search {
-        problem,
-        layout,
-        limit,
-        loads: vec![0; layout.ranks],
-        memory: vec![0; layout.ranks],
-        current: vec![0],
-        best_value: if seed_fits {
-            seed_value.saturating_add(1)
-        } else {
-            u64::MAX
-        },
-        best: None,
-        nodes: 0,
-        budget,
-        first_only: false,
-    };
+    let mut search = Search::new(problem, layout, limit, budget);
+    if seed_fits {
+        search.best_value = seed_value.saturating_add(1);
+    }
     let finished = search.visit(0, 0);
     let chosen = match (search.best, seed_fits) {
         (Some(b), _) => b,
@@ -164,19 +201,8 @@ pub(super) fn branch_and_bound(
 
 /// Whether some split fits `limit` (`None` when the budget ran out before deciding).
 fn fits(problem: &Problem, layout: &Layout, limit: &MemoryLimit, budget: u64) -> Option<bool> {
-    let mut search = Search {
-        problem,
-        layout,
-        limit: Some(limit),
-        loads: vec![0; layout.ranks],
-        memory: vec![0; layout.ranks],
-        current: vec![0],
-        best_value: u64::MAX,
-        best: None,
-        nodes: 0,
-        budget,
-        first_only: true,
-    };
+    let mut search = Search::new(problem, layout, Some(limit), budget);
+    search.first_only = true;
     let finished = search.visit(0, 0);
     if search.best.is_some() {
         Some(true)
@@ -201,7 +227,7 @@ pub(super) fn min_rank_memory(
         Ok(b) => b,
         Err(_) => return lo,
     };
-    let mut hi = match problem.rank_memory(layout, &hi_split, &limit.in_flight) {
+    let mut hi = match problem.rank_memory(layout, &hi_split, &limit.holds) {
         Ok(m) => m.into_iter().max().unwrap_or(0),
         Err(_) => return lo,
     };
@@ -209,7 +235,7 @@ pub(super) fn min_rank_memory(
         let mid = lo + (hi - lo) / 2;
         let probe = MemoryLimit {
             bytes_per_rank: mid,
-            in_flight: limit.in_flight.clone(),
+            holds: limit.holds.clone(),
         };
         match fits(problem, layout, &probe, budget) {
             Some(true) => hi = mid,

@@ -59,6 +59,28 @@ pub(crate) fn uniform_sets(choice: RecomputeChoice, model: &CostModel) -> Vec<Ve
     }
 }
 
+/// [`uniform_sets`] before the layers are split into stages: `stages` stages, `selective` when some
+/// layer declares a selective part (a stage that gets none of them runs without recomputation:
+/// [`StageCost::with_recompute`](crate::cost::StageCost::with_recompute)).
+pub(crate) fn uniform_sets_before_split(
+    choice: RecomputeChoice,
+    stages: usize,
+    selective: bool,
+) -> Vec<Vec<Recompute>> {
+    let set = |m| vec![m; stages];
+    match choice {
+        RecomputeChoice::Full => vec![set(Recompute::Full)],
+        RecomputeChoice::Selective => vec![set(Recompute::Selective)],
+        RecomputeChoice::Auto if selective => vec![
+            set(Recompute::None),
+            set(Recompute::Full),
+            set(Recompute::Selective),
+        ],
+        RecomputeChoice::Auto => vec![set(Recompute::None), set(Recompute::Full)],
+        _ => vec![set(Recompute::None)],
+    }
+}
+
 /// The greedy per-stage choice for `schedule` under `model` and `limit` bytes per rank
 /// (parameters included): starting from no recomputation, while some rank's predicted peak is
 /// over the limit, the step on one of that rank's stages (none to selective where the stage

@@ -3,14 +3,16 @@
 
 use crate::cost::{CostFile, CostModel, LayerCost, Recompute, RecomputeChoice};
 use crate::partition::{
-    optimal_with_budget, per_stage_optimal, stage_in_flight, Layout, MemoryLimit, Method,
-    Partition, Problem, NANOS_PER_SECOND,
+    optimal_with_budget, per_stage_optimal, Layout, MemoryLimit, Method, Partition, Problem,
+    NANOS_PER_SECOND,
 };
 use crate::schedule::Schedule;
 use crate::sim::data_parallel::reductions;
 use crate::sim::simulate;
 
-use super::recompute::{fit_recompute, peak_memory, uniform_sets, with_modes};
+use super::recompute::{
+    fit_recompute, peak_memory, uniform_sets, uniform_sets_before_split, with_modes,
+};
 use super::{Plan, PlanError, PlanRequest, PLAN_NODE_BUDGET};
 
 /// Everything fixed for one schedule (so one family, `V`, `M`): the partitions vary.
@@ -46,10 +48,9 @@ impl<'a> Shape<'a> {
         };
         let layers = scaled(request, m).layers;
         let problem = Problem::from_layers(&layers, &request.costs.transfer)?;
-        let limit = request.memory_limit.map(|bytes| MemoryLimit {
-            bytes_per_rank: bytes.floor() as u64,
-            in_flight: stage_in_flight(&schedule),
-        });
+        let limit = request
+            .memory_limit
+            .map(|bytes| MemoryLimit::of_schedule(bytes.floor() as u64, &schedule));
         Ok(Shape {
             schedule,
             layout,
@@ -132,20 +133,32 @@ impl<'a> Shape<'a> {
         let part = method
             .apply(&self.problem, &self.layout, None)
             .map_err(|e| format!("{} partition: {e}", method.name()))?;
-        let (mut found, why) = self.evaluate_modes(&part, method.name());
+        let (mut found, why) = self.evaluate_modes(&part, method.name(), None);
         sort(&mut found);
         found.into_iter().next().ok_or_else(|| why.join("; "))
     }
 
-    /// Every mode set the request's [`RecomputeChoice`] allows for a split, simulated: the plans
-    /// that fit, and why the others did not (module `recompute`).
-    fn evaluate_modes(&self, part: &Partition, name: &str) -> (Vec<Plan>, Vec<String>) {
+    /// Every mode set the request's [`RecomputeChoice`] allows for a split (and `also`, the set the
+    /// split was partitioned for), simulated: the plans that fit, and why the others did not
+    /// (module `recompute`).
+    fn evaluate_modes(
+        &self,
+        part: &Partition,
+        name: &str,
+        also: Option<&[Recompute]>,
+    ) -> (Vec<Plan>, Vec<String>) {
         let (mut found, mut why) = (Vec::new(), Vec::new());
         let model = match self.model(&part.layers_per_stage()) {
             Ok(m) => m,
             Err(e) => return (found, vec![format!("{name} partition: {e}")]),
         };
         let sets = uniform_sets(self.request.recompute, &model);
+        if let Some(modes) = also.filter(|m| !sets.iter().any(|u| u == m)) {
+            match self.evaluate(part, name.to_string(), modes) {
+                Ok(p) => found.push(p),
+                Err(e) => why.push(e),
+            }
+        }
         let mut fits = Vec::new();
         for modes in &sets {
             match self.evaluate(part, name.to_string(), modes) {
@@ -175,7 +188,8 @@ impl<'a> Shape<'a> {
                 .contains(&true)
                 .then(|| fit_recompute(&self.schedule, &model, limit).ok().flatten())
                 .flatten();
-            if let Some(modes) = greedy.filter(|m| !sets.contains(m)) {
+            let new = |m: &Vec<Recompute>| !sets.contains(m) && Some(m.as_slice()) != also;
+            if let Some(modes) = greedy.filter(new) {
                 match self.evaluate(part, name.to_string(), &modes) {
                     Ok(p) => found.push(p),
                     Err(e) => why.push(e),
@@ -185,48 +199,64 @@ impl<'a> Shape<'a> {
         (found, why)
     }
 
+    /// The optimal split with stage `s` in mode `modes[s]`: its times and its memory under the
+    /// limit count what that mode runs and keeps (the simulator's count).
+    fn optimal_for(&self, modes: &[Recompute]) -> Result<Partition, String> {
+        let problem = self.problem.clone().with_recompute(modes);
+        optimal_with_budget(
+            &problem,
+            &self.layout,
+            self.limit.as_ref(),
+            PLAN_NODE_BUDGET,
+        )
+        .map_err(|e| e.to_string())
+    }
+
     /// Simulates every partition method on this shape: the plans, and why the others were ruled
-    /// out.
+    /// out. The optimal split is asked for each mode set the request allows; with
+    /// [`RecomputeChoice::Auto`] also for each per-stage set [`fit_recompute`] chose on a split
+    /// (so a split that fits only because its heavy stages recompute is found directly), until
+    /// no new split appears.
     pub(super) fn candidates(&self) -> (Vec<Plan>, Vec<String>) {
-        let mut found = Vec::new();
-        let mut why = Vec::new();
-        let mut tried: Vec<Vec<usize>> = Vec::new();
-        let mut try_split = |result: Result<Partition, String>, name: &str| match result {
-            Ok(part) if tried.contains(&part.boundaries) => {}
-            Ok(part) => {
-                tried.push(part.boundaries.clone());
-                let (plans, reasons) = self.evaluate_modes(&part, name);
-                found.extend(plans);
-                why.extend(reasons);
-            }
-            Err(e) => why.push(format!("{name} partition: {e}")),
-        };
-        for method in Method::ALL {
-            // Baselines do not know the limit; the simulator's memory check rules them out.
-            let result = if method == Method::Optimal {
-                optimal_with_budget(
-                    &self.problem,
-                    &self.layout,
-                    self.limit.as_ref(),
-                    PLAN_NODE_BUDGET,
-                )
-            } else {
-                method.apply(&self.problem, &self.layout, None)
-            };
-            try_split(result.map_err(|e| e.to_string()), method.name());
+        let mut c = Candidates::default();
+        // Before a split, "selective where declared" is selective everywhere: the partitioner's
+        // stages without a selective part run without recomputation.
+        let stages = self.schedule.stages();
+        let whole = (self.request.costs.layers.iter()).any(|l| l.selective_bytes > 0.0);
+        for modes in uniform_sets_before_split(self.request.recompute, stages, whole) {
+            c.add(self, self.optimal_for(&modes), Method::Optimal.name(), None);
         }
-        if self.request.recompute != RecomputeChoice::None && self.limit.is_some() {
-            // The limit the partitioner knows counts whole stashes: with recomputation the
-            // unlimited optimum may fit too.
-            let result = optimal_with_budget(&self.problem, &self.layout, None, PLAN_NODE_BUDGET);
-            try_split(result.map_err(|e| e.to_string()), Method::Optimal.name());
+        for method in Method::ALL.into_iter().filter(|&m| m != Method::Optimal) {
+            // Baselines do not know the limit; the simulator's memory check rules them out.
+            let result = method.apply(&self.problem, &self.layout, None);
+            c.add(self, result.map_err(|e| e.to_string()), method.name(), None);
         }
         if self.layout.chunks > 1 {
             if let Ok(part) = per_stage_optimal(&self.problem, &self.layout) {
-                try_split(Ok(part), "per-stage-optimal");
+                c.add(self, Ok(part), "per-stage-optimal", None);
             }
         }
-        (found, why)
+        let mut asked: Vec<Vec<Recompute>> = Vec::new();
+        while self.limit.is_some() {
+            let mixed = |m: &&Vec<Recompute>| {
+                m.contains(&Recompute::None) && m.iter().any(|&x| x != Recompute::None)
+            };
+            let next = (c.plans.iter().map(|p| &p.recompute))
+                .filter(mixed)
+                .find(|m| !asked.contains(m))
+                .cloned();
+            let Some(modes) = next else {
+                break;
+            };
+            c.add(
+                self,
+                self.optimal_for(&modes),
+                Method::Optimal.name(),
+                Some(&modes),
+            );
+            asked.push(modes);
+        }
+        (c.plans, c.why)
     }
 
     /// Moves one boundary by one layer at a time while the simulated step time improves.
@@ -280,6 +310,48 @@ impl<'a> Shape<'a> {
         } else {
             first.clone()
         })
+    }
+}
+
+/// The plans of a shape's splits so far, why others were ruled out, and the splits tried.
+#[derive(Default)]
+struct Candidates {
+    plans: Vec<Plan>,
+    why: Vec<String>,
+    tried: Vec<Vec<usize>>,
+}
+
+impl Candidates {
+    /// Simulates `result`'s split (once per split) with the mode sets the request allows and `also`.
+    fn add(
+        &mut self,
+        shape: &Shape,
+        result: Result<Partition, String>,
+        name: &str,
+        also: Option<&[Recompute]>,
+    ) {
+        match result {
+            Ok(part) if self.tried.contains(&part.boundaries) => {
+                // Tried with the request's sets, not necessarily with `also`.
+                let counts = part.layers_per_stage();
+                let done = |m: &[Recompute]| {
+                    (self.plans.iter()).any(|p| p.layers_per_stage == counts && p.recompute == m)
+                };
+                if let Some(modes) = also.filter(|m| !done(m)) {
+                    match shape.evaluate(&part, name.to_string(), modes) {
+                        Ok(p) => self.plans.push(p),
+                        Err(e) => self.why.push(e),
+                    }
+                }
+            }
+            Ok(part) => {
+                self.tried.push(part.boundaries.clone());
+                let (plans, reasons) = shape.evaluate_modes(&part, name, also);
+                self.plans.extend(plans);
+                self.why.extend(reasons);
+            }
+            Err(e) => self.why.push(format!("{name} partition: {e}")),
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! rank was woken late ([`Span::descheduled`](crate::timeline::Span::descheduled),
 //! [`Span::woken_late`](crate::timeline::Span::woken_late)). On a stage run with recomputation,
 //! the start of each `I` or `B` box, the forward run again to rebuild the stash, is hatched white
-//! ([`SvgOptions::rebuild_share`]). A time axis with round ticks and gridlines and a legend close
+//! ([`SvgOptions::rebuild_share`], per panel). A time axis with round ticks and gridlines and a legend close
 //! the chart. No scripts, fonts or external files.
 
 use std::fmt::Write;
@@ -30,10 +30,11 @@ pub struct SvgOptions {
     /// Time unit of the timelines: `"s"` scales the axis to s, ms or us as fits; anything else is
     /// printed as given.
     pub unit: String,
-    /// Per global stage, the share of each of its `I` and `B` boxes that is the forward run
-    /// again before the backward (recomputation; e.g. `F / (F + I)` from the costs), hatched at
-    /// the box's start; 0 (or a stage past the end) for a stage without recomputation.
-    pub rebuild_share: Vec<f64>,
+    /// Per panel (timeline, in the order given) and global stage, the share of each of the stage's
+    /// `I` and `B` boxes that is the forward run again before the backward (recomputation:
+    /// [`CostModel::rebuild_shares`](crate::cost::CostModel::rebuild_shares)), hatched at the
+    /// box's start; 0 (or a panel or stage past the end) for a stage without recomputation.
+    pub rebuild_share: Vec<Vec<f64>>,
 }
 
 impl Default for SvgOptions {
@@ -117,8 +118,9 @@ pub fn svg_gantt(timelines: &[&Timeline], opts: &SvgOptions) -> String {
             x(tk)
         );
     }
-    for t in timelines {
-        y = panel(&mut s, t, y, &x, opts) + PANEL_GAP;
+    for (i, t) in timelines.iter().enumerate() {
+        let shares = opts.rebuild_share.get(i).map_or(&[][..], Vec::as_slice);
+        y = panel(&mut s, t, y, &x, opts, shares) + PANEL_GAP;
     }
     let _ = writeln!(
         s,
@@ -146,7 +148,7 @@ pub fn svg_gantt(timelines: &[&Timeline], opts: &SvgOptions) -> String {
         .iter()
         .flat_map(|t| t.spans.iter().flatten())
         .any(|sp| sp.descheduled() > 0.0 || sp.woken_late() > 0.0);
-    let rebuilt = opts.rebuild_share.iter().any(|&f| f > 0.0);
+    let rebuilt = opts.rebuild_share.iter().flatten().any(|&f| f > 0.0);
     legend(&mut s, axis_y + AXIS, lost, rebuilt);
     s.push_str("</svg>\n");
     s
@@ -157,8 +159,16 @@ fn panel_height(t: &Timeline, opts: &SvgOptions) -> f64 {
     PANEL_HEAD + t.ranks() as f64 * (opts.lane_height + LANE_GAP)
 }
 
-/// Draws one timeline's panel from `y`; returns the `y` below it.
-fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &SvgOptions) -> f64 {
+/// Draws one timeline's panel from `y` (`shares`: its stages' rebuild shares); returns the `y`
+/// below it.
+fn panel(
+    s: &mut String,
+    t: &Timeline,
+    y: f64,
+    x: &dyn Fn(f64) -> f64,
+    opts: &SvgOptions,
+    shares: &[f64],
+) -> f64 {
     let source = match t.source {
         Source::Predicted => "predicted",
         Source::Measured => "measured",
@@ -207,7 +217,7 @@ fn panel(s: &mut String, t: &Timeline, y: f64, x: &dyn Fn(f64) -> f64, opts: &Sv
                     fmt_num(before * scale)
                 );
             }
-            let share = rebuild_share(&span.item(), &opts.rebuild_share);
+            let share = rebuild_share(&span.item(), shares);
             if share > 0.0 {
                 tip.push_str("; starts with its forward run again (recomputation)");
             }
@@ -520,7 +530,7 @@ mod tests {
         t.push(1, "1F1".parse().unwrap(), 4.0, 5.0);
         // Stage 0 does not recompute; stage 1 spends a quarter of each backward rebuilding.
         let opts = SvgOptions {
-            rebuild_share: vec![0.0, 0.25],
+            rebuild_share: vec![vec![0.0, 0.25]],
             ..SvgOptions::default()
         };
         let svg = svg_gantt(&[&t], &opts);

@@ -23,6 +23,19 @@ pub fn costs(stages: usize, f: f64, i: f64, w: f64, latency: f64) -> CostModel {
     )
 }
 
+/// The schedule's peak in flight per rank in rank-microbatches (a stage's microbatch counts `1/V`,
+/// from its `F` to the end of its `W` or `B`, whether or not the stage recomputes).
+pub fn peak_in_flight(s: &Schedule, sim_costs: &CostModel) -> Vec<f64> {
+    let sim = pipefill_host::sim::simulate(s, sim_costs).unwrap();
+    let mut unit = sim_costs.clone();
+    for st in &mut unit.stages {
+        st.activation_bytes = 1.0 / s.chunks as f64;
+        st.released_at_input = 0.0;
+        st.recompute = pipefill_host::cost::Recompute::None;
+    }
+    pipefill_host::sim::peak_activations(&sim.timeline, &unit)
+}
+
 /// `|a - b| <= 1e-9 * max(1, |a|, |b|)`.
 pub fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)

@@ -9,7 +9,6 @@ use serde_json::json;
 use pipefill_host::profile::median;
 
 use pipefill_host::plan::Plan;
-use pipefill_host::schedule::Op;
 
 use super::{Chosen, CliError, Outcome, Setup};
 use crate::cli::output::{write_atomic, write_atomic_with};
@@ -94,7 +93,7 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
             "pipefill train: {} on {} ranks, M = {} (measured, then predicted)",
             chosen.plan.family, chosen.plan.schedule.ranks, chosen.plan.microbatches
         ),
-        rebuild_share: rebuild_shares(&chosen.plan, outcome),
+        rebuild_share: vec![rebuild_shares(&chosen.plan, outcome); all.len()],
         ..SvgOptions::default()
     };
     let all: Vec<&Timeline> = all.iter().collect();
@@ -108,26 +107,14 @@ pub fn write_files(setup: &Setup, chosen: &Chosen, outcome: &Outcome) -> Result<
 
 /// Per stage, the share of its `I` (or, where the schedule has no `I` on it, `B`) spent on
 /// rebuilding its stash: as the run measured it where the runner timed the rebuild apart
-/// ([`Outcome::rebuild_share`]), else from the plan's costs (0 without recomputation): what the
-/// SVG hatches.
+/// ([`Outcome::rebuild_share`]), else from the plan's costs
+/// ([`CostModel::rebuild_shares`](pipefill_host::cost::CostModel::rebuild_shares); 0 without
+/// recomputation): what the SVG hatches.
 fn rebuild_shares(plan: &Plan, outcome: &Outcome) -> Vec<f64> {
     if outcome.rebuild_share.iter().any(|&s| s > 0.0) {
         return outcome.rebuild_share.clone();
     }
-    let split = |s: usize| {
-        let mut actions = plan.schedule.actions.iter().flatten();
-        actions.any(|i| i.actions().any(|a| a.stage == s && a.op == Op::I))
-    };
-    (plan.cost.stages.iter().enumerate())
-        .map(|(s, st)| {
-            let total = st.time(if split(s) { Op::I } else { Op::B });
-            if total > 0.0 {
-                st.rebuild_time() / total
-            } else {
-                0.0
-            }
-        })
-        .collect()
+    plan.cost.rebuild_shares(&plan.schedule)
 }
 
 /// The rank threads of the run: ranks times replicas.
