@@ -348,6 +348,8 @@ mod tests {
     fn nccl_before_2_9_is_refused_for_graphs_naming_its_version() {
         assert_eq!(version_name(2804), "2.8.4");
         assert_eq!(version_name(22105), "2.21.5");
+        assert_eq!(version_name(22703), "2.27.3");
+        assert_eq!(version_name(21805), "2.18.5");
         let e = check_graph_version(2804).unwrap_err().to_string();
         assert!(e.contains("NCCL 2.8.4") && e.contains("2.9"), "{e}");
         assert!(check_graph_version(20900).is_ok());

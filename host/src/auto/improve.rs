@@ -141,19 +141,44 @@ pub(crate) fn restarts(
     }
 }
 
-/// Local moves on `best` until the budget is spent or the target is reached.
-pub(crate) fn local_search(
+/// The moves [`climb`] tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Moves {
+    /// One item moved a few places within its rank.
+    Short,
+    /// Moves that reshape a rank's list where the short moves rarely reach: one `W` moved
+    /// anywhere after its `I` (the position of the weight passes), or one forward moved over the
+    /// backward passes between it and the previous or next forward (how many forwards the rank
+    /// runs ahead: its warm-up depth, and its depth at every later point).
+    Reshape,
+}
+
+/// Tries `moves` on `best` (half of them on the rank whose span is the objective, when there is
+/// one), each scored like every candidate (the simulator, the limit by the instance's
+/// accounting) and kept when no worse, until the budget is spent or the target is reached.
+pub(crate) fn climb(
     inst: &Instance,
     objective: Objective,
     best: &mut Scored,
     rng: &mut Rng,
     work: &mut Work,
     target: f64,
+    moves: Moves,
 ) {
     while !reached(best.value, target) && work.take(sim_cost(inst, objective)) {
-        // Half the moves go to the rank whose span is the objective, when there is one.
         let focus = best.worst.filter(|_| rng.below(2) == 0);
-        let Some(candidate) = moved(&best.schedule, focus, rng) else {
+        let candidate = match moves {
+            Moves::Short => moved(&best.schedule, focus, rng),
+            Moves::Reshape => {
+                let r = focus.unwrap_or_else(|| rng.below(best.schedule.ranks));
+                if rng.below(2) == 0 {
+                    w_moved(&best.schedule, r, rng)
+                } else {
+                    depth_moved(&best.schedule, r, rng)
+                }
+            }
+        };
+        let Some(candidate) = candidate else {
             continue;
         };
         if let Some(s) = evaluate(inst, objective, candidate, work) {
@@ -192,39 +217,6 @@ fn moved(schedule: &Schedule, rank: Option<usize>, rng: &mut Rng) -> Option<Sche
     let it = s.actions[r].remove(i);
     s.actions[r].insert(j, it);
     Some(s)
-}
-
-/// Moves that reshape a rank's list where the short moves of [`local_search`] rarely reach: one
-/// `W` moved anywhere after its `I` (the position of the weight passes), or one forward moved
-/// over the backward passes between it and the previous or next forward (how many forwards the
-/// rank runs ahead: its warm-up depth, and its depth at every later point). Scored like every
-/// candidate (the simulator, the limit by the instance's accounting), kept when no worse, until
-/// the budget is spent or the target is reached.
-pub(crate) fn reshape(
-    inst: &Instance,
-    objective: Objective,
-    best: &mut Scored,
-    rng: &mut Rng,
-    work: &mut Work,
-    target: f64,
-) {
-    while !reached(best.value, target) && work.take(sim_cost(inst, objective)) {
-        let focus = best.worst.filter(|_| rng.below(2) == 0);
-        let r = focus.unwrap_or_else(|| rng.below(best.schedule.ranks));
-        let candidate = if rng.below(2) == 0 {
-            w_moved(&best.schedule, r, rng)
-        } else {
-            depth_moved(&best.schedule, r, rng)
-        };
-        let Some(candidate) = candidate else {
-            continue;
-        };
-        if let Some(s) = evaluate(inst, objective, candidate, work) {
-            if s.value <= best.value {
-                *best = s;
-            }
-        }
-    }
 }
 
 /// The single action of `item` when it is one `op` pass.

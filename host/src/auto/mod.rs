@@ -27,7 +27,7 @@
 //!    its bound (module `exact`);
 //! 5. **reshaping**, when nothing proved the result optimal: a `W` moved anywhere after its `I`, a
 //!    forward moved over the backwards to the previous or next forward (warm-up depth), kept when
-//!    no worse, with half the time budget of its own (`improve::reshape`).
+//!    no worse, with half the time budget of its own (`improve::Moves::Reshape`).
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
@@ -280,7 +280,15 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         let before = best.value;
         let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
         let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
-        improve::reshape(&inst, req.objective, &mut best, &mut rng, &mut more, lower);
+        improve::climb(
+            &inst,
+            req.objective,
+            &mut best,
+            &mut rng,
+            &mut more,
+            lower,
+            improve::Moves::Reshape,
+        );
         work.evaluations += more.evaluations;
         if best.value < before && !origin.ends_with("+improved") {
             origin.push_str("+improved");
@@ -355,7 +363,15 @@ fn polish(
 ) {
     let mut rng = Rng::new(req.seed);
     improve::restarts(inst, req.objective, best, &mut rng, work, 0.5, lower);
-    improve::local_search(inst, req.objective, best, &mut rng, work, lower);
+    improve::climb(
+        inst,
+        req.objective,
+        best,
+        &mut rng,
+        work,
+        lower,
+        improve::Moves::Short,
+    );
 }
 
 /// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the

@@ -185,20 +185,33 @@ impl LayerCost {
             backward_weight: 0.0,
         });
         let fixed_backward = (f.backward_input + f.backward_weight).min(self.backward);
+        let times = [
+            affine(self.forward, f.forward, factor),
+            affine(self.backward_input, f.backward_input, factor),
+            affine(self.backward_weight, f.backward_weight, factor),
+            affine(self.backward, fixed_backward, factor),
+        ];
+        // The fixed part is absolute: scaling the result again stays consistent.
+        self.with_times(times, factor, self.fixed)
+    }
+
+    /// This layer with `times` (F, I, W, B), its per-sample bytes (and selective part) scaled by
+    /// `factor`, fixed part `fixed`, and no samples.
+    fn with_times(&self, times: [f64; 4], factor: f64, fixed: Option<FixedCost>) -> LayerCost {
+        let [forward, backward_input, backward_weight, backward] = times;
         LayerCost {
             name: self.name.clone(),
-            forward: affine(self.forward, f.forward, factor),
-            backward_input: affine(self.backward_input, f.backward_input, factor),
-            backward_weight: affine(self.backward_weight, f.backward_weight, factor),
-            backward: affine(self.backward, fixed_backward, factor),
+            forward,
+            backward_input,
+            backward_weight,
+            backward,
             activation_bytes: self.activation_bytes * factor,
             released_at_input: self.released_at_input * factor,
             parameter_bytes: self.parameter_bytes,
             output_bytes: self.output_bytes * factor,
             selective_bytes: self.selective_bytes * factor,
             selective_time: self.selective_time * factor,
-            // The fixed part is absolute: scaling the result again stays consistent.
-            fixed: self.fixed,
+            fixed,
             samples: Vec::new(),
         }
     }
@@ -220,21 +233,7 @@ impl LayerCost {
             .collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
         let at = |t: usize| interpolate(&points, factor, t);
-        LayerCost {
-            name: self.name.clone(),
-            forward: at(0),
-            backward_input: at(1),
-            backward_weight: at(2),
-            backward: at(3),
-            activation_bytes: self.activation_bytes * factor,
-            released_at_input: self.released_at_input * factor,
-            parameter_bytes: self.parameter_bytes,
-            output_bytes: self.output_bytes * factor,
-            selective_bytes: self.selective_bytes * factor,
-            selective_time: self.selective_time * factor,
-            fixed: None,
-            samples: Vec::new(),
-        }
+        self.with_times([at(0), at(1), at(2), at(3)], factor, None)
     }
 }
 

@@ -49,6 +49,15 @@ fn prefix(v: &[u64]) -> Vec<u64> {
     out
 }
 
+/// Panics unless every length in `lengths` is `layers` (a programming error of the caller of
+/// `Problem::{what}`, not an input error).
+fn same_lengths(layers: usize, lengths: &[usize], what: &str) {
+    assert!(
+        lengths.iter().all(|&l| l == layers),
+        "Problem::{what}: all per-layer vectors must have the same length"
+    );
+}
+
 fn nanos(
     index: usize,
     name: &str,
@@ -97,9 +106,10 @@ impl Problem {
         transfer: Vec<u64>,
     ) -> Self {
         let n = times.len();
-        assert!(
-            parameters.len() == n && activations.len() == n && transfer.len() == n,
-            "Problem::new: all per-layer vectors must have the same length"
+        same_lengths(
+            n,
+            &[parameters.len(), activations.len(), transfer.len()],
+            "new",
         );
         Problem {
             prefix_time: prefix(&times),
@@ -130,10 +140,10 @@ impl Problem {
         released_at_input: &[u64],
         outputs: Vec<u64>,
     ) -> Self {
-        let n = self.layers();
-        assert!(
-            forward.len() == n && released_at_input.len() == n && outputs.len() == n,
-            "Problem::with_layer_detail: all per-layer vectors must have the same length"
+        same_lengths(
+            self.layers(),
+            &[forward.len(), released_at_input.len(), outputs.len()],
+            "with_layer_detail",
         );
         self.prefix_forward = prefix(forward);
         self.prefix_released = prefix(released_at_input);
@@ -149,11 +159,7 @@ impl Problem {
     /// # Panics
     /// If a length differs from `L` (a programming error, not an input error).
     pub fn with_selective(mut self, bytes: &[u64], time: &[u64]) -> Self {
-        let n = self.layers();
-        assert!(
-            bytes.len() == n && time.len() == n,
-            "Problem::with_selective: all per-layer vectors must have the same length"
-        );
+        same_lengths(self.layers(), &[bytes.len(), time.len()], "with_selective");
         self.prefix_selective_bytes = prefix(bytes);
         self.prefix_selective_time = prefix(time);
         self

@@ -222,7 +222,8 @@ impl<P: Payload, T> Machine<P, T> {
     }
 
     /// `F`: the output; the stash is held until `W` (or `B`), or with full recomputation a copy of
-    /// the input instead ([`Machine::forward_keeping_input`]).
+    /// the input instead, or with selective recomputation a shrunk stash
+    /// ([`Machine::forward_recomputing`]).
     #[inline(always)]
     fn forward<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
@@ -244,11 +245,8 @@ impl<P: Payload, T> Machine<P, T> {
             return Err(self.fail(a, "this forward already ran and its stash is still held"));
         }
         match self.recompute.get(a.stage) {
-            Some(Recompute::Full) => {
-                return self.forward_keeping_input(a, key, input, stage, calls);
-            }
-            Some(Recompute::Selective) => {
-                return self.forward_shrinking(a, key, input, stage, calls)
+            Some(&mode) if mode != Recompute::None => {
+                return self.forward_recomputing(mode, a, key, input, stage, calls);
             }
             _ => {}
         }
@@ -264,13 +262,7 @@ impl<P: Payload, T> Machine<P, T> {
             drop(stash);
             return Ok(out);
         }
-        let stashed = Stashed {
-            stash,
-            input_done: false,
-            bytes,
-            shrunk: false,
-        };
-        self.stashes.insert(key, stashed);
+        self.stash(key, stash, bytes, false, false);
         Ok(out)
     }
 
@@ -385,6 +377,26 @@ impl<P: Payload, T> Machine<P, T> {
             Some(slot) => Ok(slot),
             None => Err(self.no_stash(a)),
         }
+    }
+
+    /// Keeps `stash` (holding `bytes`, already accounted) under `key` until its backward: after
+    /// its `I` when `input_done`, part of it dropped by [`Stage::shrink`] when `shrunk`.
+    #[inline(always)]
+    fn stash(
+        &mut self,
+        key: (usize, usize),
+        stash: T,
+        bytes: usize,
+        input_done: bool,
+        shrunk: bool,
+    ) {
+        let stashed = Stashed {
+            stash,
+            input_done,
+            bytes,
+            shrunk,
+        };
+        self.stashes.insert(key, stashed);
     }
 
     /// Accounts for a stash that now holds `add` bytes instead of `remove`.

@@ -12,22 +12,37 @@
 //! start of `I` or `B`.
 
 use super::{Calls, Machine, Stashed};
+use crate::cost::Recompute;
 use crate::runtime::{Payload, Stage};
 use crate::schedule::{Action, Op};
 
 impl<P: Payload, T> Machine<P, T> {
-    /// `F` with full recomputation: keeps a copy of `input` (its bytes held until the backward)
-    /// and drops the stash as soon as the forward returns.
+    /// `F` on a stage with recomputation `mode`. Full: keeps a copy of `input` (its bytes held
+    /// until the backward) and drops the stash as soon as the forward returns. Selective: the
+    /// forward, then [`Stage::shrink`] on its stash in the same layer call; the shrunk stash's
+    /// bytes are held until the backward rebuilds it.
     #[cold]
     #[inline(never)]
-    pub(super) fn forward_keeping_input<S: Stage<P, Stash = T>, C: Calls<P>>(
+    pub(super) fn forward_recomputing<S: Stage<P, Stash = T>, C: Calls<P>>(
         &mut self,
+        mode: Recompute,
         a: Action,
         key: (usize, usize),
         input: P,
         stage: &mut S,
         calls: &mut C,
     ) -> Result<P, C::Stop> {
+        if mode == Recompute::Selective {
+            let (out, stash, bytes, shrunk) = calls.call(a, || {
+                let (out, mut stash) = stage.forward(input)?;
+                let shrunk = stage.shrink(&mut stash)?;
+                let bytes = stage.held_bytes(&stash);
+                Ok((out, stash, bytes, shrunk))
+            })?;
+            self.hold(bytes, 0);
+            self.stash(key, stash, bytes, false, shrunk);
+            return Ok(out);
+        }
         if self.kept.contains_key(&key) {
             return Err(self.fail(a, "this forward already ran and its input is still kept"));
         }
@@ -36,35 +51,6 @@ impl<P: Payload, T> Machine<P, T> {
         drop(stash);
         self.hold(kept.bytes(), 0);
         self.kept.insert(key, kept);
-        Ok(out)
-    }
-
-    /// `F` with selective recomputation: the forward, then [`Stage::shrink`] on its stash in the
-    /// same layer call; the shrunk stash's bytes are held until the backward rebuilds it.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn forward_shrinking<S: Stage<P, Stash = T>, C: Calls<P>>(
-        &mut self,
-        a: Action,
-        key: (usize, usize),
-        input: P,
-        stage: &mut S,
-        calls: &mut C,
-    ) -> Result<P, C::Stop> {
-        let (out, stash, bytes, shrunk) = calls.call(a, || {
-            let (out, mut stash) = stage.forward(input)?;
-            let shrunk = stage.shrink(&mut stash)?;
-            let bytes = stage.held_bytes(&stash);
-            Ok((out, stash, bytes, shrunk))
-        })?;
-        self.hold(bytes, 0);
-        let stashed = Stashed {
-            stash,
-            input_done: false,
-            bytes,
-            shrunk,
-        };
-        self.stashes.insert(key, stashed);
         Ok(out)
     }
 
@@ -142,13 +128,7 @@ impl<P: Payload, T> Machine<P, T> {
             Ok((grad_input, stage.held_bytes(&stash)))
         })?;
         self.hold(bytes, rebuilt);
-        let stashed = Stashed {
-            stash,
-            input_done: true,
-            bytes,
-            shrunk: false,
-        };
-        self.stashes.insert(key, stashed);
+        self.stash(key, stash, bytes, true, false);
         Ok(grad_input)
     }
 }
