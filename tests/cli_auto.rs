@@ -201,8 +201,11 @@ fn plan_takes_auto() {
     let layers: Vec<Value> = (0..8)
         .map(|i| {
             let f = if i == 0 { 2.0 } else { 1.0 };
+            // A selective part, as `profile` writes for the built-in layers: `auto` plans with it
+            // whether or not a stage recomputes.
             serde_json::json!({"name": format!("l{i}"), "forward": f, "backward_input": f,
-                "backward_weight": 0.8 * f, "activation_bytes": 1e6, "parameter_bytes": 1e6})
+                "backward_weight": 0.8 * f, "activation_bytes": 1e6, "parameter_bytes": 1e6,
+                "selective_bytes": 4e5, "selective_time": 0.05})
         })
         .collect();
     let file = dir.join("costs.json");

@@ -1,7 +1,7 @@
 //! The request checked and turned into what the phases read: per-stage times, transfer times per
 //! boundary, footprints and each rank's activation budget.
 
-use crate::cost::{CostModel, StageCost};
+use crate::cost::{CostModel, Recompute, StageCost};
 use crate::schedule::deps::Footprint;
 use crate::schedule::{Action, Op, Params, Placement, MAX_PAIRS};
 
@@ -110,10 +110,20 @@ impl Instance {
             }
         }
         if self.unit {
-            // A count of microbatches in flight: a recomputing stage's microbatch is in flight
-            // all the same (it rebuilds nothing in this unit; its backward still takes longer).
+            // A count of microbatches in flight: a fully recomputing stage's microbatch is in
+            // flight all the same (it rebuilds nothing in this unit; its backward still takes
+            // longer). A selective stage keeps its share of the unit: what it drops after F is
+            // the same share of its stash as in bytes (and stays within it, as the cost model
+            // checks); a stage not run selectively declares nothing in this unit.
+            let unit = 1.0 / self.v as f64;
             for st in &mut self.scoring.stages {
-                st.activation_bytes = 1.0 / self.v as f64;
+                st.selective_bytes = match st.recompute {
+                    Recompute::Selective if st.activation_bytes > 0.0 => {
+                        (st.selective_bytes / st.activation_bytes).min(1.0) * unit
+                    }
+                    _ => 0.0,
+                };
+                st.activation_bytes = unit;
                 st.released_at_input = 0.0;
                 st.input_bytes = st.activation_bytes;
             }
