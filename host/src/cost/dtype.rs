@@ -91,14 +91,17 @@ impl CostFile {
             .unwrap_or_default()
     }
 
-    /// The same costs with activations stored as `dtype`: `activation_bytes`, `released_at_input` and
-    /// `output_bytes` of every layer scaled by the ratio of the two types' sizes, and `meta` recording
-    /// `dtype`. Times are kept (measure again to see the kernels' own speed in that type).
+    /// The same costs with activations stored as `dtype`: `activation_bytes`, `released_at_input`,
+    /// `selective_bytes` and `output_bytes` of every layer scaled by the ratio of the two types'
+    /// sizes, and `meta` recording `dtype`. Times are kept (measure again to see the kernels' own
+    /// speed in that type, and whether a layer still rebuilds a selective part in it: the built-in
+    /// layers do so in `f32` only, and `profile --activations bf16` writes no selective part).
     pub fn with_activation_dtype(mut self, dtype: ActivationDtype) -> CostFile {
         let ratio = dtype.bytes() as f64 / self.activation_dtype().bytes() as f64;
         for layer in &mut self.layers {
             layer.activation_bytes *= ratio;
             layer.released_at_input *= ratio;
+            layer.selective_bytes *= ratio;
             layer.output_bytes *= ratio;
         }
         if !self.meta.is_object() {
@@ -116,7 +119,8 @@ mod tests {
     use super::*;
 
     const ONE: &str = r#"{"layers": [{"name": "a", "forward": 1, "backward": 2,
-        "activation_bytes": 40, "released_at_input": 8, "output_bytes": 12, "parameter_bytes": 4}]"#;
+        "activation_bytes": 40, "released_at_input": 8, "output_bytes": 12, "parameter_bytes": 4,
+        "selective_bytes": 16, "selective_time": 0.5}]"#;
 
     #[test]
     fn absent_means_f32_and_a_bad_name_is_refused_by_path() {
@@ -147,9 +151,10 @@ mod tests {
                 l.activation_bytes,
                 l.released_at_input,
                 l.output_bytes,
-                l.parameter_bytes
+                l.parameter_bytes,
+                l.selective_bytes
             ),
-            (20.0, 4.0, 6.0, 4.0)
+            (20.0, 4.0, 6.0, 4.0, 8.0)
         );
         assert_eq!((l.forward, l.backward), (1.0, 2.0));
         let back = half.with_activation_dtype(ActivationDtype::F32);
