@@ -21,13 +21,17 @@
 //!    wherever their peak fits. The best of these is taken after the phases below (which run as
 //!    without it) and, when it beats every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
-//!    randomised restarts, then local moves scored by the simulator (module `improve`);
+//!    randomised restarts, then local moves scored by the simulator (module `improve`); for the
+//!    span objective the same moves scored by the makespan (which bounds every rank's span from
+//!    above and is less flat) follow, from where the span's moves started, with half the time
+//!    budget of their own, kept when their span is lower;
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
 //!    a branch and bound over every per-rank order that proves the optimum or reports the gap to
 //!    its bound (module `exact`);
 //! 5. **reshaping**, when nothing proved the result optimal: a `W` moved anywhere after its `I`, a
 //!    forward moved over the backwards to the previous or next forward (warm-up depth), kept when
-//!    no worse, with half the time budget of its own (`improve::Moves::Reshape`).
+//!    no worse, with half the time budget of its own (`improve::Moves::Reshape`); for the span
+//!    objective followed, as in 3, by the same moves scored by the makespan.
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
@@ -93,6 +97,13 @@ use score::{schedule_of, score, Scored};
 /// The least budget of the constructive phase, seconds: every construction of an ordinary size
 /// fits in it, so a budget of 0 still builds the list schedules.
 pub const MIN_CONSTRUCT_SECONDS: f64 = 1.0;
+
+/// For the span objective, the budget of the makespan-guided climb that follows the span's own
+/// ([`improve::makespan_guided`]), as a share of the time budget.
+const GUIDED_SHARE: f64 = 0.5;
+
+/// Seeds the makespan-guided climb's random stream apart from the other phases'.
+const GUIDED_STREAM: u64 = 0x6775_6964_6564_2121;
 
 /// The share of the time budget the reshaping moves get after every other phase.
 const RESHAPE_SHARE: f64 = 0.5;
@@ -278,6 +289,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // of their own: they keep only what is no worse, so the phases above give what they gave.
     if !proven {
         let before = best.value;
+        let start = (req.objective == Objective::Span).then(|| best.clone());
         let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
         let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
         improve::climb(
@@ -289,6 +301,20 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             lower,
             improve::Moves::Reshape,
         );
+        if let Some(start) = start {
+            work.evaluations += more.evaluations;
+            more = improve::Work::new(req.time_budget * RESHAPE_SHARE * GUIDED_SHARE);
+            let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM ^ GUIDED_STREAM);
+            improve::makespan_guided(
+                &inst,
+                start,
+                &mut best,
+                &mut rng,
+                &mut more,
+                lower,
+                improve::Moves::Reshape,
+            );
+        }
         work.evaluations += more.evaluations;
         if best.value < before && !origin.ends_with("+improved") {
             origin.push_str("+improved");
@@ -363,6 +389,7 @@ fn polish(
 ) {
     let mut rng = Rng::new(req.seed);
     improve::restarts(inst, req.objective, best, &mut rng, work, 0.5, lower);
+    let start = (req.objective == Objective::Span).then(|| best.clone());
     improve::climb(
         inst,
         req.objective,
@@ -372,6 +399,20 @@ fn polish(
         lower,
         improve::Moves::Short,
     );
+    if let Some(start) = start {
+        let mut guided = improve::Work::new(req.time_budget * GUIDED_SHARE);
+        let mut rng = Rng::new(req.seed ^ GUIDED_STREAM);
+        improve::makespan_guided(
+            inst,
+            start,
+            best,
+            &mut rng,
+            &mut guided,
+            lower,
+            improve::Moves::Short,
+        );
+        work.evaluations += guided.evaluations;
+    }
 }
 
 /// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the
