@@ -73,6 +73,7 @@ mod greedy;
 mod improve;
 mod instance;
 mod list;
+mod par;
 mod request;
 mod rng;
 mod score;
@@ -174,6 +175,14 @@ impl AutoSchedule {
     }
 }
 
+/// One construction of the constructive phase.
+enum Construction {
+    /// The zero-bubble authors' greedy with these flags (module `greedy`).
+    Greedy(greedy::Flags),
+    /// List scheduling with this rule (module `list`).
+    List(Rule),
+}
+
 /// Solves `req`: see the [module docs](self).
 ///
 /// Errors ([`AutoError`]): a shape no schedule can have, unusable costs or a stage count that does
@@ -203,26 +212,32 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         skipped |= !ok;
         ok
     };
+    // Which constructions the budget affords is fixed before any runs (each costs `one_build`),
+    // so they can run side by side (module `par`) and be offered in order, as one by one.
+    let mut jobs: Vec<Construction> = Vec::new();
     for flags in greedy::Flags::all() {
-        if !afford(&mut construct) {
-            continue;
-        }
-        let Some(orders) = greedy::build(&inst, flags) else {
-            continue;
-        };
-        if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
-            offer(s, "zb-greedy".into());
+        if afford(&mut construct) {
+            jobs.push(Construction::Greedy(flags));
         }
     }
     for rule in Rule::standard(&inst) {
-        if !afford(&mut construct) {
-            continue;
+        if afford(&mut construct) {
+            jobs.push(Construction::List(rule));
         }
-        let Some(orders) = build(&inst, &rule) else {
-            continue;
+    }
+    let built = par::map_ordered(&jobs, |job| {
+        let (orders, origin) = match job {
+            Construction::Greedy(flags) => (greedy::build(&inst, *flags), "zb-greedy"),
+            Construction::List(rule) => (build(&inst, rule), "list"),
         };
-        if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
-            offer(s, "list".into());
+        orders
+            .map(|o| score(&inst, req.objective, schedule_of(&inst, AUTO, &o)))
+            .transpose()
+            .map(|s| s.flatten().map(|s| (s, origin)))
+    });
+    for result in built {
+        if let Some((s, origin)) = result? {
+            offer(s, origin.into());
         }
     }
     let (mut best, origin) = best.ok_or_else(|| match skipped {

@@ -121,9 +121,13 @@ pub(crate) fn best_of(
     objective: Objective,
     candidates: impl IntoIterator<Item = Vec<Vec<Action>>>,
 ) -> Result<Option<Scored>, SimError> {
+    let candidates: Vec<Vec<Vec<Action>>> = candidates.into_iter().collect();
+    let scored = super::par::map_ordered(&candidates, |orders| {
+        score(inst, objective, schedule_of(inst, super::AUTO, orders))
+    });
     let mut best: Option<Scored> = None;
-    for orders in candidates {
-        if let Some(s) = score(inst, objective, schedule_of(inst, super::AUTO, &orders))? {
+    for s in scored {
+        if let Some(s) = s? {
             if best.as_ref().is_none_or(|b| s.value < b.value) {
                 best = Some(s);
             }

@@ -359,17 +359,19 @@ pub(crate) fn candidates(inst: &Instance) -> Vec<Vec<Vec<Action>>> {
     // Duplicates found by hash first (settings often share most ranks' lists, which makes plain
     // comparisons long).
     let mut seen: HashMap<u64, Vec<usize>> = HashMap::new();
-    for budget in &budgets {
-        for set in &settings {
-            if let Some(orders) = build(inst, set, budget) {
-                let mut h = DefaultHasher::new();
-                orders.hash(&mut h);
-                let same = seen.entry(h.finish()).or_default();
-                if !same.iter().any(|&i| out[i] == orders) {
-                    same.push(out.len());
-                    out.push(orders);
-                }
-            }
+    let jobs: Vec<(&Vec<f64>, &Setting)> = budgets
+        .iter()
+        .flat_map(|b| settings.iter().map(move |s| (b, s)))
+        .collect();
+    // Built side by side (module `par`), deduplicated in the sequential order.
+    let built = super::par::map_ordered(&jobs, |(budget, set)| build(inst, set, budget));
+    for orders in built.into_iter().flatten() {
+        let mut h = DefaultHasher::new();
+        orders.hash(&mut h);
+        let same = seen.entry(h.finish()).or_default();
+        if !same.iter().any(|&i| out[i] == orders) {
+            same.push(out.len());
+            out.push(orders);
         }
     }
     out
