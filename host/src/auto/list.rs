@@ -55,6 +55,11 @@ pub(crate) struct Rule {
     pub(crate) flip: f64,
     /// Seed of the flips.
     pub(crate) seed: u64,
+    /// Lean admission (V-shape under a limit): a forward needs room on its own rank only (and a
+    /// chunk-0 forward room for one chunk-1 forward beside it) instead of a whole microbatch
+    /// reserved on every rank from its entry. Not deadlock-free: a construction that gets stuck
+    /// gives nothing, and what it gives keeps the limit on every rank.
+    pub(crate) lean: bool,
 }
 
 impl Rule {
@@ -67,6 +72,7 @@ impl Rule {
             soft: vec![f64::INFINITY; p],
             flip: 0.0,
             seed: 0,
+            lean: false,
         }
     }
 
@@ -96,6 +102,34 @@ impl Rule {
             for w_mode in [WMode::Eager, WMode::FitGap] {
                 let mut rule = Rule::plain(inst.p, false, Order::Deep, w_mode);
                 rule.soft = warmup_caps(inst.p, slope, offset);
+                rules.push(rule);
+            }
+        }
+        rules.extend(Self::lean(inst));
+        rules
+    }
+
+    /// Lean-admission rules for V-shape under a limit of `n` stage-microbatches per rank (below
+    /// every microbatch at once): each rank takes in `n/2`, `3n/4` or `n - 1` microbatches before its
+    /// first backward, the deepest stage first, `W`s eagerly or where they fit a gap.
+    fn lean(inst: &Instance) -> Vec<Rule> {
+        if inst.v != 2 || inst.placement != crate::schedule::Placement::Vshape {
+            return Vec::new();
+        }
+        let n = (0..inst.p)
+            .map(|r| (inst.budget[r] / inst.one_microbatch(r).max(f64::MIN_POSITIVE) * 2.0).floor())
+            .fold(f64::INFINITY, f64::min);
+        if !n.is_finite() || n >= 2.0 * inst.m as f64 || n < 2.0 {
+            return Vec::new();
+        }
+        let mut caps = vec![(n / 2.0).floor(), (0.75 * n).floor(), n - 1.0];
+        caps.dedup();
+        let mut rules = Vec::new();
+        for cap in caps {
+            for w_mode in [WMode::Eager, WMode::FitGap] {
+                let mut rule = Rule::plain(inst.p, false, Order::Deep, w_mode);
+                rule.soft = vec![cap.max(1.0); inst.p];
+                rule.lean = true;
                 rules.push(rule);
             }
         }
@@ -201,6 +235,9 @@ impl Builder<'_> {
     /// Whether memory lets `F(x, k)` start on rank `r` now.
     fn may_forward(&self, r: usize, x: usize) -> bool {
         let inst = self.inst;
+        if self.rule.lean {
+            return self.lean_fits(r, x);
+        }
         if x == 0 {
             let fits = (0..inst.p).all(|q| {
                 let need = self.mem[q] + self.pending[q] + inst.one_microbatch(q);
@@ -214,6 +251,23 @@ impl Builder<'_> {
             return true;
         }
         self.open[r] + 1.0 <= self.rule.soft[r]
+    }
+
+    /// [`Rule::lean`]'s test for `F` of stage `x` on rank `r`: room on the rank for it (and, for the
+    /// rank's chunk 0, for one chunk-1 forward beside it), within the warm-up cap.
+    fn lean_fits(&self, r: usize, x: usize) -> bool {
+        let inst = self.inst;
+        let stages = &inst.stages_of[r];
+        let mut need = self.mem[r] + inst.foot[x].allocated_by(OPS[0]);
+        if stages[0] == x {
+            if let Some(&hi) = stages.get(1) {
+                need += inst.foot[hi].allocated_by(OPS[0]);
+            }
+        }
+        if need > inst.budget[r] + MEMORY_EPS * need.max(1.0) {
+            return false;
+        }
+        self.relax || stages[0] != x || self.open[r] + 1.0 <= self.rule.soft[r]
     }
 
     /// Rank `r`'s next action under the rule.
