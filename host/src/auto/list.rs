@@ -8,7 +8,9 @@
 //!
 //! Memory is never exceeded and never deadlocks: a microbatch enters the pipeline (`F` of stage 0)
 //! only when every rank can hold it whole on top of what it holds and what the microbatches already
-//! in have reserved there, so every microbatch that entered can always finish. A rule may also cap
+//! in have reserved there, so every microbatch that entered can always finish (the lean-admission
+//! rules, `Rule::lean`, trade this for room on the forward's own rank only: they can get stuck, and
+//! then give nothing, but never exceed the limit). A rule may also cap
 //! what a rank takes in before its first backward (`soft`, the warm-up count), which the improvement
 //! phase tunes; such a cap is lifted when nothing else could move.
 
