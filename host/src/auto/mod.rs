@@ -304,32 +304,17 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // of their own: they keep only what is no worse, so the phases above give what they gave.
     if !proven {
         let before = best.value;
-        let start = (req.objective == Objective::Span).then(|| best.clone());
         let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
         let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
-        improve::climb(
+        climb_guided(
             &inst,
-            req.objective,
+            req,
             &mut best,
-            &mut rng,
-            &mut more,
+            (&mut rng, &mut more),
             lower,
             improve::Moves::Reshape,
+            (RESHAPE_SHARE * GUIDED_SHARE, RESHAPE_STREAM ^ GUIDED_STREAM),
         );
-        if let Some(start) = start {
-            work.evaluations += more.evaluations;
-            more = improve::Work::new(req.time_budget * RESHAPE_SHARE * GUIDED_SHARE);
-            let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM ^ GUIDED_STREAM);
-            improve::makespan_guided(
-                &inst,
-                start,
-                &mut best,
-                &mut rng,
-                &mut more,
-                lower,
-                improve::Moves::Reshape,
-            );
-        }
         work.evaluations += more.evaluations;
         if best.value < before && !origin.ends_with("+improved") {
             origin.push_str("+improved");
@@ -404,28 +389,36 @@ fn polish(
 ) {
     let mut rng = Rng::new(req.seed);
     improve::restarts(inst, req.objective, best, &mut rng, work, 0.5, lower);
-    let start = (req.objective == Objective::Span).then(|| best.clone());
-    improve::climb(
+    climb_guided(
         inst,
-        req.objective,
+        req,
         best,
-        &mut rng,
-        work,
+        (&mut rng, work),
         lower,
         improve::Moves::Short,
+        (GUIDED_SHARE, GUIDED_STREAM),
     );
+}
+
+/// `improve::climb` with `moves` on `best` (drawing on `rng` and `work`); for the span objective
+/// then the makespan-guided climb from where it started ([`improve::makespan_guided`]), with
+/// `share` of the time budget and a random stream of its own (`stream`), its simulations counted
+/// in `work`.
+fn climb_guided(
+    inst: &Instance,
+    req: &AutoRequest,
+    best: &mut Scored,
+    (rng, work): (&mut Rng, &mut improve::Work),
+    lower: f64,
+    moves: improve::Moves,
+    (share, stream): (f64, u64),
+) {
+    let start = (req.objective == Objective::Span).then(|| best.clone());
+    improve::climb(inst, req.objective, best, rng, work, lower, moves);
     if let Some(start) = start {
-        let mut guided = improve::Work::new(req.time_budget * GUIDED_SHARE);
-        let mut rng = Rng::new(req.seed ^ GUIDED_STREAM);
-        improve::makespan_guided(
-            inst,
-            start,
-            best,
-            &mut rng,
-            &mut guided,
-            lower,
-            improve::Moves::Short,
-        );
+        let mut guided = improve::Work::new(req.time_budget * share);
+        let mut rng = Rng::new(req.seed ^ stream);
+        improve::makespan_guided(inst, start, best, &mut rng, &mut guided, lower, moves);
         work.evaluations += guided.evaluations;
     }
 }
