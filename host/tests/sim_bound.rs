@@ -1,8 +1,8 @@
 //! The lower bound is a bound: on random small instances (random P, M, V, heterogeneous per-stage
 //! costs, latency, bandwidth, overlap share) it never exceeds the simulated makespan of any family,
 //! with or without the memory argument (the limit being the schedule's own simulated peak), and it
-//! is never below the bound it replaced ([`basic_bound`]). Plus closed forms where the new terms
-//! are strictly stronger.
+//! is never below the bound it replaced ([`basic_bound`]); the span bound never exceeds the longest
+//! per-rank span. Plus closed forms where the new terms are strictly stronger.
 
 mod prop_coverage;
 mod sim_support;
@@ -11,7 +11,7 @@ use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{families, Params, Placement, Schedule};
 use pipefill_host::sim::{
     basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit, simulate,
-    BoundError,
+    span_bound, BoundError,
 };
 use proptest::prelude::*;
 use sim_support::peak_in_flight;
@@ -42,6 +42,31 @@ fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
     prop_assert!(
         slack(limited),
         "{} P={} M={} V={}: makespan {makespan} below the memory bound {limited} (peaks {peak:?})",
+        s.name,
+        c.p,
+        c.m,
+        c.v
+    );
+    // The span bound (staircases and pairs of ranks included) under the same limits is never above
+    // the schedule's longest per-rank span.
+    let span = sim
+        .timeline
+        .spans
+        .iter()
+        .filter_map(|l| Some(l.last()?.end - l.first()?.start))
+        .fold(0.0, f64::max);
+    let spanned = span_bound(
+        s.ranks,
+        s.microbatches,
+        s.placement,
+        &cost,
+        overlap,
+        Some(&peak),
+    )
+    .unwrap();
+    prop_assert!(
+        spanned <= span * (1.0 + 1e-9) + 1e-9,
+        "{} P={} M={} V={}: longest span {span} below the span bound {spanned} (peaks {peak:?})",
         s.name,
         c.p,
         c.m,

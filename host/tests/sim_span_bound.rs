@@ -188,3 +188,21 @@ fn bounds_are_never_above_the_optimum_under_the_limit() {
     assert!(stronger > 0);
     assert!(heads > 0);
 }
+
+/// The staircases (section 7 of the bound) and the pairs of ranks (section 8) reach the optimum
+/// that CP-SAT proves for P = 4, M = 4, V-shape, chunks of F = I = 1, W = 0.5 with transfers of
+/// 0.2, for both objectives (`scripts/optimum/vshape_optimum.py target/release/pipefill 4 4
+/// --ratios 2:2:1 --transfers 0.1 --limits 2x`: 25.7 and 25.7); the one-machine terms alone gave
+/// 24.9 for both.
+#[test]
+fn staircases_and_pairs_reach_a_proven_optimum() {
+    let link = LinkCost {
+        latency: 0.2,
+        bandwidth: f64::INFINITY,
+    };
+    let costs = CostModel::uniform(StageCost::uniform(1.0, 1.0, 0.5), 8, link);
+    let makespan = bound_with_limit(4, 4, Placement::Vshape, &costs, false, &[8.0; 4]).unwrap();
+    let span = span_bound(4, 4, Placement::Vshape, &costs, false, Some(&[8.0; 4])).unwrap();
+    assert!((makespan - 25.7).abs() < 1e-9, "makespan bound {makespan}");
+    assert!((span - 25.7).abs() < 1e-9, "span bound {span}");
+}

@@ -240,3 +240,66 @@ fn op_index(a: Action) -> usize {
         _ => 2,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auto::{AutoRequest, MemoryLimit};
+    use crate::cost::{CostModel, LinkCost, StageCost};
+    use crate::schedule::Placement;
+    use crate::sim::{bound_for, bound_with_limit};
+
+    /// The simulator's makespan bounds (the staircases and the spans of sections 7 and 8
+    /// included) are never above the optimum this search proves, with more microbatches than the
+    /// enumeration of `host/tests/sim_span_bound.rs` can reach (and equal to it somewhere).
+    #[test]
+    fn bounds_never_above_proven_optima() {
+        let (mut cases, mut equal) = (0, 0);
+        for (p, v, m, placement) in [
+            (2, 2, 3, Placement::Vshape),
+            (2, 2, 2, Placement::Vshape),
+            (3, 1, 4, Placement::Looped),
+            (2, 1, 5, Placement::Looped),
+            (4, 1, 3, Placement::Looped),
+        ] {
+            for (fiw, latency) in [
+                ([1.0, 1.0, 1.0], 0.0),
+                ([2.0, 1.5, 1.0], 0.3),
+                ([1.0, 2.0, 0.5], 0.1),
+                ([2.0, 2.0, 1.0], 0.2),
+            ] {
+                let link = LinkCost {
+                    latency,
+                    bandwidth: f64::INFINITY,
+                };
+                let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
+                let costs = CostModel::uniform(one, p * v, link);
+                for limit in [None, Some(1.0), Some(1.5), Some(2.0)] {
+                    let mut req = AutoRequest::new(p, m, costs.clone()).with_chunks(v, placement);
+                    if let Some(l) = limit {
+                        req = req.with_limit(MemoryLimit::InFlight(l));
+                    }
+                    let inst = Instance::new(&req).unwrap();
+                    let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} {limit:?}");
+                    let found = solve(&inst, f64::INFINITY, 60.0).unwrap();
+                    assert!(found.complete, "{case}: not proven");
+                    let optimum = found.lower_bound;
+                    let bound = match limit {
+                        None => bound_for(p, m, placement, &costs, false),
+                        Some(l) => {
+                            bound_with_limit(p, m, placement, &costs, false, &vec![l; p]).unwrap()
+                        }
+                    };
+                    assert!(
+                        bound <= optimum + 1e-9,
+                        "{case}: bound {bound} > optimum {optimum}"
+                    );
+                    cases += 1;
+                    equal += usize::from(bound >= optimum - 1e-9);
+                }
+            }
+        }
+        assert_eq!(cases, 80);
+        assert!(equal > 0);
+    }
+}

@@ -2,7 +2,7 @@
 //! its budget by the simulator's own memory accounting.
 
 use crate::schedule::{Action, Item, Schedule};
-use crate::sim::{simulate_with, summarize, SimError, SimOptions};
+use crate::sim::{simulate_unbounded, summarize_unbounded, SimError, SimOptions};
 
 use super::instance::{Instance, MEMORY_EPS};
 use super::Objective;
@@ -77,11 +77,11 @@ pub(crate) fn score(
 ) -> Result<Option<Scored>, SimError> {
     let (value, makespan, peak, worst) = match objective {
         Objective::Makespan => {
-            let s = summarize(&schedule, &inst.scoring)?;
+            let s = summarize_unbounded(&schedule, &inst.scoring)?;
             (s.makespan, s.makespan, s.peak_activations, None)
         }
         Objective::Span => {
-            let sim = simulate_with(&schedule, &inst.scoring, SimOptions::SPANS)?;
+            let sim = simulate_unbounded(&schedule, &inst.scoring, SimOptions::SPANS)?;
             let (mut span, mut worst) = (0.0, 0);
             for (r, lane) in sim.timeline.spans.iter().enumerate() {
                 if let (Some(a), Some(b)) = (lane.first(), lane.last()) {

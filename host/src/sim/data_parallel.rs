@@ -201,7 +201,8 @@ pub fn simulate_replicated(
         .iter()
         .map(|c| dp.all_reduce_time(c.parameter_bytes))
         .collect();
-    let simulation = simulate_per_rank(schedule, costs, lowered, SimOptions::ALL, time)?;
+    let mut simulation = simulate_per_rank(schedule, costs, lowered, SimOptions::ALL, time)?;
+    simulation.lower_bound = super::bound::lower_bound(schedule, costs);
     let reductions = reductions(schedule, &simulation.timeline, costs, dp);
     let step_time = dp.step_time(&simulation.timeline, &reductions);
     Ok(Replicated {

@@ -258,11 +258,25 @@ pub fn simulate_with(
     if options.device == DeviceSharing::Shared {
         return simulate_shared(schedule, costs, lowered, options);
     }
+    let mut sim = simulate_per_rank(schedule, costs, lowered, options, Vec::new())?;
+    sim.lower_bound = bound::lower_bound(schedule, costs);
+    Ok(sim)
+}
+
+/// [`simulate_with`] on one device per rank without the lower bound (`lower_bound` is 0), as
+/// [`summarize_unbounded`].
+pub(crate) fn simulate_unbounded(
+    schedule: &Schedule,
+    costs: &CostModel,
+    options: SimOptions,
+) -> Result<Simulation, SimError> {
+    let lowered = check_shape(schedule, costs)?;
     simulate_per_rank(schedule, costs, lowered, options, Vec::new())
 }
 
 /// [`simulate_with`] with one device per rank, on a checked schedule (`lowered`: it carries its
-/// transfers), each stage's `REDUCE_GRAD` starting a reduction of `reduce_time[stage]` seconds.
+/// transfers), each stage's `REDUCE_GRAD` starting a reduction of `reduce_time[stage]` seconds;
+/// `lower_bound` is left 0 for the caller.
 fn simulate_per_rank(
     schedule: &Schedule,
     costs: &CostModel,
@@ -281,12 +295,11 @@ fn simulate_per_rank(
     } else {
         Vec::new()
     };
-    let lower_bound = lower_bound_of(&engine);
     Ok(Simulation {
         timeline: engine.timeline,
         peak_activations: engine.memory.into_peak(),
         critical_path,
-        lower_bound,
+        lower_bound: 0.0,
     })
 }
 
@@ -369,6 +382,18 @@ impl Summary {
 /// assert_eq!(sum.makespan, simulate(&s, &c).unwrap().timeline.makespan());
 /// ```
 pub fn summarize(schedule: &Schedule, costs: &CostModel) -> Result<Summary, SimError> {
+    let mut summary = summarize_unbounded(schedule, costs)?;
+    summary.lower_bound = bound::lower_bound(schedule, costs);
+    Ok(summary)
+}
+
+/// [`summarize`] without the lower bound (`lower_bound` is 0): for searches that score many
+/// candidates of one instance and never read it (its staircases, section 7 of the bound, cost more
+/// than simulating a small schedule).
+pub(crate) fn summarize_unbounded(
+    schedule: &Schedule,
+    costs: &CostModel,
+) -> Result<Summary, SimError> {
     let lowered = check_shape(schedule, costs)?;
     let record = engine::Record {
         spans: false,
@@ -378,21 +403,10 @@ pub fn summarize(schedule: &Schedule, costs: &CostModel) -> Result<Summary, SimE
     engine.run()?;
     Ok(Summary {
         makespan: engine.free_at.iter().copied().fold(0.0, f64::max),
-        lower_bound: lower_bound_of(&engine),
+        lower_bound: 0.0,
         busy: engine.busy,
         peak_activations: engine.memory.into_peak(),
     })
-}
-
-/// The lower bound for an engine's schedule (overlap savings allowed when a pair ran).
-fn lower_bound_of(engine: &Engine) -> f64 {
-    bound::bound_for(
-        engine.schedule.ranks,
-        engine.schedule.microbatches,
-        engine.schedule.placement,
-        engine.costs,
-        engine.overlapped,
-    )
 }
 
 /// Refuses schedules that do not validate (steps 1 to 3 of the validator; the run finds deadlocks)

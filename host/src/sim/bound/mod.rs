@@ -1,6 +1,7 @@
 //! A lower bound on the makespan: no schedule with these costs, ranks, chunks and placement can finish
-//! earlier. [`bound_for`] is the maximum of three arguments; [`bound_with_limit`] adds a fourth, for
-//! schedules that must keep each rank under an in-flight limit.
+//! earlier. [`bound_for`] is the maximum of the arguments of sections 1-3 and 7 (and the span
+//! bound); [`bound_with_limit`] adds section 4, for schedules that must keep each rank under an
+//! in-flight limit; [`span_bound`] bounds the longest per-rank span (sections 5-8).
 //!
 //! ## 1. The chain of one microbatch
 //!
@@ -101,9 +102,53 @@
 //! span (and after `head_F(s0)` for the makespan), so `n * span >= M * sum_s R_s`. Section 4's
 //! recurrence takes the same two forward-start bounds as section 5 (with absolute heads).
 //!
+//! ## 7. Staircases: one microbatch at a time
+//!
+//! Sections 3 and 5 give all `M` copies of a group (a stage's forwards, its input gradients, or its
+//! rests) the head and the tail of one microbatch's chain. Microbatches are interchangeable, so
+//! number a group's copies in the order they run on their rank (one machine: start order is end
+//! order). The `k`-th copy (from 0) to start needs `k + 1` microbatches to have passed every action
+//! it depends on; take any rank `R` and any set `A` of the groups on `R` it depends on: those
+//! `(k + 1) |A|` actions ran one at a time on `R`, none before the least head in `A`, and the copy
+//! starts at least the least chain delay from `A` to it after the last of them ends:
+//!
+//! `head(k) >= min_A head + (k + 1) sum_A work + min_A delay`.
+//!
+//! Symmetrically the `j`-th copy from the last to end is followed, for any set `B` of groups on `R`
+//! that depend on it, by `j + 1` microbatches' actions of `B`:
+//! `tail(j) >= min_B delay + (j + 1) sum_B work + min_B tail`. The sets tried are those cut by two
+//! thresholds (head or tail, and delay) taken from the members. Every copy becomes a job with its
+//! own head and tail (above 64 copies, neighbouring copies merge into one job with the earliest
+//! head and the shortest tail of the block, a relaxation), and Jackson's schedule solves each rank
+//! as in section 3. For the makespan the heads count from time 0 and the tails to the last end;
+//! for a rank's span (section 5) from the rank's first forward and to its last action, keeping only
+//! the groups that follow the one and precede the other, on the rank itself and on every other
+//! machine (`R`'s work between rank `r`'s first and last actions also lies in `r`'s span). The
+//! makespan bound also takes the span bound without the pairs of section 8: a makespan is at least
+//! every rank's span.
+//!
+//! ## 8. Two spans at once
+//!
+//! Let rank `q`'s first action start at 0 and rank `r`'s at `d`, every forward of `r` needing one
+//! of `q` (so `d >= ` the chain from `q`'s lowest stage to `r`'s). A copy on `r` starts no earlier
+//! than its head from `q` (section 7, anchor `q`) and than `d` plus its head from `r`; it ends at
+//! least its tail from `q` before `q`'s last action (when some action of `q` needs it) and its tail
+//! from `r` before `r`'s last action. With `Z` the span objective, both last actions end by `Z` and
+//! `d + Z`: for a given `d` that is a one-machine problem with heads and tails, the tail of a copy
+//! being the larger of its `q`-tail and its `r`-tail less `d`. `d` is unknown: for a range `[d1,
+//! d2]`, heads from `d1` and tails less `d2` give a problem no harder than any `d` in the range, so
+//! the least value over ranges covering `[d_min, inf)` bounds `Z`. The ranges start as 8 equal parts
+//! below `d_min + ` the bound known so far (above it the open range), and the range with the least
+//! value is halved 40 times; every ordered pair of ranks is tried, and a pair stops once its least
+//! range cannot beat the bound known. This is what the one-machine terms miss where a middle rank's
+//! work and the first rank's span constrain each other: at P = 4, M = 4 it lifts the span bound
+//! from 24.9 to CP-SAT's proven optimum, 25.7 (test `staircases_and_pairs_reach_a_proven_optimum`).
+//!
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
-//! included.
+//! included; the exact method's proofs (`auto::exact`, up to 36 actions: M up to 5) check the
+//! makespan bounds on 80 more, and `host/tests/sim_bound.rs` checks on random instances that no
+//! family's makespan or longest span falls below them.
 //!
 //! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
 //! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from
@@ -112,7 +157,9 @@
 
 mod chain;
 mod jackson;
+mod pair;
 mod span;
+mod stair;
 
 use thiserror::Error;
 
@@ -121,6 +168,7 @@ use crate::schedule::{Item, Op, Placement, Schedule};
 use chain::Chain;
 use jackson::Job;
 pub use span::span_bound;
+use stair::{Anchor, Groups, Which};
 
 /// Why [`bound_with_limit`] refused its limits.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -178,19 +226,16 @@ pub fn bound_for(
         return classic;
     }
     let chain = Chain::new(ranks, placement, costs);
-    let m = microbatches as f64;
+    let groups = Groups::new(ranks, placement, costs, &chain, overlap);
+    // The makespan is at least every rank's span (section 5).
+    let span = span::span_bound_with(ranks, microbatches, placement, costs, overlap, None, false)
+        .unwrap_or(0.0);
     (0..ranks)
         .map(|r| {
-            let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
-            let mut jobs = rank.backward_jobs(m);
-            jobs.extend(rank.mine.iter().map(|&s| Job {
-                head: chain.head_f[s],
-                work: m * rank.forward_work(s),
-                tail: chain.tail_f(s),
-            }));
+            let jobs = groups.jobs(r, microbatches, Anchor::Step, Which::All, false);
             jackson::preemptive(&jobs)
         })
-        .fold(classic, f64::max)
+        .fold(classic.max(span), f64::max)
 }
 
 /// [`bound_for`] for a schedule that keeps rank `r` at or under `max_in_flight[r]` rank-microbatches
@@ -226,12 +271,22 @@ pub fn bound_with_limit(
         return Ok(free);
     }
     let chain = Chain::new(ranks, placement, costs);
+    let groups = Groups::new(ranks, placement, costs, &chain, overlap);
     let chunks = costs.stages.len() as f64 / ranks as f64;
-    let mut bound = free;
+    // The makespan is at least every rank's span under the same limits (section 5).
+    let span = span_bound(
+        ranks,
+        microbatches,
+        placement,
+        costs,
+        overlap,
+        Some(max_in_flight),
+    )?;
+    let mut bound = free.max(span);
     for (r, &limit) in max_in_flight.iter().enumerate() {
         let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
         let held = (limit * chunks + 1e-9).floor();
-        bound = bound.max(rank.memory_term(microbatches, held));
+        bound = bound.max(rank.memory_term(&groups, r, microbatches, held));
     }
     Ok(bound)
 }
@@ -327,32 +382,9 @@ impl<'a> RankJobs<'a> {
         (self.chain.forward[s] - self.saving[s]).max(0.0)
     }
 
-    /// The `I` and rest-of-backward jobs of every stage, `m` microbatches each as one job.
-    fn backward_jobs(&self, m: f64) -> Vec<Job> {
-        let c = self.chain;
-        self.mine
-            .iter()
-            .flat_map(|&s| {
-                let head = c.head_i(s);
-                [
-                    Job {
-                        head,
-                        work: m * c.input[s],
-                        tail: c.down[s],
-                    },
-                    Job {
-                        head: head + c.input[s],
-                        work: m * c.rest[s],
-                        tail: 0.0,
-                    },
-                ]
-            })
-            .collect()
-    }
-
     /// Section 4: forwards released no earlier than the memory recurrence allows, when at most
     /// `held` stage-microbatches fit (`m` microbatches); with the holding argument (section 6).
-    fn memory_term(&self, m: usize, held: f64) -> f64 {
+    fn memory_term(&self, groups: &Groups, r: usize, m: usize, held: f64) -> f64 {
         let c = self.chain;
         let Some(&first) = self.mine.first() else {
             return 0.0;
@@ -369,7 +401,7 @@ impl<'a> RankJobs<'a> {
         let sigma = self.forward_starts(m, n, &heads);
         let work = self.min_over(|s| self.forward_work(s));
         let tail = self.min_over(|s| c.tail_f(s));
-        let mut jobs = self.backward_jobs(m as f64);
+        let mut jobs = groups.jobs(r, m, Anchor::Step, Which::Backward, false);
         jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
         jackson::preemptive(&jobs).max(c.head_f[first] + self.holding(m, n))
     }

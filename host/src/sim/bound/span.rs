@@ -3,6 +3,8 @@
 
 use super::chain::Chain;
 use super::jackson::{self, Job};
+use super::pair::pair_term;
+use super::stair::{Anchor, Groups, Which};
 use super::{check_limits, BoundError, RankJobs};
 use crate::cost::CostModel;
 use crate::schedule::Placement;
@@ -34,6 +36,28 @@ pub fn span_bound(
     overlap: bool,
     max_in_flight: Option<&[f64]>,
 ) -> Result<f64, BoundError> {
+    span_bound_with(
+        ranks,
+        microbatches,
+        placement,
+        costs,
+        overlap,
+        max_in_flight,
+        true,
+    )
+}
+
+/// [`span_bound`], with the pairs of ranks of section 8 only when `pairs` (they cost the most;
+/// the makespan bound of every simulation leaves them out).
+pub(super) fn span_bound_with(
+    ranks: usize,
+    microbatches: usize,
+    placement: Placement,
+    costs: &CostModel,
+    overlap: bool,
+    max_in_flight: Option<&[f64]>,
+    pairs: bool,
+) -> Result<f64, BoundError> {
     if let Some(limits) = max_in_flight {
         check_limits(ranks, limits)?;
     }
@@ -41,6 +65,7 @@ pub fn span_bound(
         return Ok(0.0);
     }
     let chain = Chain::new(ranks, placement, costs);
+    let groups = Groups::new(ranks, placement, costs, &chain, overlap);
     let chunks = costs.stages.len() as f64 / ranks as f64;
     let m = microbatches as f64;
     let mut bound = 0.0f64;
@@ -52,7 +77,21 @@ pub fn span_bound(
             .map(|&s| m * (rank.forward_work(s) + chain.input[s] + chain.rest[s]))
             .sum();
         let held = max_in_flight.map_or(f64::INFINITY, |l| (l[r] * chunks + 1e-9).floor());
-        bound = bound.max(work).max(rank.span_term(microbatches, held));
+        bound = bound
+            .max(work)
+            .max(rank.span_term(&groups, r, microbatches, held));
+        // Every other rank's work between rank r's first forward and its last action (section 7).
+        for machine in (0..ranks).filter(|&q| q != r) {
+            let jobs = groups.jobs(machine, microbatches, Anchor::Rank(r), Which::All, true);
+            bound = bound.max(jackson::preemptive(&jobs));
+        }
+    }
+    if pairs {
+        for q in 0..ranks {
+            for r in (0..ranks).filter(|&r| r != q) {
+                bound = bound.max(pair_term(&groups, q, r, microbatches, bound));
+            }
+        }
     }
     Ok(bound)
 }
@@ -70,7 +109,7 @@ impl RankJobs<'_> {
     /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches): the
     /// larger of the per-stage relaxation (no memory), the memory relaxation and the holding
     /// argument.
-    fn span_term(&self, m: usize, held: f64) -> f64 {
+    fn span_term(&self, groups: &Groups, r: usize, m: usize, held: f64) -> f64 {
         let c = self.chain;
         if self.mine.is_empty() {
             return 0.0;
@@ -78,26 +117,16 @@ impl RankJobs<'_> {
         if held < 1.0 {
             return f64::INFINITY;
         }
-        let heads = self.relative_heads();
-        let mf = m as f64;
-        // Per stage: its forwards as one job from its relative head, followed by their own round
-        // trip on this rank; its inputs and rests as in section 3.
-        let mut jobs: Vec<Job> = Vec::new();
-        for (&s, &h) in self.mine.iter().zip(&heads) {
-            let work = self.forward_work(s);
-            jobs.push(Job {
-                head: h,
-                work: mf * work,
-                tail: c.forward[s] - work + c.up[s] + c.input[s] + self.own_tail(s),
-            });
-        }
-        self.push_backward(&mut jobs, &heads, mf);
-        let free = jackson::preemptive(&jobs);
+        // Per stage and microbatch: its forwards from their relative heads, followed by their own
+        // round trip on this rank; its inputs and rests as in section 3; staircases (section 7).
+        let anchor = Anchor::Rank(r);
+        let free = jackson::preemptive(&groups.jobs(r, m, anchor, Which::All, true));
         let count = self.mine.len() * m;
         if held >= count as f64 {
             return free;
         }
         let n = held as usize;
+        let heads = self.relative_heads();
         let x = self.forward_starts(m, n, &heads);
         let work = self.min_over(|s| self.forward_work(s));
         // From a forward's start to the end of the last action of this rank that needs it.
@@ -110,7 +139,7 @@ impl RankJobs<'_> {
                 tail: trip - work,
             })
             .collect();
-        self.push_backward(&mut jobs, &heads, mf);
+        jobs.extend(groups.jobs(r, m, anchor, Which::Backward, true));
         free.max(jackson::preemptive(&jobs)).max(self.holding(m, n))
     }
 
@@ -129,26 +158,6 @@ impl RankJobs<'_> {
                 _ => c.down[s] - c.down[t] + c.rest[t],
             })
             .fold(0.0, f64::max)
-    }
-
-    /// Each stage's `M` input-gradient passes (head: its forward's relative head, the forward and
-    /// the way up and back; tail: [`Self::own_tail`]) and its
-    /// `M` rests (tail 0), as jobs of `m` times the work.
-    fn push_backward(&self, jobs: &mut Vec<Job>, heads: &[f64], m: f64) {
-        let c = self.chain;
-        for (&s, &h) in self.mine.iter().zip(heads) {
-            let head = h + c.forward[s] + c.up[s];
-            jobs.push(Job {
-                head,
-                work: m * c.input[s],
-                tail: self.own_tail(s),
-            });
-            jobs.push(Job {
-                head: head + c.input[s],
-                work: m * c.rest[s],
-                tail: 0.0,
-            });
-        }
     }
 }
 
