@@ -4,7 +4,7 @@
 use super::chain::Chain;
 use super::jackson::{self, Job};
 use super::pair::pair_term;
-use super::stair::{Anchor, Groups, Which};
+use super::stair::{Anchor, Groups, Which, MAX_BLOCKS};
 use super::{check_limits, BoundError, RankJobs};
 use crate::cost::CostModel;
 use crate::schedule::Placement;
@@ -47,8 +47,14 @@ pub fn span_bound(
     )
 }
 
-/// [`span_bound`], with the pairs of ranks of section 8 only when `pairs` (they cost the most;
-/// the makespan bound of every simulation leaves them out).
+/// The other machines' terms of section 7 and the pairs of ranks of section 8 each run when their
+/// estimated work stays under this (up to P = 32 at V = 2; above it they would take seconds, and
+/// the span bound goes without them).
+const RANKS_WORK: f64 = 1e8;
+
+/// [`span_bound`]; with `others`, the other machines' terms of section 7 and the pairs of ranks
+/// of section 8 (they cost `P^2` one-machine problems and more; the makespan bound of every
+/// simulation leaves them out).
 pub(super) fn span_bound_with(
     ranks: usize,
     microbatches: usize,
@@ -56,7 +62,7 @@ pub(super) fn span_bound_with(
     costs: &CostModel,
     overlap: bool,
     max_in_flight: Option<&[f64]>,
-    pairs: bool,
+    others: bool,
 ) -> Result<f64, BoundError> {
     if let Some(limits) = max_in_flight {
         check_limits(ranks, limits)?;
@@ -80,13 +86,22 @@ pub(super) fn span_bound_with(
         bound = bound
             .max(work)
             .max(rank.span_term(&groups, r, microbatches, held));
+    }
+    // Per rank and machine: its groups' staircases against every rank's groups, then a
+    // one-machine problem; each pair of ranks runs up to 2 REFINEMENTS + FIRST_SPLITS + 1 more.
+    let (p, per_rank) = (ranks as f64, groups.per_rank() as f64);
+    let jobs = per_rank * microbatches.min(MAX_BLOCKS) as f64;
+    let lines = per_rank * p * (per_rank.min(8.0).powi(2) * per_rank + 3.0 * per_rank);
+    if others && p * p * (lines + jobs) <= RANKS_WORK {
         // Every other rank's work between rank r's first forward and its last action (section 7).
-        for machine in (0..ranks).filter(|&q| q != r) {
-            let jobs = groups.jobs(machine, microbatches, Anchor::Rank(r), Which::All, true);
-            bound = bound.max(jackson::preemptive(&jobs));
+        for r in 0..ranks {
+            for machine in (0..ranks).filter(|&q| q != r) {
+                let jobs = groups.jobs(machine, microbatches, Anchor::Rank(r), Which::All, true);
+                bound = bound.max(jackson::preemptive(&jobs));
+            }
         }
     }
-    if pairs {
+    if others && p * p * jobs * 100.0 <= RANKS_WORK {
         for q in 0..ranks {
             for r in (0..ranks).filter(|&r| r != q) {
                 bound = bound.max(pair_term(&groups, q, r, microbatches, bound));

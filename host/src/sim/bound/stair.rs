@@ -23,11 +23,16 @@ const REST: usize = 2;
 /// At most this many jobs per group in a rank's relaxation: above it, neighbouring copies are
 /// merged into one job with the earliest head and the shortest tail of its copies (a relaxation,
 /// so still a bound), which keeps the cost flat in `M`.
-const MAX_BLOCKS: usize = 64;
+pub(super) const MAX_BLOCKS: usize = 64;
 
 /// Up to this many candidate predecessors on one rank, every subset cut by two thresholds is
-/// tried; above it, the cuts by one threshold only.
+/// tried; above it, each member alone and all of them.
 const FULL_CUTS: usize = 8;
+
+/// The staircases are computed when `9 P S^2` (every rank's groups against every group, once per
+/// rank's span) stays under this; above it (thousands of stages) the jobs keep one microbatch's
+/// head and tail, as sections 3 and 5, so the bound stays a fraction of a second at any size.
+const STAIR_WORK: f64 = 2e8;
 
 /// The groups of one microbatch's actions (per stage: its forward, input gradient and rest) along
 /// its dependency chain, with their ranks and times.
@@ -45,6 +50,8 @@ pub(super) struct Groups {
     pos: Vec<f64>,
     /// Per rank: its groups.
     by_rank: Vec<Vec<usize>>,
+    /// Whether the staircases are affordable at this size ([`STAIR_WORK`]).
+    stairs: bool,
 }
 
 /// Where a rank's relaxation measures heads and tails from.
@@ -110,7 +117,9 @@ impl Groups {
                 pos.push(p);
             }
         }
+        let stairs = 9.0 * ranks as f64 * (n as f64).powi(2) <= STAIR_WORK;
         Groups {
+            stairs,
             stages: n,
             rank,
             chain: time,
@@ -152,6 +161,11 @@ impl Groups {
                 (a == first || self.precedes(first, a)).then(|| self.pos[a] - self.pos[first])
             }
         }
+    }
+
+    /// The groups on each rank (the most over ranks).
+    pub fn per_rank(&self) -> usize {
+        self.by_rank.iter().map(Vec::len).max().unwrap_or(0)
     }
 
     /// The earliest start of rank `r`'s first forward after rank `q`'s first action, when every
@@ -293,6 +307,9 @@ impl Groups {
     /// cut of that rank's groups that `g` needs (that need `g`), dominated lines dropped.
     fn lines(&self, g: usize, anchor: Anchor, tails: &[Option<f64>], start: bool) -> Vec<Line> {
         let mut lines = Vec::new();
+        if !self.stairs {
+            return lines;
+        }
         let mut members = Vec::new();
         for groups in &self.by_rank {
             members.clear();
@@ -387,9 +404,12 @@ fn cuts(members: &[Member], lines: &mut Vec<Line>) {
             }
         }
     } else {
-        for a in members {
-            push(&|m: &Member| m.outer >= a.outer);
-            push(&|m: &Member| m.delay >= a.delay);
+        push(&|_: &Member| true);
+        for m in members.iter().filter(|m| m.work > 0.0) {
+            lines.push(Line {
+                alpha: m.outer + m.delay,
+                beta: m.work,
+            });
         }
     }
 }
