@@ -103,3 +103,30 @@ fn lean_admission_fills_v_half_memory_better() {
         out.solver.origin
     );
 }
+
+/// With overlapped pairs that save time (`overlap_share` 0), the span's bound counts the savings as
+/// the makespan's does: DualPipeV wins P = 4, M = 8 with a span (22.6) below the rank's work (24),
+/// which the bound without savings (24) had called proven optimal.
+#[test]
+fn a_span_bound_counts_what_overlapped_pairs_save() {
+    let one = StageCost::uniform(1.0, 1.2, 0.8).split(2);
+    let req = AutoRequest::new(4, 8, CostModel::uniform(one, 8, LinkCost::default()))
+        .with_chunks(2, Placement::Vshape)
+        .with_objective(Objective::Span);
+    let out = solve(&req).unwrap();
+    let pairs = out
+        .schedule
+        .actions
+        .iter()
+        .flatten()
+        .any(|i| i.actions().count() == 2);
+    assert!(pairs, "expected a schedule with overlapped pairs");
+    let saving =
+        pipefill_host::sim::span_bound(4, 8, Placement::Vshape, &req.costs, true, None).unwrap();
+    assert!(out.solver.lower_bound <= out.solver.value + 1e-9);
+    assert!(
+        !out.solver.proven_optimal || out.solver.value <= saving + 1e-9,
+        "proven optimal at {} above the bound with savings {saving}",
+        out.solver.value
+    );
+}

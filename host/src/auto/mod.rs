@@ -438,12 +438,18 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
         }
         Objective::Span => {
             let limits = held_limits(inst);
+            // Overlap savings counted as for the makespan: when the schedule has overlapped pairs.
+            let pairs = schedule
+                .actions
+                .iter()
+                .flatten()
+                .any(|i| matches!(i, crate::schedule::Item::Overlap { .. }));
             span_bound(
                 inst.p,
                 inst.m,
                 inst.placement,
                 &req.costs,
-                false,
+                pairs,
                 limits.as_deref(),
             )
             .unwrap_or(0.0)
