@@ -48,9 +48,9 @@ pub fn span_bound(
 }
 
 /// The other machines' terms of section 7 and the pairs of ranks of section 8 each run when their
-/// estimated work stays under this (up to P = 32 at V = 2; above it they would take seconds, and
+/// estimated work stays under this (up to P = 16 at V = 2; above it they would take most of a second, and
 /// the span bound goes without them).
-const RANKS_WORK: f64 = 1e8;
+const RANKS_WORK: f64 = 2e7;
 
 /// [`span_bound`]; with `others`, the other machines' terms of section 7 and the pairs of ranks
 /// of section 8 (they cost `P^2` one-machine problems and more; the makespan bound of every
