@@ -115,25 +115,51 @@ pub(crate) fn within_budget(inst: &Instance, peak: &[f64]) -> bool {
 }
 
 /// The best of `candidates` (per-rank lists) by `objective` among those the simulator keeps within
-/// the instance's budgets; `None` when none does.
+/// the instance's budgets, and for the span objective also the one with the least makespan (where
+/// the makespan objective would start); `None` when none does.
 pub(crate) fn best_of(
     inst: &Instance,
     objective: Objective,
     candidates: impl IntoIterator<Item = Vec<Vec<Action>>>,
-) -> Result<Option<Scored>, SimError> {
+) -> Result<Best, SimError> {
     let candidates: Vec<Vec<Vec<Action>>> = candidates.into_iter().collect();
     let scored = super::par::map_ordered(&candidates, |orders| {
         score(inst, objective, schedule_of(inst, super::AUTO, orders))
     });
-    let mut best: Option<Scored> = None;
+    let mut best = Best::default();
     for s in scored {
         if let Some(s) = s? {
-            if best.as_ref().is_none_or(|b| s.value < b.value) {
-                best = Some(s);
-            }
+            best.offer(objective, s);
         }
     }
     Ok(best)
+}
+
+/// The best candidate by the objective and, for the span objective, the one with the least
+/// makespan (`None` until one is offered, and `shortest` always `None` for the makespan).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Best {
+    /// The least objective.
+    pub(crate) value: Option<Scored>,
+    /// The least makespan (span objective only).
+    pub(crate) shortest: Option<Scored>,
+}
+
+impl Best {
+    /// Keeps `s` where it beats what is kept.
+    pub(crate) fn offer(&mut self, objective: Objective, s: Scored) {
+        if objective == Objective::Span
+            && self
+                .shortest
+                .as_ref()
+                .is_none_or(|b| s.makespan < b.makespan)
+        {
+            self.shortest = Some(s.clone());
+        }
+        if self.value.as_ref().is_none_or(|b| s.value < b.value) {
+            self.value = Some(s);
+        }
+    }
 }
 
 #[cfg(test)]

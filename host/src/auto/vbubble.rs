@@ -31,7 +31,7 @@ use crate::schedule::{Action, Placement};
 use crate::sim::SimError;
 
 use super::instance::{Instance, MEMORY_EPS};
-use super::score::{best_of, Scored};
+use super::score::{best_of, Best};
 use super::Objective;
 
 /// Most approved-bubble reruns per fill setting (the authors stop when the largest idle time stops
@@ -354,7 +354,7 @@ pub(crate) fn runs(inst: &Instance, budget: &[f64]) -> Vec<Vec<Vec<Action>>> {
 
 /// The best run by `objective`, over the instance's budget and each smaller one of the ladder,
 /// among those the simulator keeps within the limit; `None` off V-shape or when none does.
-pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Scored>, SimError> {
+pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
     let all = super::vgreedy::ladder(inst)
         .into_iter()
         .flat_map(|budget| runs(inst, &budget));

@@ -31,7 +31,7 @@ use crate::schedule::{Action, Placement};
 use crate::sim::SimError;
 
 use super::instance::{Instance, MEMORY_EPS};
-use super::score::{best_of, Scored};
+use super::score::{best_of, Best};
 use super::Objective;
 
 /// How far past now a gradient whose producer is not placed yet is assumed to arrive at the
@@ -400,7 +400,7 @@ pub(crate) fn ladder(inst: &Instance) -> Vec<Vec<f64>> {
 
 /// The best of [`candidates`] by `objective` among those the simulator keeps within the limit;
 /// `None` off V-shape or when none does.
-pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Scored>, SimError> {
+pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
     best_of(inst, objective, candidates(inst))
 }
 

@@ -20,7 +20,7 @@ use crate::schedule::{Action, Op, Placement};
 use crate::sim::SimError;
 
 use super::instance::Instance;
-use super::score::{best_of, Scored};
+use super::score::{best_of, Best};
 use super::Objective;
 
 /// Slot lists of one rank: per kind (0 F chunk 0, 1 F chunk 1, 2 I chunk 1, 3 I chunk 0, then `W`
@@ -309,7 +309,7 @@ pub(crate) fn build(inst: &Instance, half: bool) -> Option<Vec<Vec<Action>>> {
 }
 
 /// The better of V-Half and V-Min by `objective` among those the simulator keeps within the limit.
-pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Option<Scored>, SimError> {
+pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
     let both = [true, false]
         .into_iter()
         .filter_map(|half| build(inst, half));
