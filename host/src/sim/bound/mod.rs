@@ -122,8 +122,10 @@
 //! head and the shortest tail of the block, a relaxation), and Jackson's schedule solves each rank
 //! as in section 3. For the makespan the heads count from time 0 and the tails to the last end;
 //! for a rank's span (section 5) from the rank's first forward and to its last action, keeping only
-//! the groups that follow the one and precede the other, on the rank itself and on every other
-//! machine (`R`'s work between rank `r`'s first and last actions also lies in `r`'s span). The
+//! the groups that follow the one and precede the other, on the rank itself and (in [`span_bound`],
+//! up to P = 16 at V = 2) on every other machine (`R`'s work between rank `r`'s first and last
+//! actions also lies in `r`'s span). Above `9 P S^2 = 2e8` (thousands of stages) every copy keeps
+//! one microbatch's head and tail, so the bound stays cheap at any size. The
 //! makespan bound also takes the span bound without the pairs of section 8: a makespan is at least
 //! every rank's span.
 //!
@@ -139,8 +141,9 @@
 //! d2]`, heads from `d1` and tails less `d2` give a problem no harder than any `d` in the range, so
 //! the least value over ranges covering `[d_min, inf)` bounds `Z`. The ranges start as 8 equal parts
 //! below `d_min + ` the bound known so far (above it the open range), and the range with the least
-//! value is halved 40 times; every ordered pair of ranks is tried, and a pair stops once its least
-//! range cannot beat the bound known. This is what the one-machine terms miss where a middle rank's
+//! value is halved 40 times; every ordered pair of ranks is tried (while `P^2` times the jobs per
+//! rank stays small: up to P = 16 at V = 2), and a pair stops once its least range cannot beat the
+//! bound known. This is what the one-machine terms miss where a middle rank's
 //! work and the first rank's span constrain each other: at P = 4, M = 4 it lifts the span bound
 //! from 24.9 to CP-SAT's proven optimum, 25.7 (test `staircases_and_pairs_reach_a_proven_optimum`).
 //!
