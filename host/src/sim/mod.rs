@@ -35,14 +35,17 @@
 //!
 //! Every simulation reports a makespan no schedule can beat with the same costs, `P`, `V`, `M` and
 //! placement ([`lower_bound`], [`bound_for`]); the derivation is in the source of `sim::bound`
-//! (`host/src/sim/bound/mod.rs`), in five sections: (1) the chain of one microbatch; (2) each
+//! (`host/src/sim/bound/mod.rs`), in eight sections: (1) the chain of one microbatch; (2) each
 //! rank's work after the forward chain that precedes it and before the gradient chain that follows
 //! it ([`basic_bound`], the bound before the next section); (3) per rank, Jackson's preemptive
 //! schedule, the optimum of the one-machine problem whose jobs are the rank's `F`, `I` and rest of
 //! the backward with their heads (the chain before them) and tails (the chain after them);
 //! (4) with a per-rank in-flight limit ([`bound_with_limit`]), forward start times held back by
 //! the memory they need freed first; (5) the same recurrence, relative to a rank's first action,
-//! bounds the longest per-rank span under the limit ([`span_bound`], the span objective of `auto`).
+//! bounds the longest per-rank span under the limit ([`span_bound`], the span objective of `auto`);
+//! (6) every slot a rank holds lasts at least a round trip; (7) staircases: each microbatch's copy
+//! of a job gets its own head and tail, the `k`-th waiting for `k + 1` microbatches to pass the
+//! busy ranks before it; (8) two ranks' spans at once, for the span objective.
 //!
 //! ## One device for all ranks
 //!
