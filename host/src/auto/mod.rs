@@ -93,7 +93,7 @@ pub use seeds::FamilyResult;
 use instance::{Instance, MEMORY_EPS};
 use list::{build, Rule};
 use rng::Rng;
-use score::{schedule_of, score, Scored};
+use score::{schedule_of, score, Best, Scored};
 
 /// The least budget of the constructive phase, seconds: every construction of an ordinary size
 /// fits in it, so a budget of 0 still builds the list schedules.
@@ -194,16 +194,10 @@ enum Construction {
 pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     let inst = Instance::new(req)?;
     let (families, seeded) = seeds::seeds(&inst, req.objective)?;
-    let mut best: Option<(Scored, String)> = None;
-    // For the span objective, also the candidate with the least makespan: where the makespan
-    // objective would start (see the end).
-    let mut shortest: Option<(Scored, String)> = None;
-    let mut offer = |s: Scored, origin: String| {
-        offer_shortest(req.objective, &mut shortest, &s, &origin);
-        if best.as_ref().is_none_or(|(b, _)| s.value < b.value) {
-            best = Some((s, origin));
-        }
-    };
+    // The best candidate and, for the span objective, the one with the least makespan: where the
+    // makespan objective would start (see the end).
+    let mut found: Best<String> = Best::default();
+    let mut offer = |s: Scored, origin: String| found.offer(req.objective, s, origin);
     for s in seeded {
         let name = s.schedule.name.clone();
         offer(s, name);
@@ -247,7 +241,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             offer(s, origin.into());
         }
     }
-    let (mut best, origin) = best.ok_or_else(|| match skipped {
+    let (mut best, origin) = found.value.take().ok_or_else(|| match skipped {
         true => AutoError::OverBudget {
             seconds: one_build / WORK_PER_SECOND,
             budget: req.time_budget,
@@ -288,11 +282,11 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
     // were: a seed better than every other starts an improvement run of its own.
     if !proven {
-        let (seed, short) = v_seed(&inst, req.objective)?;
-        if let Some((s, name)) = short {
-            offer_shortest(req.objective, &mut shortest, &s, name);
+        let seeds = v_seed(&inst, req.objective)?;
+        if let Some((s, name)) = seeds.shortest {
+            found.offer_shortest(s, name.to_string());
         }
-        if let Some((v, name)) = seed {
+        if let Some((v, name)) = seeds.value {
             let seed_value = v.value;
             let mut v = v;
             if seed_value < start_value {
@@ -314,7 +308,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // For the span objective, the makespan climb from where the makespan objective starts (the
     // candidate with the least makespan, V-shape seeds included), kept when its span is lower:
     // span results no longer trail the makespan run's for want of its starting point.
-    if let Some((seed, name)) = shortest.filter(|_| !proven) {
+    if let Some((seed, name)) = found.shortest.filter(|_| !proven) {
         let before = best.value;
         let mut more = improve::Work::new(req.time_budget * GUIDED_SHARE);
         let mut rng = Rng::new(req.seed ^ SHORTEST_STREAM);
@@ -390,50 +384,14 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     })
 }
 
-/// Keeps `s` (from `origin`) in `shortest` when the objective is the span and its makespan is the
-/// least so far.
-fn offer_shortest(
-    objective: Objective,
-    shortest: &mut Option<(Scored, String)>,
-    s: &Scored,
-    origin: &str,
-) {
-    if objective == Objective::Span
-        && shortest
-            .as_ref()
-            .is_none_or(|(b, _)| s.makespan < b.makespan)
-    {
-        *shortest = Some((s.clone(), origin.to_string()));
-    }
-}
-
-/// A V-shape seed and its origin.
-type Seed = Option<(Scored, &'static str)>;
-
-/// The best V-shape seed (modules `vgreedy`, `vbubble`, `vpattern`) and its origin, and for the
-/// span objective the one with the least makespan; `None` off V-shape or when none fits.
-fn v_seed(inst: &Instance, objective: Objective) -> Result<(Seed, Seed), AutoError> {
-    let (mut best, mut shortest): (Seed, Seed) = (None, None);
-    for (seed, name) in [
-        (vgreedy::best(inst, objective)?, "zbv-greedy"),
-        (vbubble::best(inst, objective)?, "zbv-bubble"),
-        (vpattern::best(inst, objective)?, "v-pattern"),
-    ] {
-        if let Some(s) = seed.value {
-            if best.as_ref().is_none_or(|(b, _)| s.value < b.value) {
-                best = Some((s, name));
-            }
-        }
-        if let Some(s) = seed.shortest {
-            if shortest
-                .as_ref()
-                .is_none_or(|(b, _)| s.makespan < b.makespan)
-            {
-                shortest = Some((s, name));
-            }
-        }
-    }
-    Ok((best, shortest))
+/// The best V-shape seed (modules `vgreedy`, `vbubble`, `vpattern`) and, for the span objective,
+/// the one with the least makespan, each with its origin; `None` off V-shape or when none fits.
+fn v_seed(inst: &Instance, objective: Objective) -> Result<Best<&'static str>, AutoError> {
+    let mut best = Best::default();
+    best.merge(vgreedy::best(inst, objective)?, "zbv-greedy");
+    best.merge(vbubble::best(inst, objective)?, "zbv-bubble");
+    best.merge(vpattern::best(inst, objective)?, "v-pattern");
+    Ok(best)
 }
 
 /// The improvement phase on `best` within `work`: randomised restarts, then local moves, seeded
@@ -497,11 +455,7 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
         Objective::Span => {
             let limits = held_limits(inst);
             // Overlap savings counted as for the makespan: when the schedule has overlapped pairs.
-            let pairs = schedule
-                .actions
-                .iter()
-                .flatten()
-                .any(|i| matches!(i, crate::schedule::Item::Overlap { .. }));
+            let pairs = crate::sim::has_pairs(schedule);
             span_bound(
                 inst.p,
                 inst.m,

@@ -96,6 +96,7 @@ mod memory;
 mod path;
 mod shared;
 
+pub(crate) use bound::has_pairs;
 pub use bound::{
     basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit, span_bound,
     BoundError,

@@ -287,7 +287,7 @@ pub fn bound_with_limit(
     )?;
     let mut bound = free.max(span);
     for (r, &limit) in max_in_flight.iter().enumerate() {
-        let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
+        let rank = RankJobs::new(r, &chain, &groups);
         let held = (limit * chunks + 1e-9).floor();
         bound = bound.max(rank.memory_term(&groups, r, microbatches, held));
     }
@@ -328,8 +328,8 @@ pub fn lower_bound_with_limit(
     )
 }
 
-/// Whether `schedule` has an overlapped F/B pair.
-fn has_pairs(schedule: &Schedule) -> bool {
+/// Whether `schedule` has an overlapped F/B pair (the bounds then count what pairs save).
+pub(crate) fn has_pairs(schedule: &Schedule) -> bool {
     schedule
         .actions
         .iter()
@@ -340,49 +340,25 @@ fn has_pairs(schedule: &Schedule) -> bool {
 /// One rank's part of the one-machine relaxation.
 struct RankJobs<'a> {
     chain: &'a Chain,
+    /// The groups (and each forward's machine time, less what a pair may save).
+    groups: &'a Groups,
     /// The rank's stages.
     mine: Vec<usize>,
-    /// Per stage (indexed by global stage), what an overlapped pair may save on its forward.
-    saving: Vec<f64>,
 }
 
 impl<'a> RankJobs<'a> {
-    fn new(
-        r: usize,
-        ranks: usize,
-        placement: Placement,
-        costs: &CostModel,
-        chain: &'a Chain,
-        overlap: bool,
-    ) -> Self {
-        let st = &costs.stages;
-        let mine: Vec<usize> = (0..st.len())
-            .filter(|&s| placement.rank_of(s, ranks) == r)
-            .collect();
-        let longest_back = mine
-            .iter()
-            .map(|&s| st[s].time(Op::B).max(st[s].time(Op::I)))
-            .fold(0.0, f64::max);
-        let saving = st
-            .iter()
-            .map(|c| {
-                if overlap {
-                    (1.0 - costs.overlap_share) * c.forward.min(longest_back)
-                } else {
-                    0.0
-                }
-            })
-            .collect();
+    /// Rank `r`'s part, from `groups` and `chain` of the same stages.
+    fn new(r: usize, chain: &'a Chain, groups: &'a Groups) -> Self {
         RankJobs {
             chain,
-            mine,
-            saving,
+            groups,
+            mine: groups.stages_of(r),
         }
     }
 
     /// A forward's work in the relaxation (less what a pair may save).
     fn forward_work(&self, s: usize) -> f64 {
-        (self.chain.forward[s] - self.saving[s]).max(0.0)
+        self.groups.forward_work(s)
     }
 
     /// Section 4: forwards released no earlier than the memory recurrence allows, when at most

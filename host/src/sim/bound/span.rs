@@ -76,7 +76,7 @@ pub(super) fn span_bound_with(
     let m = microbatches as f64;
     let mut bound = 0.0f64;
     for r in 0..ranks {
-        let rank = RankJobs::new(r, ranks, placement, costs, &chain, overlap);
+        let rank = RankJobs::new(r, &chain, &groups);
         let work: f64 = rank
             .mine
             .iter()

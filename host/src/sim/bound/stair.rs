@@ -163,6 +163,21 @@ impl Groups {
         }
     }
 
+    /// Rank `r`'s stages, lowest first.
+    pub fn stages_of(&self, r: usize) -> Vec<usize> {
+        self.by_rank.get(r).map_or_else(Vec::new, |g| {
+            g.iter()
+                .filter(|&&x| x % 3 == FWD)
+                .map(|&x| x / 3)
+                .collect()
+        })
+    }
+
+    /// The machine time of one forward of stage `s` (less what an overlapped pair may save).
+    pub fn forward_work(&self, s: usize) -> f64 {
+        self.work[3 * s + FWD]
+    }
+
     /// The groups on each rank (the most over ranks).
     pub fn per_rank(&self) -> usize {
         self.by_rank.iter().map(Vec::len).max().unwrap_or(0)
