@@ -75,7 +75,7 @@ fn train_and_profile_run_on_the_gpu() {
     };
     let dir = scratch("gpu-cli");
     let svg = dir.join("t.svg");
-    let mut train = args(&[
+    let train = args(&[
         "train",
         "--backend",
         "cuda",
@@ -84,8 +84,8 @@ fn train_and_profile_run_on_the_gpu() {
         "--format",
         "json",
         "--svg",
+        svg.to_str().unwrap(),
     ]);
-    train.push(svg.to_str().unwrap());
     let (code, out, err) = pipefill(&train);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"losses\""), "{out}");
@@ -150,8 +150,8 @@ fn train_on_the_gpu_with_replicas_and_checkpoints() {
             "--format",
             "json",
             "--svg",
+            svg.to_str().unwrap(),
         ]);
-        a.push(svg.to_str().unwrap());
         if backend == "cuda" {
             a.extend(["--precision", "fp32", "--devices", "one"]);
         }

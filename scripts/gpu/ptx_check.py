@@ -372,9 +372,15 @@ class Gpu:
     def __init__(self, cp, module, timeout):
         self.cp, self.mod, self.timeout = cp, module, timeout
         self.fns = {}
+        # Every uploaded array until the next launch has finished: `P(g.up(x))` in an argument
+        # list keeps only the address, and CuPy's pool would hand a freed block to the next upload
+        # of the same size (two arguments would then alias).
+        self.live = []
 
     def up(self, a):
-        return self.cp.asarray(np.ascontiguousarray(a))
+        d = self.cp.asarray(np.ascontiguousarray(a))
+        self.live.append(d)
+        return d
 
     def down(self, a):
         return self.cp.asnumpy(a)
@@ -394,6 +400,7 @@ class Gpu:
             fn[1] = shared
         fn[0](tuple(grid), (THREADS, 1, 1), tuple(args), shared_mem=shared)
         self.wait(name)
+        self.live.clear()
 
     def _allow_shared(self, f, shared):
         # cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared), as tc_launch.rs.

@@ -5,7 +5,8 @@
 //!   device (the stage wrapper refuses a stream of another device).
 //! - Events are recorded on the producer's device and waited on by the consumer's stream, which may
 //!   be on another device: `cuStreamWaitEvent` accepts an event of any device of the process.
-//! - A payload that crosses devices is copied with `cuMemcpyPeerAsync` on the consumer's stream,
+//! - A payload that crosses devices is copied with `cuMemcpyPeerAsync` on the consumer's stream
+//!   (`cuMemcpyDtoDAsync` while it captures a graph: a capture refuses the peer call),
 //!   right after that stream's wait for the transfer's event (so after the producer's kernels); the
 //!   copy is a new buffer owned by the consumer's stream. The source stays allocated until the
 //!   next device-wide [`synchronize`](pipefill_host::runtime::streams::Device::synchronize): its
@@ -22,7 +23,7 @@
 
 use std::sync::{Arc, MutexGuard};
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUstreamCaptureStatus};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
 };
@@ -193,7 +194,8 @@ impl Link {
 }
 
 /// A copy of `src` (in context `src_ctx`) into a new buffer allocated on `s` (of `dst_gpu`),
-/// enqueued on `s` with `cuMemcpyPeerAsync`; the caller keeps `src` alive until `s` is done.
+/// enqueued on `s` with `cuMemcpyPeerAsync` (with `cuMemcpyDtoDAsync` while `s` is capturing a
+/// graph, which refuses the peer call); the caller keeps `src` alive until `s` is done.
 fn peer_copy<T: DeviceRepr>(
     dst_gpu: &Gpu,
     src_ctx: &Arc<CudaContext>,
@@ -211,20 +213,35 @@ fn peer_copy<T: DeviceRepr>(
         .context()
         .bind_to_thread()
         .map_err(CudaError::driver("cuCtxSetCurrent"))?;
-    // SAFETY: both buffers are alive (the caller parks the source until the next synchronise, the
-    // destination is owned by `out`) and hold `bytes` bytes; the stream waited for the producer's
-    // event before this call.
-    unsafe {
-        cudarc::driver::result::memcpy_peer_async(
-            dst_gpu.context().cu_ctx(),
-            dst_ptr,
-            src_ctx.cu_ctx(),
-            src_ptr,
-            bytes,
-            s.cu_stream(),
-        )
+    let capturing = s
+        .capture_status()
+        .map_err(CudaError::driver("cuStreamIsCapturing"))?
+        == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if capturing {
+        // A capturing stream refuses cuMemcpyPeerAsync (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        // seen on an H200); the unified-addressing copy infers both sides from the addresses and
+        // is captured as a memcpy node.
+        // SAFETY: both buffers are alive and hold `bytes` bytes (as for the peer copy below).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst_ptr, src_ptr, bytes, s.cu_stream())
+        }
+        .map_err(CudaError::driver("cuMemcpyDtoDAsync"))?;
+    } else {
+        // SAFETY: both buffers are alive (the caller parks the source until the next synchronise,
+        // the destination is owned by `out`) and hold `bytes` bytes; the stream waited for the
+        // producer's event before this call.
+        unsafe {
+            cudarc::driver::result::memcpy_peer_async(
+                dst_gpu.context().cu_ctx(),
+                dst_ptr,
+                src_ctx.cu_ctx(),
+                src_ptr,
+                bytes,
+                s.cu_stream(),
+            )
+        }
+        .map_err(CudaError::driver("cuMemcpyPeerAsync"))?;
     }
-    .map_err(CudaError::driver("cuMemcpyPeerAsync"))?;
     drop((src_record, dst_record));
     Ok(out)
 }
