@@ -217,31 +217,30 @@ fn peer_copy<T: DeviceRepr>(
         .capture_status()
         .map_err(CudaError::driver("cuStreamIsCapturing"))?
         == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    if capturing {
-        // A capturing stream refuses cuMemcpyPeerAsync (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-        // seen on an H200); the unified-addressing copy infers both sides from the addresses and
-        // is captured as a memcpy node.
-        // SAFETY: both buffers are alive and hold `bytes` bytes (as for the peer copy below).
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(dst_ptr, src_ptr, bytes, s.cu_stream())
-        }
-        .map_err(CudaError::driver("cuMemcpyDtoDAsync"))?;
-    } else {
-        // SAFETY: both buffers are alive (the caller parks the source until the next synchronise,
-        // the destination is owned by `out`) and hold `bytes` bytes; the stream waited for the
-        // producer's event before this call.
-        unsafe {
-            cudarc::driver::result::memcpy_peer_async(
+    // A capturing stream refuses cuMemcpyPeerAsync (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen on
+    // an H200); the unified-addressing copy infers both sides from the addresses and is captured as
+    // a memcpy node.
+    // SAFETY: both buffers are alive (the caller parks the source until the next synchronise, the
+    // destination is owned by `out`) and hold `bytes` bytes; the stream waited for the producer's
+    // event before this call.
+    let (call, copied) = unsafe {
+        if capturing {
+            let r =
+                cudarc::driver::result::memcpy_dtod_async(dst_ptr, src_ptr, bytes, s.cu_stream());
+            ("cuMemcpyDtoDAsync", r)
+        } else {
+            let r = cudarc::driver::result::memcpy_peer_async(
                 dst_gpu.context().cu_ctx(),
                 dst_ptr,
                 src_ctx.cu_ctx(),
                 src_ptr,
                 bytes,
                 s.cu_stream(),
-            )
+            );
+            ("cuMemcpyPeerAsync", r)
         }
-        .map_err(CudaError::driver("cuMemcpyPeerAsync"))?;
-    }
+    };
+    copied.map_err(CudaError::driver(call))?;
     drop((src_record, dst_record));
     Ok(out)
 }
