@@ -10,6 +10,7 @@
 
 use crate::schedule::{Action, Item, Op, Schedule};
 
+use super::critical;
 use super::instance::Instance;
 use super::list::{build, warmup_caps, Order, Rule, WMode};
 use super::rng::Rng;
@@ -147,7 +148,8 @@ pub(crate) fn restarts(
 /// refused by the span objective (the longest span does not change), while the makespan takes it
 /// and later moves build on it. Before this, a span run could end above the makespan run's value
 /// on the same instance (12 of 162 V-shape grid instances did), although that schedule's span is
-/// no more than its makespan. `best` never gets worse.
+/// no more than its makespan. `best` never gets worse. Returns where the guide ended (scored by the
+/// makespan), for a later guided climb to start from.
 pub(crate) fn makespan_guided(
     inst: &Instance,
     start: Scored,
@@ -156,13 +158,10 @@ pub(crate) fn makespan_guided(
     work: &mut Work,
     target: f64,
     moves: Moves,
-) {
-    let Some(mut guide) = score(inst, Objective::Makespan, start.schedule)
+) -> Option<Scored> {
+    let mut guide = score(inst, Objective::Makespan, start.schedule)
         .ok()
-        .flatten()
-    else {
-        return;
-    };
+        .flatten()?;
     climb(
         inst,
         Objective::Makespan,
@@ -172,11 +171,12 @@ pub(crate) fn makespan_guided(
         target,
         moves,
     );
-    if let Some(s) = evaluate(inst, Objective::Span, guide.schedule, work) {
+    if let Some(s) = evaluate(inst, Objective::Span, guide.schedule.clone(), work) {
         if s.value < best.value {
             *best = s;
         }
     }
+    Some(guide)
 }
 
 /// The moves [`climb`] tries.
@@ -189,6 +189,9 @@ pub(crate) enum Moves {
     /// backward passes between it and the previous or next forward (how many forwards the rank
     /// runs ahead: its warm-up depth, and its depth at every later point).
     Reshape,
+    /// Moves on the critical path (module `critical`: a block's first or last two swapped, one
+    /// of its actions moved to its start or end), three in four; the rest [`Moves::Short`].
+    Critical,
 }
 
 /// Tries `moves` on `best` (half of them on the rank whose span is the objective, when there is
@@ -203,10 +206,27 @@ pub(crate) fn climb(
     target: f64,
     moves: Moves,
 ) {
+    // The critical chain of `best`, read again after each move kept (it costs one simulation).
+    let mut chain: Option<critical::Chain> = None;
+    let mut stale = true;
     while !reached(best.value, target) && work.take(sim_cost(inst, objective)) {
         let focus = best.worst.filter(|_| rng.below(2) == 0);
         let candidate = match moves {
-            Moves::Short => moved(&best.schedule, focus, rng),
+            Moves::Critical if rng.below(4) > 0 => {
+                if stale {
+                    let goal = match best.worst {
+                        Some(r) => critical::Target::Rank(r),
+                        None => critical::Target::Makespan,
+                    };
+                    chain = critical::Chain::of(inst, &best.schedule, goal);
+                    work.take(sim_cost(inst, Objective::Span));
+                    stale = false;
+                }
+                chain
+                    .as_ref()
+                    .and_then(|c| critical::moved(&best.schedule, c, rng))
+            }
+            Moves::Short | Moves::Critical => moved(&best.schedule, focus, rng),
             Moves::Reshape => {
                 let r = focus.unwrap_or_else(|| rng.below(best.schedule.ranks));
                 if rng.below(2) == 0 {
@@ -222,6 +242,7 @@ pub(crate) fn climb(
         if let Some(s) = evaluate(inst, objective, candidate, work) {
             if s.value <= best.value {
                 *best = s;
+                stale = true;
             }
         }
     }

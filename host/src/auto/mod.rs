@@ -32,6 +32,13 @@
 //!    forward moved over the backwards to the previous or next forward (warm-up depth), kept when
 //!    no worse, with half the time budget of its own (`improve::Moves::Reshape`); for the span
 //!    objective followed, as in 3, by the same moves scored by the makespan.
+//! 6. **critical path**, when nothing proved the result optimal: moves on the chain of actions
+//!    that sets the makespan (or the worst rank's span), read off the simulator's timeline (module
+//!    `critical`: a block of back-to-back chain actions on one rank has its first or last two
+//!    swapped, or one of its actions moved to its start or end), three in four, the rest as in 3,
+//!    kept when no worse, with half the time budget of its own; for the span objective followed
+//!    by the same moves scored by the makespan, from the schedule with the least makespan the
+//!    earlier guided climbs ended at.
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
@@ -67,6 +74,7 @@ use crate::schedule::Op;
 use crate::schedule::Schedule;
 use crate::sim::{lower_bound, lower_bound_with_limit, span_bound};
 
+mod critical;
 mod error;
 mod exact;
 mod greedy;
@@ -114,6 +122,12 @@ const RESHAPE_SHARE: f64 = 0.5;
 
 /// Mixed into the seed for the reshaping moves' own random stream.
 const RESHAPE_STREAM: u64 = 0x7265_7368_6170_6521;
+
+/// The share of the time budget the critical-path moves get, last of all.
+const CRITICAL_SHARE: f64 = 0.5;
+
+/// Mixed into the seed for the critical-path moves' own random stream.
+const CRITICAL_STREAM: u64 = 0x6372_6974_6963_616c;
 
 /// The family name of automatic schedules (defined with the families' names).
 pub use crate::schedule::families::AUTO;
@@ -308,18 +322,24 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // For the span objective, the makespan climb from where the makespan objective starts (the
     // candidate with the least makespan, V-shape seeds included), kept when its span is lower:
     // span results no longer trail the makespan run's for want of its starting point.
+    // For the span objective, the schedule with the least makespan the guided climbs ended at: the
+    // critical-path phase's makespan climb starts there.
+    let mut guide: Option<Scored> = None;
     if let Some((seed, name)) = found.shortest.filter(|_| !proven) {
         let before = best.value;
         let mut more = improve::Work::new(req.time_budget * GUIDED_SHARE);
         let mut rng = Rng::new(req.seed ^ SHORTEST_STREAM);
-        improve::makespan_guided(
-            &inst,
-            seed,
-            &mut best,
-            &mut rng,
-            &mut more,
-            lower,
-            improve::Moves::Short,
+        shorter(
+            &mut guide,
+            improve::makespan_guided(
+                &inst,
+                seed,
+                &mut best,
+                &mut rng,
+                &mut more,
+                lower,
+                improve::Moves::Short,
+            ),
         );
         work.evaluations += more.evaluations;
         if best.value < before {
@@ -333,7 +353,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         let before = best.value;
         let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
         let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
-        climb_guided(
+        let ended = climb_guided(
             &inst,
             req,
             &mut best,
@@ -341,6 +361,31 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             lower,
             improve::Moves::Reshape,
             (RESHAPE_SHARE * GUIDED_SHARE, RESHAPE_STREAM ^ GUIDED_STREAM),
+            None,
+        );
+        shorter(&mut guide, ended);
+        work.evaluations += more.evaluations;
+        if best.value < before && !origin.ends_with("+improved") {
+            origin.push_str("+improved");
+        }
+        proven = best.value <= lower * (1.0 + 1e-9);
+    }
+    // Moves on the critical path (module `critical`), last: they keep only what is no worse, so
+    // every phase above gives what it gave.
+    if !proven {
+        let before = best.value;
+        let mut more = improve::Work::new(req.time_budget * CRITICAL_SHARE);
+        let mut rng = Rng::new(req.seed ^ CRITICAL_STREAM);
+        let from = guide.take().filter(|g| g.makespan < best.makespan);
+        climb_guided(
+            &inst,
+            req,
+            &mut best,
+            (&mut rng, &mut more),
+            lower,
+            improve::Moves::Critical,
+            (CRITICAL_SHARE, CRITICAL_STREAM),
+            from,
         );
         work.evaluations += more.evaluations;
         if best.value < before && !origin.ends_with("+improved") {
@@ -413,13 +458,15 @@ fn polish(
         lower,
         improve::Moves::Short,
         (GUIDED_SHARE, GUIDED_STREAM),
+        None,
     );
 }
 
 /// `improve::climb` with `moves` on `best` (drawing on `rng` and `work`); for the span objective
-/// then the makespan-guided climb from where it started ([`improve::makespan_guided`]), with
-/// `share` of the time budget and a random stream of its own (`stream`), its simulations counted
-/// in `work`.
+/// then the makespan-guided climb from `from` or else from where it started
+/// ([`improve::makespan_guided`]), with `share` of the time budget and a random stream of its own
+/// (`stream`), its simulations counted in `work`. Returns where the guided climb ended.
+#[allow(clippy::too_many_arguments)]
 fn climb_guided(
     inst: &Instance,
     req: &AutoRequest,
@@ -428,14 +475,24 @@ fn climb_guided(
     lower: f64,
     moves: improve::Moves,
     (share, stream): (f64, u64),
-) {
-    let start = (req.objective == Objective::Span).then(|| best.clone());
+    from: Option<Scored>,
+) -> Option<Scored> {
+    let start = (req.objective == Objective::Span).then(|| from.unwrap_or_else(|| best.clone()));
     improve::climb(inst, req.objective, best, rng, work, lower, moves);
-    if let Some(start) = start {
-        let mut guided = improve::Work::new(req.time_budget * share);
-        let mut rng = Rng::new(req.seed ^ stream);
-        improve::makespan_guided(inst, start, best, &mut rng, &mut guided, lower, moves);
-        work.evaluations += guided.evaluations;
+    let start = start?;
+    let mut guided = improve::Work::new(req.time_budget * share);
+    let mut rng = Rng::new(req.seed ^ stream);
+    let ended = improve::makespan_guided(inst, start, best, &mut rng, &mut guided, lower, moves);
+    work.evaluations += guided.evaluations;
+    ended
+}
+
+/// Keeps in `kept` the one of `kept` and `new` with the least makespan.
+fn shorter(kept: &mut Option<Scored>, new: Option<Scored>) {
+    if let Some(n) = new {
+        if kept.as_ref().is_none_or(|k| n.makespan < k.makespan) {
+            *kept = Some(n);
+        }
     }
 }
 

@@ -278,6 +278,33 @@ pub(crate) fn simulate_unbounded(
     simulate_per_rank(schedule, costs, lowered, options, Vec::new())
 }
 
+/// The spans of `schedule` on one device per rank (no lower bound, no transfers) and the critical
+/// path ending at `rank`'s last item, or at the item that ends last when `rank` is `None` (then it
+/// is [`Simulation::critical_path`]). The automatic scheduler's critical-path moves read it.
+pub(crate) fn simulate_path_to(
+    schedule: &Schedule,
+    costs: &CostModel,
+    rank: Option<usize>,
+) -> Result<Simulation, SimError> {
+    let lowered = check_shape(schedule, costs)?;
+    let record = engine::Record {
+        spans: true,
+        transfers: false,
+    };
+    let mut engine = Engine::new(schedule, costs, lowered, record);
+    engine.run()?;
+    let critical_path = match rank {
+        Some(r) => path::path_to_rank(&engine, r),
+        None => path::critical_path(&engine),
+    };
+    Ok(Simulation {
+        timeline: engine.timeline,
+        peak_activations: engine.memory.into_peak(),
+        critical_path,
+        lower_bound: 0.0,
+    })
+}
+
 /// [`simulate_with`] with one device per rank, on a checked schedule (`lowered`: it carries its
 /// transfers), each stage's `REDUCE_GRAD` starting a reduction of `reduce_time[stage]` seconds;
 /// `lower_bound` is left 0 for the caller.

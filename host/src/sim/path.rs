@@ -18,6 +18,22 @@ pub(super) fn critical_path(engine: &Engine) -> Vec<PathStep> {
             }
         }
     }
+    path_to(engine, last)
+}
+
+/// The chain that ends at rank `rank`'s last item (what sets that rank's end; for its span, the
+/// part after the rank's first item).
+pub(super) fn path_to_rank(engine: &Engine, rank: usize) -> Vec<PathStep> {
+    let lane = engine.timeline.spans.get(rank);
+    path_to(
+        engine,
+        lane.and_then(|l| l.len().checked_sub(1)).map(|i| (rank, i)),
+    )
+}
+
+/// Walks back from `last` (rank, position), as [`critical_path`] does.
+fn path_to(engine: &Engine, last: Option<(usize, usize)>) -> Vec<PathStep> {
+    let spans = &engine.timeline.spans;
     let mut path = Vec::new();
     let mut at = last;
     while let Some((r, i)) = at {
