@@ -159,7 +159,7 @@ fn a_span_bound_counts_what_overlapped_pairs_save() {
 
 /// The critical-path moves (last phase of `auto`): P = 8, M = 8, 1:1:1, transfer 0.1 of `F`,
 /// `overlap_share` 1, twice 1F1B's memory (the V-shape grid's row) was 30.9 with the default
-/// budget before them (bound 29.6), 30.5 with them; with `--time-budget 3` 30.2.
+/// budget before them (bound 29.6), 30.6 with them; with `--time-budget 3` 30.2.
 #[test]
 fn critical_path_moves_shorten_a_grid_row() {
     let mut req = request(8, 8, [1.0, 1.0, 1.0], 0.1, 16.0).with_budget(0.3, 0);
