@@ -130,6 +130,30 @@ fn lean_admission_fills_v_half_memory_better() {
     );
 }
 
+/// At V-Half's limit the safe-admission list rules (a banker's check: a forward is admitted when
+/// the microbatches in flight can still finish one after another, so rank 0 holds `n - 1`
+/// first-chunk microbatches where reserving whole microbatches holds `n / 2`) give shorter
+/// schedules: P = 8, M = 16, 2:2:1 was 120.5 (default budget) before them, 115.5 with them. The
+/// result keeps the limit.
+#[test]
+fn safe_admission_fills_v_half_memory_better() {
+    let req = request(8, 16, [2.0, 2.0, 1.0], 0.0, 4.0).with_budget(0.3, 0);
+    let out = solve(&req).unwrap();
+    validate(&out.schedule).unwrap();
+    assert!(out.solver.peak.iter().all(|&x| x <= 4.0 + 1e-9));
+    assert!(
+        out.solver.value < 120.5 - 1e-9,
+        "{} from {}",
+        out.solver.value,
+        out.solver.origin
+    );
+    assert!(
+        out.solver.origin.starts_with("safe-list"),
+        "{}",
+        out.solver.origin
+    );
+}
+
 /// With overlapped pairs that save time (`overlap_share` 0), the span's bound counts the savings as
 /// the makespan's does: DualPipeV wins P = 4, M = 8 with a span (22.6) below the rank's work (24),
 /// which the bound without savings (24) had called proven optimal.

@@ -6,18 +6,29 @@
 //! first to arrive. The rank that can start soonest goes first, so every rank's list is built in time
 //! order and the memory it holds is known at each choice.
 //!
-//! Memory is never exceeded and never deadlocks: a microbatch enters the pipeline (`F` of stage 0)
-//! only when every rank can hold it whole on top of what it holds and what the microbatches already
-//! in have reserved there, so every microbatch that entered can always finish (the lean-admission
-//! rules, `Rule::lean`, trade this for room on the forward's own rank only: they can get stuck, and
-//! then give nothing, but never exceed the limit). A rule may also cap
-//! what a rank takes in before its first backward (`soft`, the warm-up count), which the improvement
-//! phase tunes; such a cap is lifted when nothing else could move.
+//! Memory is never exceeded. How a forward is admitted is the rule's [`Admission`]:
+//!
+//! - `Reserved`: a microbatch enters the pipeline (`F` of stage 0) only when every rank can hold it
+//!   whole on top of what it holds and what the microbatches already in have reserved there, so
+//!   every microbatch that entered can always finish, all at once.
+//! - `Safe` (a banker's check): any forward is admitted when, after it, the microbatches in flight
+//!   can still finish one after another in the order they entered: the oldest's remaining needs
+//!   fit what is free on every rank, what it holds is then free for the next, and so on. Never
+//!   stuck (the oldest microbatch can always move on), and less cautious than `Reserved`: on a
+//!   V-shape rank `n` slots can hold `n - 1` first-chunk microbatches, not `n / 2`.
+//! - `Lean`: room on the forward's own rank only (and, for a rank's first chunk, for one
+//!   second-chunk forward beside it): these rules can get stuck, and then give nothing.
+//!
+//! A rule may also cap what a rank takes in before its first backward (`soft`, the warm-up count),
+//! which the improvement phase tunes; such a cap is lifted when nothing else could move.
 
 use crate::schedule::Action;
+use crate::sim::SimError;
 
 use super::instance::{Instance, MEMORY_EPS, OPS};
 use super::rng::Rng;
+use super::score::{best_of, Best};
+use super::Objective;
 
 /// When a rank runs a ready `W` (which nothing waits for) rather than waiting for an `F` or `I`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,11 +68,19 @@ pub(crate) struct Rule {
     pub(crate) flip: f64,
     /// Seed of the flips.
     pub(crate) seed: u64,
-    /// Lean admission (V-shape under a limit): a forward needs room on its own rank only (and a
-    /// chunk-0 forward room for one chunk-1 forward beside it) instead of a whole microbatch
-    /// reserved on every rank from its entry. Not deadlock-free: a construction that gets stuck
-    /// gives nothing, and what it gives keeps the limit on every rank.
-    pub(crate) lean: bool,
+    /// How a forward is admitted under the memory limit (see the [module docs](self)).
+    pub(crate) admission: Admission,
+}
+
+/// How a [`Rule`] admits a forward under the memory limit (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// A whole microbatch reserved on every rank from its entry: all in flight can finish at once.
+    Reserved,
+    /// A banker's check: those in flight can finish one after another, in entry order.
+    Safe,
+    /// Room on the forward's own rank only (V-shape under a limit); may get stuck.
+    Lean,
 }
 
 impl Rule {
@@ -74,7 +93,7 @@ impl Rule {
             soft: vec![f64::INFINITY; p],
             flip: 0.0,
             seed: 0,
-            lean: false,
+            admission: Admission::Reserved,
         }
     }
 
@@ -107,14 +126,32 @@ impl Rule {
                 rules.push(rule);
             }
         }
-        rules.extend(Self::lean(inst));
+        rules.extend(Self::under_limit(inst));
         rules
     }
 
     /// Lean-admission rules for V-shape under a limit of `n` stage-microbatches per rank (below
     /// every microbatch at once): each rank takes in `n/2`, `3n/4` or `n - 1` microbatches before its
     /// first backward, the deepest stage first, `W`s eagerly or where they fit a gap.
-    fn lean(inst: &Instance) -> Vec<Rule> {
+    fn under_limit(inst: &Instance) -> Vec<Rule> {
+        Self::admitting(inst, Admission::Lean, &[0.5, 0.75, 1.0])
+    }
+
+    /// Safe-admission rules (a banker's check) for V-shape under a limit of `n` stage-microbatches
+    /// per rank: each rank takes in `3n/4` microbatches before its first backward (`n/2`, `2n/3`
+    /// and `n - 1` gained 10, 4 and 8 of the V-shape grid's 324 rows where `3n/4` gained 42), the
+    /// deepest stage first, `W`s eagerly or where they fit a gap. None where an `I` rebuilds
+    /// activations (recomputation): the check assumes that `I` allocates nothing.
+    pub(crate) fn safe(inst: &Instance) -> Vec<Rule> {
+        if (0..inst.s).any(|x| inst.room(1, x) > 0.0) {
+            return Vec::new();
+        }
+        Self::admitting(inst, Admission::Safe, &[0.75])
+    }
+
+    /// Rules admitting by `admission` with warm-up caps `share * n` (`1.0`: `n - 1`) on V-shape under
+    /// a limit of `n` stage-microbatches per rank; none elsewhere.
+    fn admitting(inst: &Instance, admission: Admission, shares: &[f64]) -> Vec<Rule> {
         if inst.v != 2 || inst.placement != crate::schedule::Placement::Vshape {
             return Vec::new();
         }
@@ -124,19 +161,33 @@ impl Rule {
         if !n.is_finite() || n >= 2.0 * inst.m as f64 || n < 2.0 {
             return Vec::new();
         }
-        let mut caps = vec![(n / 2.0).floor(), (0.75 * n).floor(), n - 1.0];
+        let mut caps: Vec<f64> = shares
+            .iter()
+            .map(|&f| if f >= 1.0 { n - 1.0 } else { (f * n).floor() })
+            .collect();
         caps.dedup();
         let mut rules = Vec::new();
         for cap in caps {
             for w_mode in [WMode::Eager, WMode::FitGap] {
                 let mut rule = Rule::plain(inst.p, false, Order::Deep, w_mode);
                 rule.soft = vec![cap.max(1.0); inst.p];
-                rule.lean = true;
+                rule.admission = admission;
                 rules.push(rule);
             }
         }
         rules
     }
+}
+
+/// The best by `objective` of the safe-admission rules' schedules ([`Rule::safe`]) that the
+/// simulator keeps within the limit: one of the seeds that run after the other phases.
+pub(crate) fn safe_best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
+    let rules = Rule::safe(inst);
+    best_of(
+        inst,
+        objective,
+        rules.iter().filter_map(|rule| build(inst, rule)),
+    )
 }
 
 /// Per rank `r`, `max(1, slope * (P - r) + offset)` microbatches before the first backward.
@@ -237,8 +288,10 @@ impl Builder<'_> {
     /// Whether memory lets `F(x, k)` start on rank `r` now.
     fn may_forward(&self, r: usize, x: usize) -> bool {
         let inst = self.inst;
-        if self.rule.lean {
-            return self.lean_fits(r, x);
+        match self.rule.admission {
+            Admission::Lean => return self.lean_fits(r, x),
+            Admission::Safe => return self.safe_fits(r, x),
+            Admission::Reserved => {}
         }
         if x == 0 {
             let fits = (0..inst.p).all(|q| {
@@ -255,7 +308,7 @@ impl Builder<'_> {
         self.open[r] + 1.0 <= self.rule.soft[r]
     }
 
-    /// [`Rule::lean`]'s test for `F` of stage `x` on rank `r`: room on the rank for it (and, for the
+    /// [`Admission::Lean`]'s test for `F` of stage `x` on rank `r`: room on the rank for it (and, for the
     /// rank's chunk 0, for one chunk-1 forward beside it), within the warm-up cap.
     fn lean_fits(&self, r: usize, x: usize) -> bool {
         let inst = self.inst;
@@ -270,6 +323,57 @@ impl Builder<'_> {
             return false;
         }
         self.relax || stages[0] != x || self.open[r] + 1.0 <= self.rule.soft[r]
+    }
+
+    /// [`Admission::Safe`]'s test for `F` of stage `x` on rank `r`: room on the rank for what the
+    /// stage may hold, within the warm-up cap, and after it the microbatches in flight can finish
+    /// one after another in entry order (a banker's check).
+    ///
+    /// Every state the builder reaches is safe (a forward is placed only after this test; `W` only
+    /// frees; `I` allocates nothing where these rules are offered), so only rank `r` and the
+    /// microbatches older than the forward's need checking: for the forward's own microbatch and
+    /// the younger ones, what the forward takes from the free room it adds to what is freed before
+    /// them, and it lowers its own microbatch's remaining need by as much. An older microbatch `k`
+    /// can still finish when its remaining need on `r` fits the room free now, less the forward's,
+    /// plus what the microbatches older than `k` hold there.
+    fn safe_fits(&self, r: usize, x: usize) -> bool {
+        let inst = self.inst;
+        let room = self.mem[r] + inst.room(0, x);
+        if room > inst.budget[r] + MEMORY_EPS * room.max(1.0) {
+            return false;
+        }
+        if !self.relax && inst.stages_of[r][0] == x && self.open[r] + 1.0 > self.rule.soft[r] {
+            return false;
+        }
+        let new = self.next[x][0];
+        let free = inst.budget[r] - self.mem[r] - inst.delta(0, x);
+        let done = self.next.iter().map(|n| n[2]).min().unwrap_or(0);
+        let mut freed = 0.0;
+        for k in done..new {
+            // What `k` holds on `r`, and may still need there on top.
+            let (mut held, mut need) = (0.0, 0.0);
+            for &y in &inst.stages_of[r] {
+                let n = self.next[y];
+                if k < n[2] {
+                    continue;
+                }
+                let h = if k < n[1] {
+                    inst.delta(0, y) + inst.delta(1, y)
+                } else if k < n[0] {
+                    inst.delta(0, y)
+                } else {
+                    0.0
+                };
+                held += h;
+                need += (inst.foot[y].bytes - h).max(0.0);
+            }
+            let room = free + freed;
+            if need > room + MEMORY_EPS * need.max(1.0) {
+                return false;
+            }
+            freed += held;
+        }
+        true
     }
 
     /// Rank `r`'s next action under the rule.
@@ -372,5 +476,68 @@ impl Builder<'_> {
             self.open[r] += if op == 0 { 1.0 } else { -1.0 };
         }
         self.orders[r].push(a);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auto::vgreedy::tests::{fits, instance};
+
+    /// Safe admission never gets stuck and keeps the limit: V-shape, 1 to 8 ranks, equal and
+    /// uneven stages, with and without transfers, every limit from one microbatch to twice
+    /// 1F1B's, warm-up caps from one microbatch to none, both `W` policies.
+    #[test]
+    fn safe_admission_finishes_within_the_limit() {
+        for p in 1..=8 {
+            let pf = p as f64;
+            for m in [p, 2 * p + 1, 4 * p] {
+                for (fiw, latency, uneven) in [
+                    ([1.0, 1.0, 1.0], 0.0, false),
+                    ([2.0, 2.0, 1.0], 0.2, true),
+                    ([1.0, 1.2, 0.8], 0.1, false),
+                ] {
+                    for limit in [1.0, 1.5, pf / 2.0, pf / 2.0 + 0.5, pf, 2.0 * pf] {
+                        let inst = instance(p, m, fiw, latency, uneven, limit.max(1.0));
+                        for cap in [1.0, pf / 2.0, 1.5 * pf, f64::INFINITY] {
+                            for w_mode in [WMode::Eager, WMode::FitGap] {
+                                let mut rule = Rule::plain(p, false, Order::Deep, w_mode);
+                                rule.soft = vec![cap.max(1.0); p];
+                                rule.admission = Admission::Safe;
+                                let what = format!(
+                                    "P={p} M={m} {fiw:?} uneven={uneven} limit {limit} cap {cap} \
+                                     {w_mode:?}"
+                                );
+                                let orders =
+                                    build(&inst, &rule).unwrap_or_else(|| panic!("{what}: stuck"));
+                                fits(&inst, &orders, limit.max(1.0), &what);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// At V-Half's limit the banker's check lets rank 0 hold `n - 1` first-chunk microbatches
+    /// where reserving whole microbatches holds `n / 2`: with the same warm-up cap, P = 8, M = 16,
+    /// 2:2:1, safe admission builds a shorter schedule than reserved admission.
+    #[test]
+    fn safe_admission_takes_in_more_than_reserving() {
+        let inst = instance(8, 16, [2.0, 2.0, 1.0], 0.0, false, 4.0);
+        let makespan = |admission: Admission| {
+            let mut rule = Rule::plain(8, false, Order::Deep, WMode::Eager);
+            rule.soft = vec![6.0; 8];
+            rule.admission = admission;
+            let orders = build(&inst, &rule).expect("builds");
+            fits(&inst, &orders, 4.0, &format!("{admission:?}"));
+            let s = crate::auto::score::schedule_of(&inst, "auto", &orders);
+            crate::sim::simulate(&s, &inst.scoring)
+                .unwrap()
+                .timeline
+                .makespan()
+        };
+        let (safe, reserved) = (makespan(Admission::Safe), makespan(Admission::Reserved));
+        assert!(safe < reserved - 1e-9, "safe {safe}, reserved {reserved}");
     }
 }

@@ -18,7 +18,10 @@
 //!    seed; the authors' ZB-V greedy step for step (module `vbubble`, origin `zbv-bubble`: its four
 //!    fill settings and approved-bubble reruns, over the same ladder); their V-Half and V-Min
 //!    (module `vpattern`, origin `v-pattern`: stable pattern, squeeze, `W`s in the free slots),
-//!    wherever their peak fits. The best of these is taken after the phases below (which run as
+//!    wherever their peak fits; list scheduling under a banker's check on memory (module `list`,
+//!    origin `safe-list`: a forward is admitted when the microbatches in flight can still finish
+//!    one after another in the order they entered, each rank taking in `3n/4` of its `n` slots
+//!    before its first backward). The best of these is taken after the phases below (which run as
 //!    without it) and, when it beats every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`); for the
@@ -347,51 +350,38 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             proven = best.value <= lower * (1.0 + 1e-9);
         }
     }
-    // Reshaping moves (warm-up depth per rank, `W` positions) on the best of all, with a budget
-    // of their own: they keep only what is no worse, so the phases above give what they gave.
+    // Reshaping and critical-path moves on the best of all, each with a budget of its own: they
+    // keep only what is no worse, so the phases above give what they gave.
     if !proven {
-        let before = best.value;
-        let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
-        let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
-        let ended = climb_guided(
-            &inst,
-            req,
-            &mut best,
-            (&mut rng, &mut more),
-            lower,
-            improve::Moves::Reshape,
-            (RESHAPE_SHARE * GUIDED_SHARE, RESHAPE_STREAM ^ GUIDED_STREAM),
-            None,
-        );
-        shorter(&mut guide, ended);
-        work.evaluations += more.evaluations;
-        if best.value < before && !origin.ends_with("+improved") {
+        if reshape_and_critical(&inst, req, &mut best, &mut work, lower, guide)
+            && !origin.ends_with("+improved")
+        {
             origin.push_str("+improved");
         }
         proven = best.value <= lower * (1.0 + 1e-9);
     }
-    // Moves on the critical path (module `critical`), last: they keep only what is no worse, so
-    // every phase above gives what it gave.
+    // The safe-admission list rules (V-shape under a limit, module `list`), last: a schedule of
+    // theirs better than the constructive phase's best gets every improvement phase of its own and
+    // replaces the result only when it ends shorter, so every phase above gives what it gave.
     if !proven {
-        let before = best.value;
-        let mut more = improve::Work::new(req.time_budget * CRITICAL_SHARE);
-        let mut rng = Rng::new(req.seed ^ CRITICAL_STREAM);
-        let from = guide.take().filter(|g| g.makespan < best.makespan);
-        climb_guided(
-            &inst,
-            req,
-            &mut best,
-            (&mut rng, &mut more),
-            lower,
-            improve::Moves::Critical,
-            (CRITICAL_SHARE, CRITICAL_STREAM),
-            from,
-        );
-        work.evaluations += more.evaluations;
-        if best.value < before && !origin.ends_with("+improved") {
-            origin.push_str("+improved");
+        if let Some((mut seed, _)) = list::safe_best(&inst, req.objective)?.value {
+            let seed_value = seed.value;
+            if seed_value < start_value {
+                let mut more = improve::Work::new(req.time_budget);
+                polish(&inst, req, &mut seed, &mut more, lower);
+                reshape_and_critical(&inst, req, &mut seed, &mut more, lower, None);
+                work.evaluations += more.evaluations;
+            }
+            if seed.value < best.value {
+                origin = if seed.value < seed_value {
+                    "safe-list+improved".into()
+                } else {
+                    "safe-list".into()
+                };
+                best = seed;
+                proven = best.value <= lower * (1.0 + 1e-9);
+            }
         }
-        proven = best.value <= lower * (1.0 + 1e-9);
     }
     if proven {
         lower = best.value;
@@ -485,6 +475,57 @@ fn climb_guided(
     let ended = improve::makespan_guided(inst, start, best, &mut rng, &mut guided, lower, moves);
     work.evaluations += guided.evaluations;
     ended
+}
+
+/// Phases 5 and 6 on `best` (see the [module docs](self)), each with a budget of its own, their
+/// evaluations counted in `work`: the reshaping moves, then the moves on the critical path (for the
+/// span objective their makespan-guided climbs start from `guide`, or the schedule with the least
+/// makespan the reshaping's guided climb ended at, when shorter than `best`). Each keeps only
+/// what is no worse. Returns whether `best` got better.
+fn reshape_and_critical(
+    inst: &Instance,
+    req: &AutoRequest,
+    best: &mut Scored,
+    work: &mut improve::Work,
+    lower: f64,
+    mut guide: Option<Scored>,
+) -> bool {
+    let before = best.value;
+    let proven = |b: &Scored| b.value <= lower * (1.0 + 1e-9);
+    if !proven(best) {
+        let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
+        let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
+        let ended = climb_guided(
+            inst,
+            req,
+            best,
+            (&mut rng, &mut more),
+            lower,
+            improve::Moves::Reshape,
+            (RESHAPE_SHARE * GUIDED_SHARE, RESHAPE_STREAM ^ GUIDED_STREAM),
+            None,
+        );
+        shorter(&mut guide, ended);
+        work.evaluations += more.evaluations;
+    }
+    // Moves on the critical path (module `critical`), last.
+    if !proven(best) {
+        let mut more = improve::Work::new(req.time_budget * CRITICAL_SHARE);
+        let mut rng = Rng::new(req.seed ^ CRITICAL_STREAM);
+        let from = guide.take().filter(|g| g.makespan < best.makespan);
+        climb_guided(
+            inst,
+            req,
+            best,
+            (&mut rng, &mut more),
+            lower,
+            improve::Moves::Critical,
+            (CRITICAL_SHARE, CRITICAL_STREAM),
+            from,
+        );
+        work.evaluations += more.evaluations;
+    }
+    best.value < before
 }
 
 /// Keeps in `kept` the one of `kept` and `new` with the least makespan.
