@@ -22,6 +22,8 @@
 //! A rule may also cap what a rank takes in before its first backward (`soft`, the warm-up count),
 //! which the improvement phase tunes; such a cap is lifted when nothing else could move.
 
+use std::cell::RefCell;
+
 use crate::schedule::Action;
 use crate::sim::SimError;
 
@@ -140,13 +142,25 @@ impl Rule {
     /// Safe-admission rules (a banker's check) for V-shape under a limit of `n` stage-microbatches
     /// per rank: each rank takes in `3n/4` microbatches before its first backward (`n/2`, `2n/3`
     /// and `n - 1` gained 10, 4 and 8 of the V-shape grid's 324 rows where `3n/4` gained 42), the
-    /// deepest stage first, `W`s eagerly or where they fit a gap. None where an `I` rebuilds
-    /// activations (recomputation): the check assumes that `I` allocates nothing.
+    /// deepest stage or the oldest microbatch first, backward or forward first, `W`s eagerly or
+    /// where they fit a gap (eight rules). None where an `I` rebuilds activations
+    /// (recomputation): the check assumes that `I` allocates nothing.
     pub(crate) fn safe(inst: &Instance) -> Vec<Rule> {
         if (0..inst.s).any(|x| inst.room(1, x) > 0.0) {
             return Vec::new();
         }
-        Self::admitting(inst, Admission::Safe, &[0.75])
+        let deep = Self::admitting(inst, Admission::Safe, &[0.75]);
+        let mut rules = Vec::with_capacity(4 * deep.len());
+        for order in [Order::Deep, Order::Oldest] {
+            for prefer_forward in [false, true] {
+                rules.extend(deep.iter().map(|r| Rule {
+                    order,
+                    prefer_forward,
+                    ..r.clone()
+                }));
+            }
+        }
+        rules
     }
 
     /// Rules admitting by `admission` with warm-up caps `share * n` (`1.0`: `n - 1`) on V-shape under
@@ -180,14 +194,11 @@ impl Rule {
 }
 
 /// The best by `objective` of the safe-admission rules' schedules ([`Rule::safe`]) that the
-/// simulator keeps within the limit: one of the seeds that run after the other phases.
+/// simulator keeps within the limit: one of the seeds that run after the other phases. The rules
+/// build side by side (module `par`).
 pub(crate) fn safe_best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
-    let rules = Rule::safe(inst);
-    best_of(
-        inst,
-        objective,
-        rules.iter().filter_map(|rule| build(inst, rule)),
-    )
+    let built = super::par::map_ordered(&Rule::safe(inst), |rule| build(inst, rule));
+    best_of(inst, objective, built.into_iter().flatten())
 }
 
 /// Per rank `r`, `max(1, slope * (P - r) + offset)` microbatches before the first backward.
@@ -202,6 +213,19 @@ pub(crate) fn warmup_caps(p: usize, slope: f64, offset: f64) -> Vec<f64> {
 struct Choice {
     id: usize,
     start: f64,
+}
+
+/// For [`Admission::Safe`], per rank `r`: for the microbatches `k` in flight from the oldest
+/// (`from`), the least over the first `i` of them of `k`'s margin, what the microbatches older than
+/// `k` hold on `r` less what `k` may still need there. It changes only when an action of `r` is
+/// placed (`version`), so the builder computes it once per placement on `r`, not at every look.
+struct Margins {
+    /// The rank's placement count it was computed at (`u64::MAX`: never).
+    version: u64,
+    /// The oldest microbatch counted.
+    from: usize,
+    /// `mins[i]`: the least margin of microbatches `from..from + i` (`mins[0]` infinite).
+    mins: Vec<f64>,
 }
 
 /// The state of one construction.
@@ -221,6 +245,10 @@ struct Builder<'a> {
     open: Vec<f64>,
     orders: Vec<Vec<Action>>,
     relax: bool,
+    /// Per rank, actions placed (invalidates its [`Margins`]).
+    versions: Vec<u64>,
+    /// Per rank, for [`Admission::Safe`].
+    margins: RefCell<Vec<Margins>>,
 }
 
 /// Builds per-rank action lists with `rule`; `None` only if the rule cannot finish (a bug).
@@ -237,6 +265,16 @@ pub(crate) fn build(inst: &Instance, rule: &Rule) -> Option<Vec<Vec<Action>>> {
         open: vec![0.0; inst.p],
         orders: vec![Vec::with_capacity(3 * inst.v * inst.m); inst.p],
         relax: false,
+        versions: vec![0; inst.p],
+        margins: RefCell::new(
+            (0..inst.p)
+                .map(|_| Margins {
+                    version: u64::MAX,
+                    from: 0,
+                    mins: Vec::new(),
+                })
+                .collect(),
+        ),
     };
     for _ in 0..inst.actions() {
         let (r, c) = match b.pick() {
@@ -335,7 +373,8 @@ impl Builder<'_> {
     /// the younger ones, what the forward takes from the free room it adds to what is freed before
     /// them, and it lowers its own microbatch's remaining need by as much. An older microbatch `k`
     /// can still finish when its remaining need on `r` fits the room free now, less the forward's,
-    /// plus what the microbatches older than `k` hold there.
+    /// plus what the microbatches older than `k` hold there: when its margin ([`Margins`]) is at
+    /// least minus that free room.
     fn safe_fits(&self, r: usize, x: usize) -> bool {
         let inst = self.inst;
         let room = self.mem[r] + inst.room(0, x);
@@ -347,9 +386,22 @@ impl Builder<'_> {
         }
         let new = self.next[x][0];
         let free = inst.budget[r] - self.mem[r] - inst.delta(0, x);
-        let done = self.next.iter().map(|n| n[2]).min().unwrap_or(0);
+        let mut margins = self.margins.borrow_mut();
+        let m = &mut margins[r];
+        if m.version != self.versions[r] || new < m.from || new >= m.from + m.mins.len() {
+            *m = self.margins_of(r, new.max(self.next[0][0]));
+        }
+        m.mins[new - m.from] >= -free
+    }
+
+    /// [`Margins`] of rank `r` for the microbatches older than `upto`.
+    fn margins_of(&self, r: usize, upto: usize) -> Margins {
+        let inst = self.inst;
+        let from = self.next.iter().map(|n| n[2]).min().unwrap_or(0);
+        let mut mins = Vec::with_capacity(upto.saturating_sub(from) + 1);
+        mins.push(f64::INFINITY);
         let mut freed = 0.0;
-        for k in done..new {
+        for k in from..upto {
             // What `k` holds on `r`, and may still need there on top.
             let (mut held, mut need) = (0.0, 0.0);
             for &y in &inst.stages_of[r] {
@@ -367,13 +419,16 @@ impl Builder<'_> {
                 held += h;
                 need += (inst.foot[y].bytes - h).max(0.0);
             }
-            let room = free + freed;
-            if need > room + MEMORY_EPS * need.max(1.0) {
-                return false;
-            }
+            let margin = freed - need + MEMORY_EPS * f64::max(need, 1.0);
+            let last = mins[mins.len() - 1];
+            mins.push(f64::min(last, margin));
             freed += held;
         }
-        true
+        Margins {
+            version: self.versions[r],
+            from,
+            mins,
+        }
     }
 
     /// Rank `r`'s next action under the rule.
@@ -476,6 +531,7 @@ impl Builder<'_> {
             self.open[r] += if op == 0 { 1.0 } else { -1.0 };
         }
         self.orders[r].push(a);
+        self.versions[r] += 1;
     }
 }
 
