@@ -45,7 +45,8 @@
 //! bounds the longest per-rank span under the limit ([`span_bound`], the span objective of `auto`);
 //! (6) every slot a rank holds lasts at least a round trip; (7) staircases: each microbatch's copy
 //! of a job gets its own head and tail, the `k`-th waiting for `k + 1` microbatches to pass the
-//! busy ranks before it; (8) two ranks' spans at once, for the span objective.
+//! busy ranks before it; (8) two ranks' spans at once, for the span objective; (9) with two stages
+//! per rank under a limit, a microbatch at its upper stage holds two slots of the rank at once.
 //!
 //! ## One device for all ranks
 //!
