@@ -267,7 +267,9 @@ fn bound_holds_for_random_schedules() {
 /// Section 9 (a microbatch's two slots on one rank) raises the V-Half bound where transfers
 /// stretch the climb: P = 4, M = 16, F:I:W 2:2:1 per rank, transfer 0.1 of F, at V-Half's limit
 /// (P/2 microbatches in flight) the bound was 89.8 without it and is 95.8 with it, still below
-/// V-Min's makespan (the one family that fits) and below the schedules `auto` finds (116.9).
+/// V-Min's makespan (the one family that fits) and below the schedules `auto` finds (116.9). Rank
+/// 0's term also bounds rank 0's span: the span bound rises from 85.6 to 95.8, below V-Min's
+/// longest span.
 #[test]
 fn two_slots_of_one_microbatch_raise_the_v_half_bound() {
     let link = LinkCost {
@@ -281,4 +283,13 @@ fn two_slots_of_one_microbatch_raise_the_v_half_bound() {
     let sim = simulate(&v_min, &c).unwrap();
     assert!(peak_in_flight(&v_min, &c).iter().all(|&p| p <= 2.0 + 1e-9));
     assert!(bound <= sim.timeline.makespan() + 1e-9);
+    let span = span_bound(4, 16, Placement::Vshape, &c, false, Some(&[2.0; 4])).unwrap();
+    assert!(span >= 95.8 - 1e-9, "{span}");
+    let longest = sim
+        .timeline
+        .spans
+        .iter()
+        .filter_map(|l| Some(l.last()?.end - l.first()?.start))
+        .fold(0.0, f64::max);
+    assert!(span <= longest + 1e-9, "{span} > {longest}");
 }

@@ -32,6 +32,7 @@
 
 use super::chain::Chain;
 use super::jackson::{self, Job};
+use super::stair::Groups;
 
 /// Section 9's heads: for every stage `s`, lower bounds on the start of its forwards in time
 /// order (`heads[s][j]`, the `j`-th), when rank `r` holds at most `held[r]` stage-microbatches and
@@ -82,6 +83,31 @@ fn heads(
         }
     }
     Some(phi)
+}
+
+/// [`terms`] under per-rank limits in rank-microbatches (`chunks` stages per rank, each a slot),
+/// where every rank has two stages (`None` elsewhere). The term of the rank that holds stage 0 also
+/// bounds that rank's span: its first action is a stage-0 forward, the heads count from it, and
+/// every tail ends with the gradient chain's last step or a rest on that rank.
+pub(super) fn limited_terms(
+    chain: &Chain,
+    groups: &Groups,
+    limits: &[f64],
+    chunks: f64,
+    m: usize,
+) -> Option<Vec<f64>> {
+    let mut pairs = Vec::with_capacity(limits.len());
+    let mut slots = Vec::with_capacity(limits.len());
+    for (r, &limit) in limits.iter().enumerate() {
+        let [s0, s1] = groups.stages_of(r)[..] else {
+            return None;
+        };
+        pairs.push((s0, s1));
+        // More than two slots per microbatch never bind (the counts never reach them).
+        let held = (limit * chunks + 1e-9).floor();
+        slots.push(held.min(2.0 * m as f64 + 2.0) as usize);
+    }
+    Some(terms(chain, &pairs, &slots, m, |s| groups.forward_work(s)))
 }
 
 /// Section 9's term for every rank (each with two stages, `stages[r] = (s0, s1)`), when rank `r`

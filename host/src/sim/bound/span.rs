@@ -12,8 +12,8 @@ use crate::schedule::Placement;
 /// A lower bound on the longest per-rank span (first action's start to last action's end) of any
 /// schedule of `ranks` ranks, `microbatches` microbatches and `costs`' stages placed by
 /// `placement`, when rank `r` holds at most `max_in_flight[r]` rank-microbatches (`None`: no
-/// limit). Section 5 of the [simulator's docs](crate::sim#lower-bound); infinite when a limit is
-/// below one stage's microbatch.
+/// limit). Sections 5-9 of the [simulator's docs](crate::sim#lower-bound); infinite when a limit is
+/// below one stage's microbatch, or, with two stages per rank, below two.
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
@@ -86,6 +86,14 @@ pub(super) fn span_bound_with(
         bound = bound
             .max(work)
             .max(rank.span_term(&groups, r, microbatches, held));
+    }
+    // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
+    if let Some(limits) = max_in_flight {
+        if let Some(terms) =
+            super::nest::limited_terms(&chain, &groups, limits, chunks, microbatches)
+        {
+            bound = bound.max(terms[placement.rank_of(0, ranks)]);
+        }
     }
     // Per rank and machine: its groups' staircases against every rank's groups, then a
     // one-machine problem; each pair of ranks runs up to 2 REFINEMENTS + FIRST_SPLITS + 1 more.
