@@ -140,16 +140,23 @@ impl Rule {
     }
 
     /// Safe-admission rules (a banker's check) for V-shape under a limit of `n` stage-microbatches
-    /// per rank: each rank takes in `3n/4` microbatches before its first backward (`n/2`, `2n/3`
-    /// and `n - 1` gained 10, 4 and 8 of the V-shape grid's 324 rows where `3n/4` gained 42), the
-    /// deepest stage or the oldest microbatch first, backward or forward first, `W`s eagerly or
-    /// where they fit a gap (eight rules). None where an `I` rebuilds activations
-    /// (recomputation): the check assumes that `I` allocates nothing.
+    /// per rank: each rank takes in `n/2`, `3n/4` or `n - 1` microbatches before its first backward
+    /// (the lean rules' caps; from 1F1B's memory up `3n/4` only), the deepest stage or the oldest
+    /// microbatch first, backward or forward first, `W`s eagerly or where they fit a gap (up to 24
+    /// rules). None where an `I` rebuilds activations (recomputation): the check assumes that `I`
+    /// allocates nothing.
     pub(crate) fn safe(inst: &Instance) -> Vec<Rule> {
         if (0..inst.s).any(|x| inst.room(1, x) > 0.0) {
             return Vec::new();
         }
-        let deep = Self::admitting(inst, Admission::Safe, &[0.75]);
+        // Below 1F1B's memory (`2P` slots) all three caps; from there, where the check rarely
+        // binds, `3n/4` alone (each rule is a list build).
+        let shares: &[f64] = if slots(inst) < 2.0 * inst.p as f64 {
+            &[0.5, 0.75, 1.0]
+        } else {
+            &[0.75]
+        };
+        let deep = Self::admitting(inst, Admission::Safe, shares);
         let mut rules = Vec::with_capacity(4 * deep.len());
         for order in [Order::Deep, Order::Oldest] {
             for prefer_forward in [false, true] {
@@ -169,9 +176,7 @@ impl Rule {
         if inst.v != 2 || inst.placement != crate::schedule::Placement::Vshape {
             return Vec::new();
         }
-        let n = (0..inst.p)
-            .map(|r| (inst.budget[r] / inst.one_microbatch(r).max(f64::MIN_POSITIVE) * 2.0).floor())
-            .fold(f64::INFINITY, f64::min);
+        let n = slots(inst);
         if !n.is_finite() || n >= 2.0 * inst.m as f64 || n < 2.0 {
             return Vec::new();
         }
@@ -199,6 +204,14 @@ impl Rule {
 pub(crate) fn safe_best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
     let built = super::par::map_ordered(&Rule::safe(inst), |rule| build(inst, rule));
     best_of(inst, objective, built.into_iter().flatten())
+}
+
+/// The stage-microbatches every rank can hold on V-shape (`V = 2`): twice the least number of
+/// whole microbatches a rank's budget holds.
+fn slots(inst: &Instance) -> f64 {
+    (0..inst.p)
+        .map(|r| (inst.budget[r] / inst.one_microbatch(r).max(f64::MIN_POSITIVE) * 2.0).floor())
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Per rank `r`, `max(1, slope * (P - r) + offset)` microbatches before the first backward.
