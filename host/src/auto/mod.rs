@@ -18,10 +18,7 @@
 //!    seed; the authors' ZB-V greedy step for step (module `vbubble`, origin `zbv-bubble`: its four
 //!    fill settings and approved-bubble reruns, over the same ladder); their V-Half and V-Min
 //!    (module `vpattern`, origin `v-pattern`: stable pattern, squeeze, `W`s in the free slots),
-//!    wherever their peak fits; list scheduling under a banker's check on memory (module `list`,
-//!    origin `safe-list`: a forward is admitted when the microbatches in flight can still finish
-//!    one after another in the order they entered, each rank taking in `3n/4` of its `n` slots
-//!    before its first backward). The best of these is taken after the phases below (which run as
+//!    wherever their peak fits. The best of these is taken after the phases below (which run as
 //!    without it) and, when it beats every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
 //!    randomised restarts, then local moves scored by the simulator (module `improve`); for the
@@ -42,6 +39,12 @@
 //!    kept when no worse, with half the time budget of its own; for the span objective followed
 //!    by the same moves scored by the makespan, from the schedule with the least makespan the
 //!    earlier guided climbs ended at.
+//! 7. **safe admission**, on V-shape under a limit when nothing proved the result optimal: list
+//!    scheduling under a banker's check on memory (module `list`, origin `safe-list`: a forward is
+//!    admitted when the microbatches in flight can still finish one after another in the order
+//!    they entered; each rank takes in `n/2`, `3n/4` or `n - 1` of its `n` slots before its first
+//!    backward). Their best, when it beats the constructive phase's best, gets phases 3, 5 and 6 with
+//!    budgets of its own and replaces the result only when it ends shorter.
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
