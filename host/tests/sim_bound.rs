@@ -14,8 +14,8 @@ use pipefill_host::sim::{
     span_bound, BoundError,
 };
 use proptest::prelude::*;
-use sim_support::peak_in_flight;
 use sim_support::random::{case, Case};
+use sim_support::{longest_span, peak_in_flight};
 
 fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
     let cost = c.costs_for(s);
@@ -49,12 +49,7 @@ fn check(s: &Schedule, c: &Case) -> Result<(), TestCaseError> {
     );
     // The span bound (staircases and pairs of ranks included) under the same limits is never above
     // the schedule's longest per-rank span.
-    let span = sim
-        .timeline
-        .spans
-        .iter()
-        .filter_map(|l| Some(l.last()?.end - l.first()?.start))
-        .fold(0.0, f64::max);
+    let span = longest_span(&sim.timeline);
     let spanned = span_bound(
         s.ranks,
         s.microbatches,
@@ -285,11 +280,6 @@ fn two_slots_of_one_microbatch_raise_the_v_half_bound() {
     assert!(bound <= sim.timeline.makespan() + 1e-9);
     let span = span_bound(4, 16, Placement::Vshape, &c, false, Some(&[2.0; 4])).unwrap();
     assert!(span >= 95.8 - 1e-9, "{span}");
-    let longest = sim
-        .timeline
-        .spans
-        .iter()
-        .filter_map(|l| Some(l.last()?.end - l.first()?.start))
-        .fold(0.0, f64::max);
+    let longest = longest_span(&sim.timeline);
     assert!(span <= longest + 1e-9, "{span} > {longest}");
 }

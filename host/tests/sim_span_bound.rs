@@ -3,9 +3,12 @@
 //! per-rank span (and the least makespan) among those that keep the in-flight limit is the optimum
 //! under that limit.
 
+mod sim_support;
+
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{Action, Item, Op, Placement, Schedule};
 use pipefill_host::sim::{bound_with_limit, peak_activations, simulate, span_bound};
+use sim_support::longest_span;
 
 /// Every order of `items` in which each item comes after the items it needs (`needs[i]`).
 fn orders(items: &[Action], needs: &[Vec<usize>]) -> Vec<Vec<Action>> {
@@ -111,12 +114,7 @@ fn optima(
             let peak = peak_activations(&sim.timeline, &unit)
                 .into_iter()
                 .fold(0.0, f64::max);
-            let span = sim
-                .timeline
-                .spans
-                .iter()
-                .filter_map(|l| Some(l.last()?.end - l.first()?.start))
-                .fold(0.0, f64::max);
+            let span = longest_span(&sim.timeline);
             let makespan = sim.timeline.makespan();
             for (b, &limit) in best.iter_mut().zip(&LIMITS) {
                 if peak <= limit + 1e-9 {

@@ -345,18 +345,24 @@ impl Builder<'_> {
             Admission::Reserved => {}
         }
         if x == 0 {
-            let fits = (0..inst.p).all(|q| {
-                let need = self.mem[q] + self.pending[q] + inst.one_microbatch(q);
-                need <= inst.budget[q] + MEMORY_EPS * need.max(1.0)
-            });
+            let fits = (0..inst.p)
+                .all(|q| self.fits(q, self.mem[q] + self.pending[q] + inst.one_microbatch(q)));
             if !fits {
                 return false;
             }
         }
-        if self.relax || inst.stages_of[r][0] != x {
-            return true;
-        }
-        self.open[r] + 1.0 <= self.rule.soft[r]
+        self.under_cap(r, x)
+    }
+
+    /// Whether rank `r` can hold `need` within its budget.
+    fn fits(&self, r: usize, need: f64) -> bool {
+        need <= self.inst.budget[r] + MEMORY_EPS * need.max(1.0)
+    }
+
+    /// Whether `F` of stage `x` keeps rank `r` within the rule's warm-up cap (only the rank's first
+    /// chunk counts; lifted while relaxing).
+    fn under_cap(&self, r: usize, x: usize) -> bool {
+        self.relax || self.inst.stages_of[r][0] != x || self.open[r] + 1.0 <= self.rule.soft[r]
     }
 
     /// [`Admission::Lean`]'s test for `F` of stage `x` on rank `r`: room on the rank for it (and, for the
@@ -370,10 +376,7 @@ impl Builder<'_> {
                 need += inst.foot[hi].allocated_by(OPS[0]);
             }
         }
-        if need > inst.budget[r] + MEMORY_EPS * need.max(1.0) {
-            return false;
-        }
-        self.relax || stages[0] != x || self.open[r] + 1.0 <= self.rule.soft[r]
+        self.fits(r, need) && self.under_cap(r, x)
     }
 
     /// [`Admission::Safe`]'s test for `F` of stage `x` on rank `r`: room on the rank for what the
@@ -390,11 +393,7 @@ impl Builder<'_> {
     /// least minus that free room.
     fn safe_fits(&self, r: usize, x: usize) -> bool {
         let inst = self.inst;
-        let room = self.mem[r] + inst.room(0, x);
-        if room > inst.budget[r] + MEMORY_EPS * room.max(1.0) {
-            return false;
-        }
-        if !self.relax && inst.stages_of[r][0] == x && self.open[r] + 1.0 > self.rule.soft[r] {
+        if !(self.fits(r, self.mem[r] + inst.room(0, x)) && self.under_cap(r, x)) {
             return false;
         }
         let new = self.next[x][0];

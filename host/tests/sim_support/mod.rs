@@ -23,6 +23,15 @@ pub fn costs(stages: usize, f: f64, i: f64, w: f64, latency: f64) -> CostModel {
     )
 }
 
+/// The longest per-rank span of a timeline: first action's start to last action's end.
+pub fn longest_span(timeline: &pipefill_host::timeline::Timeline) -> f64 {
+    timeline
+        .spans
+        .iter()
+        .filter_map(|l| Some(l.last()?.end - l.first()?.start))
+        .fold(0.0, f64::max)
+}
+
 /// The schedule's peak in flight per rank in rank-microbatches (a stage's microbatch counts `1/V`,
 /// from its `F` to the end of its `W` or `B`, whether or not the stage recomputes).
 pub fn peak_in_flight(s: &Schedule, sim_costs: &CostModel) -> Vec<f64> {

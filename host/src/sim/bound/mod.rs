@@ -316,8 +316,11 @@ pub fn bound_with_limit(
         bound = bound.max(rank.memory_term(&groups, r, microbatches, held));
     }
     // Section 9, where every rank has two stages: a microbatch's two slots on one rank.
-    let nested = nest::limited_terms(&chain, &groups, max_in_flight, chunks, microbatches);
-    bound = nested.into_iter().flatten().fold(bound, f64::max);
+    if let Some(nest) = nest::Nest::new(&chain, &groups, max_in_flight, chunks, microbatches) {
+        for r in 0..ranks {
+            bound = bound.max(nest.term(r, |s| groups.forward_work(s)));
+        }
+    }
     Ok(bound)
 }
 

@@ -34,38 +34,129 @@ use super::chain::Chain;
 use super::jackson::{self, Job};
 use super::stair::Groups;
 
+/// One rank's two stages (`s0 < s1`), the chain's delays between them and its slots.
+struct Pair {
+    s0: usize,
+    s1: usize,
+    /// From the start of `F(s0, k)` to the earliest start of `F(s1, k)`.
+    climb: f64,
+    /// What stays of `s0`'s round trip after `F(s1, k)` starts: the earliest freeing of its slot.
+    down: f64,
+    /// The round trip of `s1`: the earliest freeing of its slot after `F(s1, k)` starts.
+    upper_trip: f64,
+    /// Stage-microbatches the rank can hold (more than two per microbatch are cut: never reached).
+    held: usize,
+}
+
+/// Section 9 of the bound for ranks that each have two stages: the forward heads of every stage
+/// (computed once), and per rank the one-machine term built on them.
+pub(super) struct Nest<'a> {
+    chain: &'a Chain,
+    pairs: Vec<Pair>,
+    /// `heads[s][j]`: a lower bound on the start of the `j`-th forward of stage `s` (time order);
+    /// `None` when some rank cannot hold two stage-microbatches (no microbatch could pass it).
+    heads: Option<Vec<Vec<f64>>>,
+}
+
+impl<'a> Nest<'a> {
+    /// Section 9 under per-rank limits in rank-microbatches (`chunks` stages per rank, each a slot)
+    /// for `m` microbatches; `None` unless every rank has two stages.
+    pub(super) fn new(
+        chain: &'a Chain,
+        groups: &Groups,
+        limits: &[f64],
+        chunks: f64,
+        m: usize,
+    ) -> Option<Self> {
+        let c = chain;
+        let mut pairs = Vec::with_capacity(limits.len());
+        for (r, &limit) in limits.iter().enumerate() {
+            let [s0, s1] = groups.stages_of(r)[..] else {
+                return None;
+            };
+            let climb = c.head_f[s1] - c.head_f[s0];
+            let held = (limit * chunks + 1e-9).floor();
+            pairs.push(Pair {
+                s0,
+                s1,
+                climb,
+                down: (c.round_trip(s0) - climb).max(0.0),
+                upper_trip: c.round_trip(s1),
+                held: held.min(2.0 * m as f64 + 2.0) as usize,
+            });
+        }
+        let heads = heads(chain, &pairs, m);
+        Some(Nest {
+            chain,
+            pairs,
+            heads,
+        })
+    }
+
+    /// Rank `r`'s term: Jackson's preemptive schedule of its actions with one head per copy from
+    /// the forward heads and the chain's tails (`work(s)`: a forward's machine time). It bounds
+    /// the makespan; for the rank that holds stage 0 also that rank's span (its first action is a
+    /// stage-0 forward, from which the heads count, and every tail ends on that rank: the gradient
+    /// chain's last step or a rest of its own). Infinite when some rank cannot hold two
+    /// stage-microbatches.
+    pub(super) fn term(&self, r: usize, work: impl Fn(usize) -> f64) -> f64 {
+        let Some(phi) = &self.heads else {
+            return f64::INFINITY;
+        };
+        let c = self.chain;
+        let p = &self.pairs[r];
+        let (s0, s1) = (p.s0, p.s1);
+        let reach_i1 = c.forward[s1] + c.up[s1];
+        let reach_i0 = p.down - c.input[s0] - c.rest[s0];
+        // Per copy: `F(s0)` from its own head, the rest from the head of `F(s1)` plus a delay.
+        let upper = [
+            (0.0, work(s1), c.tail_f(s1)),
+            (reach_i1, c.input[s1], c.down[s1].max(c.rest[s1])),
+            (reach_i1 + c.input[s1], c.rest[s1], 0.0),
+            (reach_i0, c.input[s0], c.down[s0].max(c.rest[s0])),
+            (reach_i0 + c.input[s0], c.rest[s0], 0.0),
+        ];
+        let (lower_work, lower_tail) = (work(s0), c.tail_f(s0));
+        let mut jobs = Vec::with_capacity(6 * phi[s0].len());
+        for (&a, &b) in phi[s0].iter().zip(&phi[s1]) {
+            jobs.push(Job {
+                head: a,
+                work: lower_work,
+                tail: lower_tail,
+            });
+            jobs.extend(upper.iter().map(|&(delay, work, tail)| Job {
+                head: b + delay,
+                work,
+                tail,
+            }));
+        }
+        jackson::preemptive(&jobs)
+    }
+}
+
 /// Section 9's heads: for every stage `s`, lower bounds on the start of its forwards in time
-/// order (`heads[s][j]`, the `j`-th), when rank `r` holds at most `held[r]` stage-microbatches and
-/// each rank has two stages (`stages[r] = (s0, s1)`, `s0 < s1`). Besides each rank's two rules
-/// (module docs), the `j`-th forward of stage `s + 1` starts no earlier than the `j`-th of stage
-/// `s` plus its forward and the transfer (the sorted starts of one stage bound those of the next),
-/// so a rank waiting for room holds back every stage above it. `None` when some rank cannot hold
-/// two stage-microbatches (no microbatch could pass it).
-fn heads(
-    chain: &Chain,
-    stages: &[(usize, usize)],
-    held: &[usize],
-    m: usize,
-) -> Option<Vec<Vec<f64>>> {
+/// order (`heads[s][j]`, the `j`-th), when every rank has two stages (`pairs`). Besides each
+/// rank's two rules (module docs), the `j`-th forward of stage `s + 1` starts no earlier than the
+/// `j`-th of stage `s` plus its forward and the transfer (the sorted starts of one stage bound those
+/// of the next), so a rank waiting for room holds back every stage above it. `None` when some rank
+/// cannot hold two stage-microbatches (no microbatch could pass it).
+fn heads(chain: &Chain, pairs: &[Pair], m: usize) -> Option<Vec<Vec<f64>>> {
     let c = chain;
     let count = c.forward.len();
-    if held.iter().any(|&n| n < 2) {
+    if pairs.iter().any(|p| p.held < 2) {
         return None;
     }
-    // Per stage: its rank, and whether it is the rank's upper stage.
-    let mut rank_of = vec![(0, false); count];
-    for (r, &(s0, s1)) in stages.iter().enumerate() {
-        rank_of[s0] = (r, false);
-        rank_of[s1] = (r, true);
+    // Per stage: its rank's pair, and whether it is the rank's upper stage.
+    let mut pair_of = vec![(0, false); count];
+    for (r, p) in pairs.iter().enumerate() {
+        pair_of[p.s0] = (r, false);
+        pair_of[p.s1] = (r, true);
     }
     let mut phi: Vec<Vec<f64>> = vec![Vec::with_capacity(m); count];
     for j in 0..m {
         for s in 0..count {
-            let (r, upper) = rank_of[s];
-            let (s0, s1) = stages[r];
-            let n = held[r];
-            let climb = c.head_f[s1] - c.head_f[s0];
-            let down = (c.round_trip(s0) - climb).max(0.0);
+            let (r, upper) = pair_of[s];
+            let p = &pairs[r];
             let mut t = c.head_f[s];
             if s > 0 {
                 t = t.max(phi[s - 1][j] + (c.head_f[s] - c.head_f[s - 1]));
@@ -74,104 +165,15 @@ fn heads(
                 t = t.max(phi[s][j - 1] + c.forward[s]);
             }
             if upper {
-                t = t.max(phi[s0][j] + climb);
-                t = earliest_with_room(&phi[s], t, (down, c.round_trip(s1)), n);
-            } else if j >= n {
-                t = t.max(phi[s1][j - n] + down);
+                t = t.max(phi[p.s0][j] + p.climb);
+                t = earliest_with_room(&phi[s], t, (p.down, p.upper_trip), p.held);
+            } else if j >= p.held {
+                t = t.max(phi[p.s1][j - p.held] + p.down);
             }
             phi[s].push(t);
         }
     }
     Some(phi)
-}
-
-/// [`terms`] under per-rank limits in rank-microbatches (`chunks` stages per rank, each a slot),
-/// where every rank has two stages (`None` elsewhere). The term of the rank that holds stage 0 also
-/// bounds that rank's span: its first action is a stage-0 forward, the heads count from it, and
-/// every tail ends with the gradient chain's last step or a rest on that rank.
-pub(super) fn limited_terms(
-    chain: &Chain,
-    groups: &Groups,
-    limits: &[f64],
-    chunks: f64,
-    m: usize,
-) -> Option<Vec<f64>> {
-    let mut pairs = Vec::with_capacity(limits.len());
-    let mut slots = Vec::with_capacity(limits.len());
-    for (r, &limit) in limits.iter().enumerate() {
-        let [s0, s1] = groups.stages_of(r)[..] else {
-            return None;
-        };
-        pairs.push((s0, s1));
-        // More than two slots per microbatch never bind (the counts never reach them).
-        let held = (limit * chunks + 1e-9).floor();
-        slots.push(held.min(2.0 * m as f64 + 2.0) as usize);
-    }
-    Some(terms(chain, &pairs, &slots, m, |s| groups.forward_work(s)))
-}
-
-/// Section 9's term for every rank (each with two stages, `stages[r] = (s0, s1)`), when rank `r`
-/// holds at most `held[r]` stage-microbatches and `m` microbatches run; `work(s)` is a forward's
-/// machine time. Per rank, Jackson's preemptive schedule of its actions with the heads of
-/// [`heads`] and the chain's tails; infinite when some rank cannot hold two stage-microbatches.
-pub(super) fn terms(
-    chain: &Chain,
-    stages: &[(usize, usize)],
-    held: &[usize],
-    m: usize,
-    work: impl Fn(usize) -> f64,
-) -> Vec<f64> {
-    if m == 0 {
-        return vec![0.0; stages.len()];
-    }
-    let Some(phi) = heads(chain, stages, held, m) else {
-        return vec![f64::INFINITY; stages.len()];
-    };
-    let c = chain;
-    let tail_i = |s: usize| c.down[s].max(c.rest[s]);
-    stages
-        .iter()
-        .map(|&(s0, s1)| {
-            let climb = c.head_f[s1] - c.head_f[s0];
-            let down = (c.round_trip(s0) - climb).max(0.0);
-            let reach_i1 = c.forward[s1] + c.up[s1];
-            let reach_i0 = down - c.input[s0] - c.rest[s0];
-            let mut jobs = Vec::with_capacity(6 * m);
-            for (&a, &b) in phi[s0].iter().zip(&phi[s1]) {
-                jobs.push(Job {
-                    head: a,
-                    work: work(s0),
-                    tail: c.tail_f(s0),
-                });
-                jobs.push(Job {
-                    head: b,
-                    work: work(s1),
-                    tail: c.tail_f(s1),
-                });
-                jobs.push(Job {
-                    head: b + reach_i1,
-                    work: c.input[s1],
-                    tail: tail_i(s1),
-                });
-                jobs.push(Job {
-                    head: b + reach_i1 + c.input[s1],
-                    work: c.rest[s1],
-                    tail: 0.0,
-                });
-                jobs.push(Job {
-                    head: b + reach_i0,
-                    work: c.input[s0],
-                    tail: tail_i(s0),
-                });
-                jobs.push(Job {
-                    head: b + reach_i0 + c.input[s0],
-                    work: c.rest[s0],
-                    tail: 0.0,
-                });
-            }
-            jackson::preemptive(&jobs)
-        })
-        .collect()
 }
 
 /// The least `t >= from` at which the next upper-stage forward (after those starting at `beta`)

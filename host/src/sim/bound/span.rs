@@ -3,6 +3,7 @@
 
 use super::chain::Chain;
 use super::jackson::{self, Job};
+use super::nest::Nest;
 use super::pair::pair_term;
 use super::stair::{Anchor, Groups, Which, MAX_BLOCKS};
 use super::{check_limits, BoundError, RankJobs};
@@ -89,10 +90,9 @@ pub(super) fn span_bound_with(
     }
     // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
     if let Some(limits) = max_in_flight {
-        if let Some(terms) =
-            super::nest::limited_terms(&chain, &groups, limits, chunks, microbatches)
-        {
-            bound = bound.max(terms[placement.rank_of(0, ranks)]);
+        if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
+            let first = placement.rank_of(0, ranks);
+            bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
         }
     }
     // Per rank and machine: its groups' staircases against every rank's groups, then a
