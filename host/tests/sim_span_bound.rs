@@ -204,3 +204,36 @@ fn staircases_and_pairs_reach_a_proven_optimum() {
     assert!((makespan - 25.7).abs() < 1e-9, "makespan bound {makespan}");
     assert!((span - 25.7).abs() < 1e-9, "span bound {span}");
 }
+
+/// Section 10 of the bound (microbatch by microbatch, each rank's machine and slots) reaches the
+/// optima CP-SAT proves at V-Half's limit for P = 2 (one microbatch in flight per rank, V-shape),
+/// where sections 4 and 9 stopped 13-18 % below (`scripts/optimum/vshape_optimum.py
+/// target/release/pipefill 2 4,6 --limits half --objectives makespan`): a microbatch must leave a
+/// rank's slots before the next enters, and its `I` and `W` take the machine the next forward
+/// waits for.
+#[test]
+fn microbatch_by_microbatch_reaches_the_v_half_optima() {
+    for (m, fiw, latency, optimum, before) in [
+        (4, [1.0, 1.0, 1.0], 0.0, 16.5, 13.5),
+        (4, [1.0, 1.0, 1.0], 0.1, 17.5, 14.5),
+        (6, [2.0, 2.0, 1.0], 0.2, 46.3, 38.8),
+        (6, [1.0, 1.2, 0.8], 0.0, 25.3, 21.3),
+    ] {
+        let link = LinkCost {
+            latency,
+            bandwidth: f64::INFINITY,
+        };
+        let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(2);
+        let costs = CostModel::uniform(one, 4, link);
+        let makespan = bound_with_limit(2, m, Placement::Vshape, &costs, false, &[1.0; 2]).unwrap();
+        let case = format!("M={m} {fiw:?} latency {latency}");
+        assert!((makespan - optimum).abs() < 1e-9, "{case}: {makespan}");
+        assert!(makespan > before + 1.0, "{case}");
+        // The rank holding stage 0 ends last here, so its span bound is the same number.
+        let span = span_bound(2, m, Placement::Vshape, &costs, false, Some(&[1.0; 2])).unwrap();
+        assert!(
+            span <= makespan + 1e-9 && span > before,
+            "{case}: span bound {span}"
+        );
+    }
+}

@@ -23,6 +23,7 @@ Microbatches are interchangeable, so stage 0's forwards are ordered by microbatc
 
 usage: vshape_optimum.py PIPEFILL P M[,M..] [--seconds S] [--objectives makespan,span]
                          [--limits half,1f1b,2x] [--ratios 1:1:1,2:2:1,1:1.2:0.8] [--transfers 0,0.1]
+                         [--hint] [--budget SECONDS]
 Prints one JSON object per row, then a summary; `status` OPTIMAL means the optimum is proven,
 FEASIBLE that the time ran out (then `cp_bound` is CP-SAT's own proven lower bound).
 """
@@ -38,10 +39,11 @@ RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "2:2:1": (2.0, 2.0, 1.0), "1:1.2:0.8": (1.0,
 SCALE = 20  # every time in the grid is a multiple of 1/20
 
 
-def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=None):
+def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=None, hint=None):
     """CP-SAT's answer: (status name, best value or None, proven lower bound, wall seconds); with
     `csv` a path, its best schedule is written there as pipefill's CSV (one row per rank, actions in
-    start order)."""
+    start order); with `hint` a map (op, stage, microbatch) -> start time, CP-SAT starts from that
+    schedule (`auto`'s, so that its answer says whether `auto` left anything on the table)."""
     stages = 2 * p
     rank = lambda s: s if s < p else 2 * p - 1 - s
     cf, ci, cw = (round(SCALE * x / 2) for x in (f, i, w))
@@ -94,6 +96,11 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
         goal = model.NewIntVar(0, horizon, "span")
         model.AddMaxEquality(goal, spans)
     model.Minimize(goal)
+    if hint:
+        for x, a in start.items():
+            t = round(SCALE * hint[x])
+            model.AddHint(a, t)
+            model.AddHint(end[x], t + {"F": cf, "I": ci, "W": cw}[x[0]])
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds
     solver.parameters.num_workers = workers
@@ -108,9 +115,10 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
     return solver.StatusName(status), value, solver.BestObjectiveBound() / SCALE, solver.WallTime()
 
 
-def auto(binary, p, m, f, i, w, transfer, limit, objective):
+def auto(binary, p, m, f, i, w, transfer, limit, objective, budget=None):
     """`pipefill schedule --schedule auto` on the row (default budget), with the grid's costs
-    (`overlap_share` 1: an overlapped pair saves nothing, as in the model above): its solver report."""
+    (`overlap_share` 1: an overlapped pair saves nothing, as in the model above): its solver report
+    and its start times, (op, stage, microbatch) -> time, read from `pipefill simulate --trace`."""
     stage = {"forward": f / 2, "backward_input": i / 2, "backward_weight": w / 2,
              "activation_bytes": 0, "parameter_bytes": 0}
     costs = {"stages": [stage] * (2 * p), "overlap_share": 1,
@@ -122,10 +130,21 @@ def auto(binary, p, m, f, i, w, transfer, limit, objective):
         cmd = [binary, "schedule", "--schedule", "auto", "--ranks", str(p), "--microbatches", str(m),
                "--chunks", "2", "--placement", "vshape", "--costs", path,
                "--max-in-flight", str(limit), "--objective", objective, "--format", "json",
-               "--out", out]
+               "--out", out] + (["--time-budget", str(budget)] if budget is not None else [])
         subprocess.run(cmd, check=True, capture_output=True)
+        trace = f"{tmp}/trace.json"
+        subprocess.run([binary, "simulate", "--schedule-file", out, "--costs", path, "--trace",
+                        trace], check=True, capture_output=True)
+        with open(trace) as fh:
+            events = json.load(fh)
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        starts = {}
+        for e in events:
+            a = e.get("args", {})
+            if e.get("ph") == "X" and a.get("op") in ("F", "I", "W"):
+                starts[a["op"], a["stage"], a["microbatch"]] = e["ts"] / 1e6
         with open(out) as fh:
-            return json.load(fh)["solver"]
+            return json.load(fh)["solver"], starts
 
 
 def main():
@@ -141,6 +160,9 @@ def main():
     ap.add_argument("--transfers", default="0,0.1")
     ap.add_argument("--reuse", help="take the optima from this earlier output (JSON lines) instead "
                     "of solving again; rows not in it are solved")
+    ap.add_argument("--hint", action="store_true", help="start CP-SAT from auto's schedule "
+                    "(its answer is then never worse than auto's)")
+    ap.add_argument("--budget", type=float, help="auto's --time-budget (default: auto's own)")
     ap.add_argument("--csv", help="write the (last) row's CP-SAT schedule here, pipefill's CSV")
     a = ap.parse_args()
     p = a.ranks
@@ -160,13 +182,14 @@ def main():
                 for ln in a.limits.split(","):
                     for obj in a.objectives.split(","):
                         old = known.get((p, m, rn, t, ln, obj))
+                        s, starts = auto(a.pipefill, p, m, f, i, w, t, limits[ln], obj, a.budget)
                         if old:
                             st, best, proven, wall = (old["status"], old["cp_best"],
                                                       old["cp_bound"], old["cp_seconds"])
                         else:
                             st, best, proven, wall = optimum(p, m, f, i, w, t, limits[ln], obj,
-                                                             a.seconds, a.workers, a.csv)
-                        s = auto(a.pipefill, p, m, f, i, w, t, limits[ln], obj)
+                                                             a.seconds, a.workers, a.csv,
+                                                             starts if a.hint else None)
                         row = dict(P=p, M=m, ratio=rn, transfer=t, limit=ln, objective=obj,
                                    status=st, optimum=best if st == "OPTIMAL" else None,
                                    cp_best=best, cp_bound=proven, cp_seconds=round(wall, 2),

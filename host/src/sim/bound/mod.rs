@@ -1,7 +1,7 @@
 //! A lower bound on the makespan: no schedule with these costs, ranks, chunks and placement can finish
 //! earlier. [`bound_for`] is the maximum of the arguments of sections 1-3 and 7 (and the span
-//! bound); [`bound_with_limit`] adds sections 4 and 9, for schedules that must keep each rank under
-//! an in-flight limit; [`span_bound`] bounds the longest per-rank span (sections 5-9).
+//! bound); [`bound_with_limit`] adds sections 4, 9 and 10, for schedules that must keep each rank
+//! under an in-flight limit; [`span_bound`] bounds the longest per-rank span (sections 5-10).
 //!
 //! ## 1. The chain of one microbatch
 //!
@@ -166,8 +166,23 @@
 //! 95.8), and the span bound in every V-Half row of the V-shape grid (mean auto / bound 1.28-1.37 to
 //! 1.18-1.27);
 //! it does not see that a rank's `I` and `W` compete with its forwards for the same machine while
-//! slots wait to be freed, which is what keeps the V-Half bound 12-18 % below CP-SAT's proven optima
-//! at P = 4, M = 4.
+//! slots wait to be freed: section 10 does.
+//!
+//! ## 10. Microbatch by microbatch (module `flow`)
+//!
+//! Sorting each op's start times per stage keeps every dependency, every rank's intervals and every
+//! rank's slot count, so a bound may take each stage's ops in microbatch order. Then every action
+//! gets a lower bound on its start, microbatch by microbatch: after its producers and the previous
+//! microbatch's same op; after the rests that must have ended for its forward to find a slot (on a
+//! two-stage rank, the least over the ways to free enough, and a rank's lower forward also waits
+//! for upper forwards, since `n` microbatches holding only their lower slot could never move);
+//! and after everything that must run before it on its own rank, run one at a time on that
+//! machine (`max_τ (τ + Σ work of those with head >= τ)`, followed back over recent
+//! microbatches). Jackson's schedule per rank (section 3) with these heads bounds the makespan,
+//! and for the rank that holds stage 0 its span. It reaches CP-SAT's proven optima in all 24
+//! V-Half rows at P = 2 (M = 2-6), where section 9 stopped up to 20 % below, and lies 2.5-3.1 %
+//! below them at P = 4, M = 4 (11-15 % before); it applies where ranks have one or two stages,
+//! without overlapped pairs, under a limit that binds.
 //!
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
@@ -181,6 +196,7 @@
 //! never exceeds the simulated makespan of any family and never falls below the bound of section 2.
 
 mod chain;
+mod flow;
 mod jackson;
 mod nest;
 mod pair;
@@ -254,8 +270,19 @@ pub fn bound_for(
     let chain = Chain::new(ranks, placement, costs);
     let groups = Groups::new(ranks, placement, costs, &chain, overlap);
     // The makespan is at least every rank's span (section 5).
-    let span = span::span_bound_with(ranks, microbatches, placement, costs, overlap, None, false)
-        .unwrap_or(0.0);
+    let span = span::span_bound_with(
+        ranks,
+        microbatches,
+        placement,
+        costs,
+        overlap,
+        None,
+        span::Terms {
+            others: false,
+            flow: false,
+        },
+    )
+    .unwrap_or(0.0);
     (0..ranks)
         .map(|r| {
             let jobs = groups.jobs(r, microbatches, Anchor::Step, Which::All, false);
@@ -300,14 +327,19 @@ pub fn bound_with_limit(
     let chain = Chain::new(ranks, placement, costs);
     let groups = Groups::new(ranks, placement, costs, &chain, overlap);
     let chunks = costs.stages.len() as f64 / ranks as f64;
-    // The makespan is at least every rank's span under the same limits (section 5).
-    let span = span_bound(
+    // The makespan is at least every rank's span under the same limits (section 5); section 10
+    // runs below for every rank.
+    let span = span::span_bound_with(
         ranks,
         microbatches,
         placement,
         costs,
         overlap,
         Some(max_in_flight),
+        span::Terms {
+            others: true,
+            flow: false,
+        },
     )?;
     let mut bound = free.max(span);
     for (r, &limit) in max_in_flight.iter().enumerate() {
@@ -320,6 +352,17 @@ pub fn bound_with_limit(
         for r in 0..ranks {
             bound = bound.max(nest.term(r, |s| groups.forward_work(s)));
         }
+    }
+    // Section 10: microbatch by microbatch, with each rank's machine and slots.
+    if let Some(f) = flow::flow(
+        &chain,
+        &groups,
+        max_in_flight,
+        chunks,
+        microbatches,
+        overlap,
+    ) {
+        bound = bound.max(f.makespan);
     }
     Ok(bound)
 }

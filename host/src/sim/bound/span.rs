@@ -44,8 +44,28 @@ pub fn span_bound(
         costs,
         overlap,
         max_in_flight,
-        true,
+        Terms::ALL,
     )
+}
+
+/// Which of the costlier terms [`span_bound_with`] computes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Terms {
+    /// The other machines' terms of section 7 and the pairs of ranks of section 8 (they cost
+    /// `P^2` one-machine problems and more; the makespan bound of every simulation leaves them
+    /// out).
+    pub others: bool,
+    /// Section 10 for the rank that holds stage 0 (the makespan bound under a limit leaves it out:
+    /// its own section 10 term is no smaller).
+    pub flow: bool,
+}
+
+impl Terms {
+    /// Every term.
+    pub const ALL: Terms = Terms {
+        others: true,
+        flow: true,
+    };
 }
 
 /// The other machines' terms of section 7 and the pairs of ranks of section 8 each run when their
@@ -53,9 +73,7 @@ pub fn span_bound(
 /// the span bound goes without them).
 const RANKS_WORK: f64 = 2e7;
 
-/// [`span_bound`]; with `others`, the other machines' terms of section 7 and the pairs of ranks
-/// of section 8 (they cost `P^2` one-machine problems and more; the makespan bound of every
-/// simulation leaves them out).
+/// [`span_bound`] with the costlier terms that `terms` asks for.
 pub(super) fn span_bound_with(
     ranks: usize,
     microbatches: usize,
@@ -63,7 +81,7 @@ pub(super) fn span_bound_with(
     costs: &CostModel,
     overlap: bool,
     max_in_flight: Option<&[f64]>,
-    others: bool,
+    terms: Terms,
 ) -> Result<f64, BoundError> {
     if let Some(limits) = max_in_flight {
         check_limits(ranks, limits)?;
@@ -94,13 +112,21 @@ pub(super) fn span_bound_with(
             let first = placement.rank_of(0, ranks);
             bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
         }
+        // Section 10 for the same rank.
+        let section = terms
+            .flow
+            .then(|| super::flow::flow(&chain, &groups, limits, chunks, microbatches, overlap))
+            .flatten();
+        if let Some(f) = section {
+            bound = bound.max(f.first_span);
+        }
     }
     // Per rank and machine: its groups' staircases against every rank's groups, then a
     // one-machine problem; each pair of ranks runs up to 2 REFINEMENTS + FIRST_SPLITS + 1 more.
     let (p, per_rank) = (ranks as f64, groups.per_rank() as f64);
     let jobs = per_rank * microbatches.min(MAX_BLOCKS) as f64;
     let lines = per_rank * p * (per_rank.min(8.0).powi(2) * per_rank + 3.0 * per_rank);
-    if others && p * p * (lines + jobs) <= RANKS_WORK {
+    if terms.others && p * p * (lines + jobs) <= RANKS_WORK {
         // Every other rank's work between rank r's first forward and its last action (section 7).
         for r in 0..ranks {
             for machine in (0..ranks).filter(|&q| q != r) {
@@ -109,7 +135,7 @@ pub(super) fn span_bound_with(
             }
         }
     }
-    if others && p * p * jobs * 100.0 <= RANKS_WORK {
+    if terms.others && p * p * jobs * 100.0 <= RANKS_WORK {
         for q in 0..ranks {
             for r in (0..ranks).filter(|&r| r != q) {
                 bound = bound.max(pair_term(&groups, q, r, microbatches, bound));
