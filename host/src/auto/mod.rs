@@ -11,7 +11,8 @@
 //!    (backward or forward first, deepest chunk / oldest microbatch / shallowest chunk first, three
 //!    `W` policies, 1F1B- and ZB-H2-shaped warm-up caps), memory-safe by construction (module
 //!    `list`), skipping a construction whose estimated work is past the phase's own budget (the
-//!    time budget, at least [`MIN_CONSTRUCT_SECONDS`]); on V-shape (`V = 2`), the zero-bubble
+//!    time budget, at least [`MIN_CONSTRUCT_SECONDS`]) but always building one list schedule (the
+//!    greedy's waves serialise where the limit is far below what the pipeline needs); on V-shape (`V = 2`), the zero-bubble
 //!    authors' V-shape scheduler re-derived (module `vgreedy`, origin `zbv-greedy`): every
 //!    warm-up-fill and approved-bubble setting, built under the limit and under each smaller one of
 //!    the ladder `P/2`, `P`, `2P` microbatches in flight, so that more memory never gives a worse
@@ -241,8 +242,18 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             jobs.push(Construction::Greedy(flags));
         }
     }
-    for rule in Rule::standard(&inst) {
+    let rules = Rule::standard(&inst);
+    let first_rule = rules.first().cloned();
+    for rule in rules {
         if afford(&mut construct) {
+            jobs.push(Construction::List(rule));
+        }
+    }
+    // At least one list schedule (memory-safe by construction, backward first): where the budget
+    // affords only a few greedy variants (hundreds of thousands of actions), those alone can be far
+    // from what the limit allows (P = 64, M = 1024, 32 in flight: 67647 against a bound of 4221).
+    if !jobs.iter().any(|j| matches!(j, Construction::List(_))) {
+        if let Some(rule) = first_rule {
             jobs.push(Construction::List(rule));
         }
     }
