@@ -11,8 +11,9 @@
 //!    (backward or forward first, deepest chunk / oldest microbatch / shallowest chunk first, three
 //!    `W` policies, 1F1B- and ZB-H2-shaped warm-up caps), memory-safe by construction (module
 //!    `list`), skipping a construction whose estimated work is past the phase's own budget (the
-//!    time budget, at least [`MIN_CONSTRUCT_SECONDS`]) but always building one list schedule (the
-//!    greedy's waves serialise where the limit is far below what the pipeline needs); on V-shape (`V = 2`), the zero-bubble
+//!    time budget, at least [`MIN_CONSTRUCT_SECONDS`]) but building one list schedule wherever it
+//!    affords any construction (the greedy's waves serialise where the limit is far below what the
+//!    pipeline needs); on V-shape (`V = 2`), the zero-bubble
 //!    authors' V-shape scheduler re-derived (module `vgreedy`, origin `zbv-greedy`): every
 //!    warm-up-fill and approved-bubble setting, built under the limit and under each smaller one of
 //!    the ladder `P/2`, `P`, `2P` microbatches in flight, so that more memory never gives a worse
@@ -249,10 +250,12 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             jobs.push(Construction::List(rule));
         }
     }
-    // At least one list schedule (memory-safe by construction, backward first): where the budget
-    // affords only a few greedy variants (hundreds of thousands of actions), those alone can be far
-    // from what the limit allows (P = 64, M = 1024, 32 in flight: 67647 against a bound of 4221).
-    if !jobs.iter().any(|j| matches!(j, Construction::List(_))) {
+    // At least one list schedule (memory-safe by construction, backward first) wherever the budget
+    // affords any construction: where it affords only a few greedy variants (hundreds of thousands
+    // of actions), those alone can be far from what the limit allows (P = 64, M = 1024, 32 in
+    // flight: 67647 against a bound of 4221). It costs one construction more than the budget, one
+    // that the budget afforded at least once; where it affords none, the request is refused below.
+    if !jobs.is_empty() && !jobs.iter().any(|j| matches!(j, Construction::List(_))) {
         if let Some(rule) = first_rule {
             jobs.push(Construction::List(rule));
         }

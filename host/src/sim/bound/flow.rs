@@ -244,6 +244,15 @@ pub(super) fn flow(
     // The forward chain's delay from stage s to s + 1 (its transfer).
     let comm = |s: usize| (chain.head_f[s + 1] - chain.head_f[s] - chain.forward[s]).max(0.0);
     for k in 0..m {
+        // Predecessor lists of microbatches past every later window are never read again.
+        if let Some(old) = k.checked_sub(run.window + 1) {
+            for op in [F, I, W] {
+                for s in 0..stages {
+                    let id = run.id(op, s, old);
+                    run.preds[id] = Vec::new();
+                }
+            }
+        }
         for s in 0..stages {
             let r = rank_of[s];
             let x = run.id(F, s, k);
