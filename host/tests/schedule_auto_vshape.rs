@@ -218,3 +218,21 @@ fn v_half_schedules_are_proven_optimal_at_two_ranks() {
         assert!(out.solver.proven_optimal, "gap {}", out.solver.gap);
     }
 }
+
+/// At 1F1B's memory the span bound follows the rank holding stage 0 through its whole history
+/// (section 10 of `sim::bound`): P = 4, M = 16, chunks of F = I = 1, W = 0.5, no transfers, the
+/// bound rises from the rank's work (80.0) to 82.5, the span `auto` finds, which is then proven.
+#[test]
+fn a_span_at_1f1b_memory_is_proven_optimal() {
+    let req = request(4, 16, [2.0, 2.0, 1.0], 0.0, 4.0)
+        .with_objective(Objective::Span)
+        .with_budget(0.3, 0);
+    let out = solve(&req).unwrap();
+    validate(&out.schedule).unwrap();
+    assert!(
+        (out.solver.value - 82.5).abs() < 1e-9,
+        "{}",
+        out.solver.value
+    );
+    assert!(out.solver.proven_optimal, "gap {}", out.solver.gap);
+}

@@ -41,10 +41,12 @@
 //! rank (section 3). For the rank that holds stage 0 the value also bounds that rank's span: its
 //! first action is `F(0, 0)`, which everything follows, and every tail ends on that rank.
 //!
-//! Predecessors are followed back over the last [`window`] microbatches only (fewer predecessors
-//! can only lower a bound), and when the options' unions have cost [`UNION_WORK`] element visits
-//! the remaining options count their rests' ends alone; both keep the section to milliseconds at
-//! P = 16, M = 128.
+//! Predecessors are followed back over every microbatch where that stays cheap, else over the
+//! last [`window`] ones (fewer predecessors can only lower a bound), and when the options' unions
+//! have cost [`UNION_WORK`] element visits the remaining options count their rests' ends alone;
+//! both keep the section to milliseconds at P = 16, M = 128. The whole history matters where a
+//! rank's early idle must show in its span (P = 4, M = 16, 2:2:1, 1F1B's memory: 80.0 with the last
+//! ten microbatches, 82.5 with all, the optimum `auto` finds).
 
 use super::chain::Chain;
 use super::jackson::{self, Job};
@@ -53,6 +55,9 @@ use super::stair::Groups;
 /// Element visits the options' unions may cost in all (then each option counts its rests' ends
 /// alone: a weaker but still valid bound).
 const UNION_WORK: usize = 20_000_000;
+
+/// Predecessor entries over all actions below which the window is every microbatch.
+const FULL_WORK: f64 = 4e6;
 
 /// Above this many actions the section is skipped.
 const MAX_ACTIONS: usize = 300_000;
@@ -70,9 +75,14 @@ pub(super) struct Flow {
     pub first_span: f64,
 }
 
-/// Microbatches the predecessor sets reach back: twice the microbatches a rank's slots hold, plus
-/// two, at least 8 and at most 32 (and at most `m`).
-fn window(n: usize, chunks: usize, m: usize) -> usize {
+/// Microbatches the predecessor sets reach back: all of them where that stays cheap (at most
+/// [`FULL_WORK`] predecessor entries over all actions: a rank's whole history then counts, which
+/// the rank-0 span needs), else twice the microbatches a rank's slots hold, plus two, at least 8 and
+/// at most 32.
+fn window(n: usize, chunks: usize, m: usize, actions: usize) -> usize {
+    if (actions as f64) * (3 * chunks.max(1) * m) as f64 <= FULL_WORK {
+        return m;
+    }
     (2 * n.div_ceil(chunks.max(1)) + 2).clamp(8, 32).min(m)
 }
 
@@ -239,7 +249,7 @@ pub(super) fn flow(
         stamp: vec![0; actions],
         pass: 0,
         union_work: 0,
-        window: window(n_max, v, m),
+        window: window(n_max, v, m, actions),
     };
     // The forward chain's delay from stage s to s + 1 (its transfer).
     let comm = |s: usize| (chain.head_f[s + 1] - chain.head_f[s] - chain.forward[s]).max(0.0);

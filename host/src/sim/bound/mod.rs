@@ -177,9 +177,9 @@
 //! two-stage rank, the least over the ways to free enough, and a rank's lower forward also waits
 //! for upper forwards, since `n` microbatches holding only their lower slot could never move);
 //! and after everything that must run before it on its own rank, run one at a time on that
-//! machine (`max_τ (τ + Σ work of those with head >= τ)`, followed back over recent
-//! microbatches). Jackson's schedule per rank (section 3) with these heads bounds the makespan,
-//! and for the rank that holds stage 0 its span. It reaches CP-SAT's proven optima in all 24
+//! machine (`max_τ (τ + Σ work of those with head >= τ)`, followed back over every microbatch
+//! where that is cheap, else the last 8-32). Jackson's schedule per rank (section 3) with these
+//! heads bounds the makespan, and for the rank that holds stage 0 its span. It reaches CP-SAT's proven optima in all 24
 //! V-Half rows at P = 2 (M = 2-6), where section 9 stopped up to 20 % below, and lies 2.5-3.1 %
 //! below them at P = 4, M = 4 (11-15 % before); it applies where ranks have one or two stages,
 //! without overlapped pairs, under a limit that binds.
