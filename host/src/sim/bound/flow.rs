@@ -44,7 +44,7 @@
 //! Predecessors are followed back over every microbatch where that stays cheap, else over the
 //! last [`window`] ones (fewer predecessors can only lower a bound), and when the options' unions
 //! have cost [`UNION_WORK`] element visits the remaining options count their rests' ends alone;
-//! both keep the section to milliseconds at P = 16, M = 128. The whole history matters where a
+//! both keep the section under about 0.15 s at P = 16, M = 128. The whole history matters where a
 //! rank's early idle must show in its span (P = 4, M = 16, 2:2:1, 1F1B's memory: 80.0 with the last
 //! ten microbatches, 82.5 with all, the optimum `auto` finds).
 
