@@ -143,6 +143,37 @@ impl Run {
         out
     }
 
+    /// On a rank with stages `(a, b)`, the ways to free `free` slots with at most `cap` rests of
+    /// each stage (module docs, "Slots"): the rests every way needs go to `direct`, each way's last
+    /// rest of either stage to `options`.
+    fn ways_to_free(
+        &self,
+        (a, b): (usize, usize),
+        free: usize,
+        cap: usize,
+        direct: &mut Vec<usize>,
+        options: &mut Vec<Vec<usize>>,
+    ) {
+        if free == 0 {
+            return;
+        }
+        let must = free.saturating_sub(cap);
+        if must > 0 {
+            direct.push(self.id(W, a, must - 1));
+            direct.push(self.id(W, b, must - 1));
+        }
+        for u in must..=free.min(cap) {
+            let mut o = Vec::with_capacity(2);
+            if u > 0 {
+                o.push(self.id(W, a, u - 1));
+            }
+            if free - u > 0 {
+                o.push(self.id(W, b, free - u - 1));
+            }
+            options.push(o);
+        }
+    }
+
     /// `max_τ (τ + Σ_{start_j >= τ} work_j)` over `set` (latest start first).
     fn machine(&self, set: &[u32]) -> f64 {
         let (mut best, mut acc) = (0.0f64, 0.0);
@@ -153,11 +184,13 @@ impl Run {
         best
     }
 
-    /// Sets action `x`'s start: at least `release`, after its predecessors `direct` on its rank
+    /// Sets action `x`'s start: at least `release` and the ends of `direct`, after its predecessors
+    /// `direct` on its rank
     /// (and theirs) on one machine, and, when `options` is not empty, after the least over
     /// options of the same with the option's actions (and theirs) added.
     fn place(&mut self, x: usize, release: f64, direct: &[usize], options: &[Vec<usize>]) {
         let k = self.microbatch(x);
+        let release = direct.iter().fold(release, |t, &y| t.max(self.end(y)));
         let set = self.union(&[], direct, k);
         let mut start = release.max(self.machine(&set));
         if !options.is_empty() {
@@ -277,94 +310,44 @@ pub(super) fn flow(
                 }
             }
             if k > 0 {
-                let y = run.id(F, s, k - 1);
-                release = release.max(run.end(y));
-                direct.push(y);
+                direct.push(run.id(F, s, k - 1));
             }
             let n = slots[r];
             match mine[r][..] {
                 [_] => {
                     if k >= n {
-                        let y = run.id(W, s, k - n);
-                        release = release.max(run.end(y));
-                        direct.push(y);
+                        direct.push(run.id(W, s, k - n));
                     }
                 }
                 [a, b] if s == a => {
                     // Upper forwards before this one: at least k + 2 - n (else nothing moves).
                     let beta = (k + 2).saturating_sub(n);
                     if beta > 0 {
-                        let y = run.id(F, b, beta - 1);
-                        release = release.max(run.end(y));
-                        direct.push(y);
+                        direct.push(run.id(F, b, beta - 1));
                     }
                     let free = (k + 1 + beta).saturating_sub(n);
-                    if free > 0 {
-                        let must = free.saturating_sub(beta);
-                        if must > 0 {
-                            direct.push(run.id(W, a, must - 1));
-                            direct.push(run.id(W, b, must - 1));
-                        }
-                        for u in must..=free.min(beta) {
-                            let mut o = Vec::with_capacity(2);
-                            if u > 0 {
-                                o.push(run.id(W, a, u - 1));
-                            }
-                            if free - u > 0 {
-                                o.push(run.id(W, b, free - u - 1));
-                            }
-                            options.push(o);
-                        }
-                    }
+                    run.ways_to_free((a, b), free, beta, &mut direct, &mut options);
                 }
                 [a, b] => {
                     debug_assert_eq!(s, b);
+                    // At least two slots (checked above), so at most 2k rests to free, k per stage.
                     let free = (2 * k + 2).saturating_sub(n);
-                    if free > 2 * k {
-                        return Some(Flow {
-                            makespan: f64::INFINITY,
-                            first_span: f64::INFINITY,
-                        });
-                    }
-                    if free > 0 {
-                        let must = free.saturating_sub(k);
-                        if must > 0 {
-                            direct.push(run.id(W, a, must - 1));
-                            direct.push(run.id(W, b, must - 1));
-                        }
-                        for u in must..=free.min(k) {
-                            let mut o = Vec::with_capacity(2);
-                            if u > 0 {
-                                o.push(run.id(W, a, u - 1));
-                            }
-                            if free - u > 0 {
-                                o.push(run.id(W, b, free - u - 1));
-                            }
-                            options.push(o);
-                        }
-                    }
+                    run.ways_to_free((a, b), free, k, &mut direct, &mut options);
                 }
                 _ => return None,
-            }
-            for &y in &direct {
-                release = release.max(run.end(y));
             }
             // One option is no choice: its actions are direct predecessors.
             if options.len() == 1 {
                 direct.append(&mut options[0]);
                 options.clear();
-                for &y in &direct {
-                    release = release.max(run.end(y));
-                }
             }
             run.place(x, release, &direct, &options);
         }
         for s in (0..stages).rev() {
             let r = rank_of[s];
             let x = run.id(I, s, k);
-            let own = run.id(F, s, k);
-            let mut release = run.end(own);
-            let mut direct = vec![own];
+            let mut release = 0.0f64;
+            let mut direct = vec![run.id(F, s, k)];
             if s + 1 < stages {
                 let y = run.id(I, s + 1, k);
                 release = release.max(run.end(y) + comm(s));
@@ -373,23 +356,17 @@ pub(super) fn flow(
                 }
             }
             if k > 0 {
-                let y = run.id(I, s, k - 1);
-                release = release.max(run.end(y));
-                direct.push(y);
+                direct.push(run.id(I, s, k - 1));
             }
             run.place(x, release, &direct, &[]);
         }
         for s in 0..stages {
             let x = run.id(W, s, k);
-            let own = run.id(I, s, k);
-            let mut release = run.end(own);
-            let mut direct = vec![own];
+            let mut direct = vec![run.id(I, s, k)];
             if k > 0 {
-                let y = run.id(W, s, k - 1);
-                release = release.max(run.end(y));
-                direct.push(y);
+                direct.push(run.id(W, s, k - 1));
             }
-            run.place(x, release, &direct, &[]);
+            run.place(x, 0.0, &direct, &[]);
         }
     }
     // Jackson's preemptive schedule per rank with these heads and the chain's tails.

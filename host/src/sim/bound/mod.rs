@@ -277,10 +277,7 @@ pub fn bound_for(
         costs,
         overlap,
         None,
-        span::Terms {
-            others: false,
-            flow: false,
-        },
+        span::Terms::NONE,
     )
     .unwrap_or(0.0);
     (0..ranks)

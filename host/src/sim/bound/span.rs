@@ -66,6 +66,11 @@ impl Terms {
         others: true,
         flow: true,
     };
+    /// Neither (the span term of the bound without a limit).
+    pub const NONE: Terms = Terms {
+        others: false,
+        flow: false,
+    };
 }
 
 /// The other machines' terms of section 7 and the pairs of ranks of section 8 each run when their
