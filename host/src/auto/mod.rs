@@ -41,12 +41,18 @@
 //!    kept when no worse, with half the time budget of its own; for the span objective followed
 //!    by the same moves scored by the makespan, from the schedule with the least makespan the
 //!    earlier guided climbs ended at.
-//! 7. **safe admission**, on V-shape under a limit when nothing proved the result optimal: list
+//! 7. **justification**, when nothing proved the result optimal: every action pushed as late as
+//!    it can go, then back as early as it can go, each into a gap of its rank (module `justify`,
+//!    the forward-backward improvement of project scheduling), the order of both passes perturbed
+//!    by noise, kept when no worse, with half the time budget of its own (skipped where that does
+//!    not afford ten tries); it moves whole waves of work across every rank at once, which no move
+//!    of one item does.
+//! 8. **safe admission**, on V-shape under a limit when nothing proved the result optimal: list
 //!    scheduling under a banker's check on memory (module `list`, origin `safe-list`: a forward is
 //!    admitted when the microbatches in flight can still finish one after another in the order
 //!    they entered; each rank takes in `n/2`, `3n/4` or `n - 1` of its `n` slots before its first
-//!    backward). Their best, when it beats the constructive phase's best, gets phases 3, 5 and 6 with
-//!    budgets of its own and replaces the result only when it ends shorter.
+//!    backward). Their best, when it beats the constructive phase's best, gets phases 3, 5, 6 and 7
+//!    with budgets of its own and replaces the result only when it ends shorter.
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
@@ -88,6 +94,7 @@ mod exact;
 mod greedy;
 mod improve;
 mod instance;
+mod justify;
 mod list;
 mod par;
 mod request;
@@ -136,6 +143,13 @@ const CRITICAL_SHARE: f64 = 0.5;
 
 /// Mixed into the seed for the critical-path moves' own random stream.
 const CRITICAL_STREAM: u64 = 0x6372_6974_6963_616c;
+
+/// The share of the time budget justification gets (module `justify`), after the critical-path
+/// moves.
+const JUSTIFY_SHARE: f64 = 0.5;
+
+/// Mixed into the seed for justification's own random stream.
+const JUSTIFY_STREAM: u64 = 0x6a75_7374_6966_7921;
 
 /// The family name of automatic schedules (defined with the families' names).
 pub use crate::schedule::families::AUTO;
@@ -494,11 +508,11 @@ fn climb_guided(
     ended
 }
 
-/// Phases 5 and 6 on `best` (see the [module docs](self)), each with a budget of its own, their
+/// Phases 5, 6 and 7 on `best` (see the [module docs](self)), each with a budget of its own, their
 /// evaluations counted in `work`: the reshaping moves, then the moves on the critical path (for the
 /// span objective their makespan-guided climbs start from `guide`, or the schedule with the least
-/// makespan the reshaping's guided climb ended at, when shorter than `best`). Each keeps only
-/// what is no worse. Returns whether `best` got better.
+/// makespan the reshaping's guided climb ended at, when shorter than `best`), then justification.
+/// Each keeps only what is no worse. Returns whether `best` got better.
 fn reshape_and_critical(
     inst: &Instance,
     req: &AutoRequest,
@@ -540,6 +554,13 @@ fn reshape_and_critical(
             (CRITICAL_SHARE, CRITICAL_STREAM),
             from,
         );
+        work.evaluations += more.evaluations;
+    }
+    // Justification (module `justify`), last: whole waves moved at once.
+    if !proven(best) {
+        let mut more = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
+        let mut rng = Rng::new(req.seed ^ JUSTIFY_STREAM);
+        justify::climb(inst, req.objective, best, &mut rng, &mut more, lower);
         work.evaluations += more.evaluations;
     }
     best.value < before
