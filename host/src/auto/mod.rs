@@ -44,9 +44,9 @@
 //! 7. **justification**, when nothing proved the result optimal: every action pushed as late as
 //!    it can go, then back as early as it can go, each into a gap of its rank (module `justify`,
 //!    the forward-backward improvement of project scheduling), the order of both passes perturbed
-//!    by noise, kept when no worse, with half the time budget of its own (skipped where that does
-//!    not afford ten tries); it moves whole waves of work across every rank at once, which no move
-//!    of one item does.
+//!    by noise, the second pass keeping each rank within its budget, kept when no worse, with half
+//!    the time budget of its own (skipped where that does not afford ten tries); it moves whole
+//!    waves of work across every rank at once, which no move of one item does.
 //! 8. **safe admission**, on V-shape under a limit when nothing proved the result optimal: list
 //!    scheduling under a banker's check on memory (module `list`, origin `safe-list`: a forward is
 //!    admitted when the microbatches in flight can still finish one after another in the order
