@@ -199,6 +199,32 @@ fn critical_path_moves_shorten_a_grid_row() {
     assert!(out.solver.value >= out.solver.lower_bound - 1e-9);
 }
 
+/// Justification (phase 7 of `auto`, module `justify`) moves a whole forward wave at once, which
+/// no move of one item does: P = 16, M = 16, 1:1.2:0.8, transfer 0.1, twice 1F1B's memory (the
+/// V-shape grid's row) reaches 62.6 with the default budget (bound 61.5), 64.1 without the phase;
+/// under 1F1B's memory at M = 2P, where its second pass keeps the limit, P = 16, M = 32, 1:1:1,
+/// transfer 0.1 reaches 108.5 (bound 108.0), 110.4 without it.
+#[test]
+fn justification_moves_whole_waves() {
+    for (p, m, fiw, latency, limit, before, now) in [
+        (16, 16, [1.0, 1.2, 0.8], 0.1, 32.0, 64.1, 62.6),
+        (16, 32, [1.0, 1.0, 1.0], 0.1, 16.0, 110.4, 108.5),
+    ] {
+        let mut req = request(p, m, fiw, latency, limit).with_budget(0.3, 0);
+        req.costs.overlap_share = 1.0;
+        let out = solve(&req).unwrap();
+        validate(&out.schedule).unwrap();
+        assert!(out.solver.peak.iter().all(|&x| x <= limit + 1e-9));
+        let v = out.solver.value;
+        assert!(
+            v <= now + 1e-9 && v < before - 1e-9,
+            "P={p} M={m}: {v} from {}",
+            out.solver.origin
+        );
+        assert!(v >= out.solver.lower_bound - 1e-9);
+    }
+}
+
 /// With a bound that follows each rank's machine and slots microbatch by microbatch (section 10 of
 /// `sim::bound`), `auto` proves its V-Half schedules optimal at P = 2 (CP-SAT's optima: 16.5 for
 /// M = 4, 46.3 for M = 6 with 2:2:1 and transfers), where the gap used to read 18-22 %.
