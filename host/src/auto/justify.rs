@@ -26,12 +26,16 @@
 //! items (every schedule the constructive phases build); with `B`s or overlapped pairs it does
 //! nothing.
 //!
-//! Under a limit step 2 keeps every rank within its budget: an action that allocates (a forward)
-//! starts only where the rank, from then on, holds little enough, counting every forward whose `W`
-//! is not placed yet as held for good; one that fits nowhere yet waits until its rank releases
-//! something (a `W` placed). Memory depends only on each rank's order, and the lists follow the
-//! step-2 times, so the lists keep the limit as the simulator counts it; step 1 ignores memory
-//! (it only orders step 2). Every candidate is still scored and checked like any other.
+//! Under a limit both steps keep every rank within its budget. In step 2 an action that allocates
+//! (a forward) starts only where the rank, from then on, holds little enough, counting every
+//! forward whose `W` is not placed yet as held for good; one that fits nowhere yet waits until its
+//! rank releases something (a `W` placed). Step 1 runs the same rule backwards in time (mirrored:
+//! a `W` allocates at its end, an `F` releases at its start; a `W` whose forward is not placed yet
+//! holds from the beginning), so the late schedule that orders step 2 is one the memory allows:
+//! without it step 1 pushes every `W` to the end, step 2 then takes the `W`s last and its
+//! forwards wait for them. Memory depends only on each rank's order, and the lists follow the
+//! step-2 times, so the lists keep the limit as the simulator counts it; every candidate is still
+//! scored and checked like any other.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -179,25 +183,54 @@ impl Graph {
     }
 
     /// Step 1: latest starts, no action ending after `horizon`, taken largest `key` first among
-    /// those whose dependants are all placed.
-    fn right(&self, key: &[f64], horizon: f64, ranks: usize) -> Vec<f64> {
+    /// those whose dependants are all placed; under a limit step 2's memory rule mirrored in time
+    /// (see the [module docs](self)); `None` when some action never fits.
+    fn right(&self, key: &[f64], horizon: f64, ranks: usize) -> Option<Vec<f64>> {
         let n = self.dur.len();
         let mut late = vec![0.0; n];
         let mut busy: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
+        // Per rank, what it holds in mirrored time (`-t`): step 2's rule run backwards, a `W`
+        // allocating at its end and an `F` releasing at its start.
+        let mut held: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
+        let mut blocked: Vec<Vec<usize>> = vec![Vec::new(); ranks];
         let mut waiting: Vec<usize> = self.succs.iter().map(Vec::len).collect();
         let mut heap: BinaryHeap<Keyed> = (0..n)
             .filter(|&a| waiting[a] == 0)
             .map(|a| Keyed(key[a], a))
             .collect();
+        let mut done = 0;
         while let Some(Keyed(_, a)) = heap.pop() {
+            let r = self.rank[a];
             let mut finish = horizon;
             for &(s, lat) in &self.succs[a] {
                 finish = finish.min(late[s] - lat);
             }
-            let lane = &mut busy[self.rank[a]];
+            if let Some(mem) = &self.memory {
+                if mem.release[a] > 0.0 {
+                    match room_from(&held[r], mem.budget[r] - mem.release[a], -finish) {
+                        Some(t) => finish = -t,
+                        None => {
+                            blocked[r].push(a);
+                            continue;
+                        }
+                    }
+                }
+            }
+            let lane = &mut busy[r];
             let t = latest_gap(lane, self.dur[a], finish);
             insert(lane, (t, t + self.dur[a]));
             late[a] = t;
+            done += 1;
+            if let Some(mem) = &self.memory {
+                let events = &mut held[r];
+                if mem.release[a] > 0.0 {
+                    add_event(events, (-(t + self.dur[a]), mem.release[a]));
+                }
+                if mem.alloc[a] > 0.0 {
+                    add_event(events, (-t, -mem.alloc[a]));
+                    heap.extend(blocked[r].drain(..).map(|b| Keyed(key[b], b)));
+                }
+            }
             for &(p, _) in &self.preds[a] {
                 waiting[p] -= 1;
                 if waiting[p] == 0 {
@@ -205,7 +238,7 @@ impl Graph {
                 }
             }
         }
-        late
+        (done == n).then_some(late)
     }
 
     /// Step 2: earliest starts, taken least `key` first among those whose needs are all placed;
@@ -303,7 +336,7 @@ impl Graph {
             .zip(start)
             .map(|(&e, &s)| jitter(e + EPS * s))
             .collect();
-        let late = self.right(&key, horizon, lists.len());
+        let late = self.right(&key, horizon, lists.len())?;
         let key: Vec<f64> = late.iter().map(|&t| jitter(t)).collect();
         let (early, placed) = self.left(&key, lists.len())?;
         Some(Self::lists_by(lists, &early, &placed))

@@ -44,7 +44,7 @@
 //! 7. **justification**, when nothing proved the result optimal: every action pushed as late as
 //!    it can go, then back as early as it can go, each into a gap of its rank (module `justify`,
 //!    the forward-backward improvement of project scheduling), the order of both passes perturbed
-//!    by noise, the second pass keeping each rank within its budget, kept when no worse, with half
+//!    by noise, both passes keeping each rank within its budget, kept when no worse, with half
 //!    the time budget of its own (skipped where that does not afford ten tries); it moves whole
 //!    waves of work across every rank at once, which no move of one item does.
 //! 8. **safe admission**, on V-shape under a limit when nothing proved the result optimal: list
