@@ -45,8 +45,10 @@
 //!    it can go, then back as early as it can go, each into a gap of its rank (module `justify`,
 //!    the forward-backward improvement of project scheduling), the order of both passes perturbed
 //!    by noise, both passes keeping each rank within its budget, kept when no worse, with half
-//!    the time budget of its own (skipped where that does not afford ten tries); it moves whole
-//!    waves of work across every rank at once, which no move of one item does.
+//!    the time budget of its own (skipped where that does not afford ten tries); for the span
+//!    objective followed, as in 3, by the same search scored by the makespan from the schedule
+//!    with the least makespan the guided climbs ended at. It moves whole waves of work across
+//!    every rank at once, which no move of one item does.
 //! 8. **safe admission**, on V-shape under a limit when nothing proved the result optimal: list
 //!    scheduling under a banker's check on memory (module `list`, origin `safe-list`: a forward is
 //!    admitted when the microbatches in flight can still finish one after another in the order
@@ -544,7 +546,7 @@ fn reshape_and_critical(
         let mut more = improve::Work::new(req.time_budget * CRITICAL_SHARE);
         let mut rng = Rng::new(req.seed ^ CRITICAL_STREAM);
         let from = guide.take().filter(|g| g.makespan < best.makespan);
-        climb_guided(
+        let ended = climb_guided(
             inst,
             req,
             best,
@@ -554,14 +556,43 @@ fn reshape_and_critical(
             (CRITICAL_SHARE, CRITICAL_STREAM),
             from,
         );
+        shorter(&mut guide, ended);
         work.evaluations += more.evaluations;
     }
-    // Justification (module `justify`), last: whole waves moved at once.
+    // Justification (module `justify`), last: whole waves moved at once. For the span objective
+    // followed, with a budget of its own, by justifying by the makespan from the schedule with the
+    // least makespan the guided climbs ended at (or `best`), kept when its span is lower.
     if !proven(best) {
         let mut more = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
         let mut rng = Rng::new(req.seed ^ JUSTIFY_STREAM);
         justify::climb(inst, req.objective, best, &mut rng, &mut more, lower);
         work.evaluations += more.evaluations;
+        if req.objective == Objective::Span && !proven(best) {
+            let start = match guide.filter(|g| g.makespan < best.makespan) {
+                Some(g) => Some(g),
+                None => score(inst, Objective::Makespan, best.schedule.clone())
+                    .ok()
+                    .flatten(),
+            };
+            if let Some(mut guided) = start {
+                let mut more = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
+                let mut rng = Rng::new(req.seed ^ JUSTIFY_STREAM ^ GUIDED_STREAM);
+                justify::climb(
+                    inst,
+                    Objective::Makespan,
+                    &mut guided,
+                    &mut rng,
+                    &mut more,
+                    lower,
+                );
+                work.evaluations += more.evaluations + 1;
+                if let Ok(Some(s)) = score(inst, Objective::Span, guided.schedule) {
+                    if s.value < best.value {
+                        *best = s;
+                    }
+                }
+            }
+        }
     }
     best.value < before
 }
