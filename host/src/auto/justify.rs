@@ -13,11 +13,12 @@
 //! 2. **left**: take them earliest start of step 1 first and put each as early as it can go, in the
 //!    earliest gap of its rank after what it needs has ended (plus the transfer).
 //!
-//! Each rank's new list is its actions in order of their step-2 starts. Step 1 never ends later
-//! than the makespan and step 2 starts every action no later than step 1 did, so the result is
-//! never longer (for the simulator's own timing of the lists, which the phase re-scores); it is
-//! often shorter, because step 1 closes the gaps at the end and step 2 the ones at the start, and
-//! the lists change wherever an action fits a gap it did not fit before.
+//! Each rank's new list is its actions in order of their step-2 starts. Without a limit and
+//! without noise, step 1 never ends later than the makespan and step 2 starts every action no later
+//! than step 1 did, so the result is never longer; it is often shorter, because step 1 closes the
+//! gaps at the end and step 2 the ones at the start, and the lists change wherever an action fits a
+//! gap it did not fit before. With noise or a limit that can fail, which is why every try is
+//! scored by the simulator and kept only when no worse.
 //!
 //! A justified schedule is a fixed point soon, so [`climb`] makes it a search: the order in which
 //! each step takes the actions is perturbed by noise of a random size (up to about two actions'
@@ -50,8 +51,8 @@ use super::Objective;
 /// Slack when comparing times (sums of fractions).
 const EPS: f64 = 1e-9;
 
-/// Deterministic justification passes after each perturbed one, at most (each stops the loop as
-/// soon as it does not shorten the lists' own makespan).
+/// Deterministic justification passes after each perturbed one, at most (the loop stops as soon
+/// as one does not lower the objective of the lists' own timing).
 const POLISH_PASSES: usize = 3;
 
 /// Work units of one justification and the timing of its lists, per action (measured: 0.2-0.5 us
