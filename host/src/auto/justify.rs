@@ -183,80 +183,37 @@ impl Graph {
         (done == lists.iter().map(Vec::len).sum::<usize>()).then_some((start, end))
     }
 
-    /// Step 1: latest starts, no action ending after `horizon`, taken largest `key` first among
-    /// those whose dependants are all placed; under a limit step 2's memory rule mirrored in time
-    /// (see the [module docs](self)); `None` when some action never fits.
-    fn right(&self, key: &[f64], horizon: f64, ranks: usize) -> Option<Vec<f64>> {
+    /// One pass: each action, least `key` first among those whose needs are all placed, as early
+    /// as it can go (no earlier than `origin`) in the earliest gap of its rank. `Way::Late` runs
+    /// it in mirrored time (`-t`), where what an action needs is what needs it, "as early" is "as
+    /// late" and a `W` allocates what its `F` frees: step 1. Under a limit an action that
+    /// allocates starts only where its rank holds little enough from then on (every allocation
+    /// whose release is not placed yet held for good); one that fits nowhere yet waits until its
+    /// rank releases something, and `None` means some never fit. Returns the starts (in the
+    /// pass's time) and the order in which the actions were placed (a topological order).
+    fn pass(
+        &self,
+        way: Way,
+        key: &[f64],
+        origin: f64,
+        ranks: usize,
+    ) -> Option<(Vec<f64>, Vec<usize>)> {
+        let (needs, feeds) = match way {
+            Way::Early => (&self.preds, &self.succs),
+            Way::Late => (&self.succs, &self.preds),
+        };
+        let memory = self.memory.as_ref().map(|m| match way {
+            Way::Early => (&m.alloc, &m.release, &m.budget),
+            Way::Late => (&m.release, &m.alloc, &m.budget),
+        });
         let n = self.dur.len();
-        let mut late = vec![0.0; n];
-        let mut busy: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
-        // Per rank, what it holds in mirrored time (`-t`): step 2's rule run backwards, a `W`
-        // allocating at its end and an `F` releasing at its start.
-        let mut held: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
-        let mut blocked: Vec<Vec<usize>> = vec![Vec::new(); ranks];
-        let mut waiting: Vec<usize> = self.succs.iter().map(Vec::len).collect();
-        let mut heap: BinaryHeap<Keyed> = (0..n)
-            .filter(|&a| waiting[a] == 0)
-            .map(|a| Keyed(key[a], a))
-            .collect();
-        let mut done = 0;
-        while let Some(Keyed(_, a)) = heap.pop() {
-            let r = self.rank[a];
-            let mut finish = horizon;
-            for &(s, lat) in &self.succs[a] {
-                finish = finish.min(late[s] - lat);
-            }
-            if let Some(mem) = &self.memory {
-                if mem.release[a] > 0.0 {
-                    match room_from(&held[r], mem.budget[r] - mem.release[a], -finish) {
-                        Some(t) => finish = -t,
-                        None => {
-                            blocked[r].push(a);
-                            continue;
-                        }
-                    }
-                }
-            }
-            let lane = &mut busy[r];
-            let t = latest_gap(lane, self.dur[a], finish);
-            insert(lane, (t, t + self.dur[a]));
-            late[a] = t;
-            done += 1;
-            if let Some(mem) = &self.memory {
-                let events = &mut held[r];
-                if mem.release[a] > 0.0 {
-                    add_event(events, (-(t + self.dur[a]), mem.release[a]));
-                }
-                if mem.alloc[a] > 0.0 {
-                    add_event(events, (-t, -mem.alloc[a]));
-                    heap.extend(blocked[r].drain(..).map(|b| Keyed(key[b], b)));
-                }
-            }
-            for &(p, _) in &self.preds[a] {
-                waiting[p] -= 1;
-                if waiting[p] == 0 {
-                    heap.push(Keyed(key[p], p));
-                }
-            }
-        }
-        (done == n).then_some(late)
-    }
-
-    /// Step 2: earliest starts, taken least `key` first among those whose needs are all placed;
-    /// returns the starts and the order in which the actions were placed (a topological order).
-    /// Under a limit an action that allocates starts only where its rank holds little enough from
-    /// then on (what it holds at every later time, with every forward whose `W` is not placed yet
-    /// held for good); one that fits nowhere yet waits until its rank releases something, and
-    /// `None` means some never fit.
-    fn left(&self, key: &[f64], ranks: usize) -> Option<(Vec<f64>, Vec<usize>)> {
-        let n = self.dur.len();
-        let mut early = vec![0.0; n];
+        let mut start = vec![0.0; n];
         let mut placed = vec![0; n];
         let mut busy: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
         // Per rank, (time, change) of what it holds, sorted; releases before allocations at a tie.
         let mut held: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
         let mut blocked: Vec<Vec<usize>> = vec![Vec::new(); ranks];
-        let mut waiting: Vec<usize> = self.preds.iter().map(Vec::len).collect();
+        let mut waiting: Vec<usize> = needs.iter().map(Vec::len).collect();
         let mut heap: BinaryHeap<Keyed> = (0..n)
             .filter(|&a| waiting[a] == 0)
             .map(|a| Keyed(-key[a], a))
@@ -264,13 +221,13 @@ impl Graph {
         let mut seq = 0;
         while let Some(Keyed(_, a)) = heap.pop() {
             let r = self.rank[a];
-            let mut ready = 0.0_f64;
-            for &(p, lat) in &self.preds[a] {
-                ready = ready.max(early[p] + self.dur[p] + lat);
+            let mut ready = origin;
+            for &(p, lat) in &needs[a] {
+                ready = ready.max(start[p] + self.dur[p] + lat);
             }
-            if let Some(mem) = &self.memory {
-                if mem.alloc[a] > 0.0 {
-                    match room_from(&held[r], mem.budget[r] - mem.alloc[a], ready) {
+            if let Some((takes, _, budget)) = memory {
+                if takes[a] > 0.0 {
+                    match room_from(&held[r], budget[r] - takes[a], ready) {
                         Some(t) => ready = t,
                         None => {
                             blocked[r].push(a);
@@ -282,27 +239,27 @@ impl Graph {
             let lane = &mut busy[r];
             let t = earliest_gap(lane, self.dur[a], ready);
             insert(lane, (t, t + self.dur[a]));
-            early[a] = t;
+            start[a] = t;
             placed[a] = seq;
             seq += 1;
-            if let Some(mem) = &self.memory {
+            if let Some((takes, frees, _)) = memory {
                 let events = &mut held[r];
-                if mem.alloc[a] > 0.0 {
-                    add_event(events, (t, mem.alloc[a]));
+                if takes[a] > 0.0 {
+                    add_event(events, (t, takes[a]));
                 }
-                if mem.release[a] > 0.0 {
-                    add_event(events, (t + self.dur[a], -mem.release[a]));
+                if frees[a] > 0.0 {
+                    add_event(events, (t + self.dur[a], -frees[a]));
                     heap.extend(blocked[r].drain(..).map(|b| Keyed(-key[b], b)));
                 }
             }
-            for &(s, _) in &self.succs[a] {
+            for &(s, _) in &feeds[a] {
                 waiting[s] -= 1;
                 if waiting[s] == 0 {
                     heap.push(Keyed(-key[s], s));
                 }
             }
         }
-        (seq == n).then_some((early, placed))
+        (seq == n).then_some((start, placed))
     }
 
     /// Each rank's actions of `lists` in order of `start` (ties: the order they were placed in).
@@ -332,16 +289,29 @@ impl Graph {
     ) -> Option<Vec<Vec<usize>>> {
         let mut jitter = |x: f64| x + noise * (2.0 * rng.unit() - 1.0);
         let horizon = end.iter().copied().fold(0.0, f64::max);
+        // Step 1, latest end first: in mirrored time, least `-end` first.
         let key: Vec<f64> = end
             .iter()
             .zip(start)
-            .map(|(&e, &s)| jitter(e + EPS * s))
+            .map(|(&e, &s)| -jitter(e + EPS * s))
             .collect();
-        let late = self.right(&key, horizon, lists.len())?;
-        let key: Vec<f64> = late.iter().map(|&t| jitter(t)).collect();
-        let (early, placed) = self.left(&key, lists.len())?;
+        let (mirrored, _) = self.pass(Way::Late, &key, -horizon, lists.len())?;
+        // A mirrored start is minus the real end.
+        let key: Vec<f64> = mirrored
+            .iter()
+            .zip(&self.dur)
+            .map(|(&t, &d)| jitter(-t - d))
+            .collect();
+        let (early, placed) = self.pass(Way::Early, &key, 0.0, lists.len())?;
         Some(Self::lists_by(lists, &early, &placed))
     }
+}
+
+/// Which way a pass of [`Graph::pass`] runs: in time (step 2) or in mirrored time (step 1).
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    Early,
+    Late,
 }
 
 /// A time and an action, ordered by time (then action) for the heaps.
@@ -363,22 +333,6 @@ impl Ord for Keyed {
     fn cmp(&self, other: &Self) -> Ordering {
         self.0.total_cmp(&other.0).then(other.1.cmp(&self.1))
     }
-}
-
-/// The latest start of a `d`-long action ending by `finish` in the gaps of `lane` (busy
-/// intervals, sorted, disjoint).
-fn latest_gap(lane: &[(f64, f64)], d: f64, finish: f64) -> f64 {
-    let mut end = finish;
-    let mut j = lane.partition_point(|iv| iv.0 < end - EPS);
-    while j > 0 {
-        j -= 1;
-        let (s, e) = lane[j];
-        if e <= end - d + EPS {
-            break;
-        }
-        end = end.min(s);
-    }
-    end - d
 }
 
 /// The earliest start at or after `ready` of a `d`-long action in the gaps of `lane`.
@@ -555,22 +509,13 @@ fn value(objective: Objective, lists: &[Vec<usize>], start: &[f64], end: &[f64])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auto::{AutoRequest, MemoryLimit};
-    use crate::cost::{CostModel, LinkCost, StageCost};
     use crate::schedule::families::generate;
-    use crate::schedule::{Params, Placement};
+    use crate::schedule::Params;
     use crate::sim::{simulate_with, SimOptions};
 
+    /// P = 4, M = 8, V-shape, 1:1:1, a 0.1 latency per hop, `limit` microbatches in flight.
     fn instance(limit: f64) -> Instance {
-        let link = LinkCost {
-            latency: 0.1,
-            bandwidth: f64::INFINITY,
-        };
-        let one = StageCost::uniform(1.0, 1.0, 1.0).split(2);
-        let req = AutoRequest::new(4, 8, CostModel::uniform(one, 8, link))
-            .with_chunks(2, Placement::Vshape)
-            .with_limit(MemoryLimit::InFlight(limit));
-        Instance::new(&req).unwrap()
+        crate::auto::vgreedy::tests::instance(4, 8, [1.0, 1.0, 1.0], 0.1, false, limit)
     }
 
     #[test]
@@ -692,6 +637,11 @@ mod tests {
         assert_eq!(earliest_gap(&lane, 1.0, 0.0), 1.0);
         assert_eq!(earliest_gap(&lane, 1.0, 1.5), 5.0);
         assert_eq!(earliest_gap(&lane, 0.5, 2.5), 3.0);
+        // Step 1's latest gap is the earliest gap in mirrored time.
+        let latest_gap = |lane: &[(f64, f64)], d: f64, finish: f64| {
+            let mirrored: Vec<(f64, f64)> = lane.iter().rev().map(|&(s, e)| (-e, -s)).collect();
+            -earliest_gap(&mirrored, d, -finish) - d
+        };
         assert_eq!(latest_gap(&lane, 1.0, 6.0), 5.0);
         assert_eq!(latest_gap(&lane, 1.0, 4.0), 1.0);
         assert_eq!(latest_gap(&lane, 0.5, 4.0), 3.0);

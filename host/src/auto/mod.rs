@@ -568,12 +568,9 @@ fn reshape_and_critical(
         justify::climb(inst, req.objective, best, &mut rng, &mut more, lower);
         work.evaluations += more.evaluations;
         if req.objective == Objective::Span && !proven(best) {
-            let start = match guide.filter(|g| g.makespan < best.makespan) {
-                Some(g) => Some(g),
-                None => score(inst, Objective::Makespan, best.schedule.clone())
-                    .ok()
-                    .flatten(),
-            };
+            let start = guide
+                .filter(|g| g.makespan < best.makespan)
+                .or_else(|| score(inst, Objective::Makespan, best.schedule.clone()).ok()?);
             if let Some(mut guided) = start {
                 let mut more = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
                 let mut rng = Rng::new(req.seed ^ JUSTIFY_STREAM ^ GUIDED_STREAM);
