@@ -393,11 +393,15 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         }
         proven = best.value <= lower * (1.0 + 1e-9);
     }
-    // The safe-admission list rules (V-shape under a limit, module `list`), last: a schedule of
-    // theirs better than the constructive phase's best gets every improvement phase of its own and
-    // replaces the result only when it ends shorter, so every phase above gives what it gave.
+    // The late list rules, last: safe admission (V-shape under a limit) and waiting (two or more
+    // stages per rank), module `list`. The best schedule of theirs, when better than the
+    // constructive phase's best, gets every improvement phase of its own and replaces the result
+    // only when it ends shorter, so every phase above gives what it gave.
     if !proven {
-        if let Some((mut seed, _)) = list::safe_best(&inst, req.objective)?.value {
+        let mut late: Best<&str> = Best::default();
+        late.merge(list::safe_best(&inst, req.objective)?, "safe-list");
+        late.merge(list::waiting_best(&inst, req.objective)?, "wait-list");
+        if let Some((mut seed, name)) = late.value {
             let seed_value = seed.value;
             if seed_value < start_value {
                 let mut more = improve::Work::new(req.time_budget);
@@ -407,9 +411,9 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             }
             if seed.value < best.value {
                 origin = if seed.value < seed_value {
-                    "safe-list+improved".into()
+                    format!("{name}+improved")
                 } else {
-                    "safe-list".into()
+                    name.into()
                 };
                 best = seed;
                 proven = best.value <= lower * (1.0 + 1e-9);
