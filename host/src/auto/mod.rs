@@ -49,12 +49,16 @@
 //!    objective followed, as in 3, by the same search scored by the makespan from the schedule
 //!    with the least makespan the guided climbs ended at. It moves whole waves of work across
 //!    every rank at once, which no move of one item does.
-//! 8. **safe admission**, on V-shape under a limit when nothing proved the result optimal: list
-//!    scheduling under a banker's check on memory (module `list`, origin `safe-list`: a forward is
-//!    admitted when the microbatches in flight can still finish one after another in the order
-//!    they entered; each rank takes in `n/2`, `3n/4` or `n - 1` of its `n` slots before its first
-//!    backward). Their best, when it beats the constructive phase's best, gets phases 3, 5, 6 and 7
-//!    with budgets of its own and replaces the result only when it ends shorter.
+//! 8. **late list rules**, when nothing proved the result optimal (module `list`): on V-shape
+//!    under a limit, list scheduling under a banker's check on memory (origin `safe-list`: a
+//!    forward is admitted when the microbatches in flight can still finish one after another in
+//!    the order they entered; each rank takes in `n/2`, `3n/4` or `n - 1` of its `n` slots before
+//!    its first backward); wherever a rank holds two or more stages, the waiting rules (origin
+//!    `wait-list`: a rank about to start an action waits instead for the deeper chunk's forward of
+//!    one of the first 1, 2 or 4 microbatches when it arrives before that action would end, so the
+//!    way back that the first rank's span waits on is not held up at every rank). Their best, when
+//!    it beats the constructive phase's best, gets phases 3, 5, 6 and 7 with budgets of its own
+//!    and replaces the result only when it ends shorter.
 //!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
