@@ -176,9 +176,9 @@ impl Rule {
         rules
     }
 
-    /// Waiting rules (a [`Rule::lookahead`] of 1, 2 or 4) wherever a rank holds two or more stages: a rank waits
-    /// for the deeper chunk's forward of one of the first 1, 2 or 4 microbatches (the chain that
-    /// the first rank's span waits on), the oldest microbatch or the deepest stage first, forward or
+    /// Waiting rules, wherever a rank holds two or more stages: a rank waits for the deeper chunk's
+    /// forward of one of the first 1, 2 or 4 microbatches ([`Rule::lookahead`]; the chain that the
+    /// first rank's span waits on), the oldest microbatch or the deepest stage first, forward or
     /// backward first, `W`s eagerly (12 rules). Where transfers put the chain out of step with
     /// the ranks' alternating forwards, a non-delay rule makes every rank up the way wait part of
     /// an action for it; these rules wait for it instead (P = 8, M = 16, 2:2:1, transfers 0.1 of
@@ -511,8 +511,9 @@ impl Builder<'_> {
         let t0 = self.free[r];
         // Per op, the best candidate that can start now: (id, key).
         let mut now_best: [Option<(usize, usize)>; 3] = [None; 3];
-        let mut first_later: Option<(f64, usize, usize)> = None; // (ready, op rank, id)
-                                                                 // With lookahead: the earliest deeper forward of a young microbatch, (ready, key, id).
+        // The first F or I to arrive later: (ready, key, id).
+        let mut first_later: Option<(f64, usize, usize)> = None;
+        // With lookahead: the earliest deeper forward of a young microbatch, (ready, key, id).
         let mut wait_for: Option<(f64, usize, usize)> = None;
         let mut first_w_later: Option<(f64, usize)> = None;
         for &x in &inst.stages_of[r] {
