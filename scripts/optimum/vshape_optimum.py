@@ -97,6 +97,12 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
         model.AddMaxEquality(goal, spans)
     model.Minimize(goal)
     if hint:
+        # Microbatches are interchangeable: relabel the hint so that its stage-0 forwards run in
+        # microbatch order, as the model asks (a schedule whose moves swapped two of them is the
+        # same schedule under other labels; unrelabelled, CP-SAT finds the hint infeasible).
+        order = sorted(range(m), key=lambda k: hint["F", 0, k])
+        hint = {(op, s, j): hint[op, s, order[j]] for j in range(m) for op in "FIW"
+                for s in range(stages)}
         for x, a in start.items():
             t = round(SCALE * hint[x])
             model.AddHint(a, t)
