@@ -229,18 +229,15 @@ impl Rule {
     }
 }
 
-/// The best by `objective` of the safe-admission rules' schedules ([`Rule::safe`]) that the
-/// simulator keeps within the limit: one of the seeds that run after the other phases. The rules
-/// build side by side (module `par`).
-pub(crate) fn safe_best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
-    let built = super::par::map_ordered(&Rule::safe(inst), |rule| build(inst, rule));
-    best_of(inst, objective, built.into_iter().flatten())
-}
-
-/// The best by `objective` of the waiting rules' schedules ([`Rule::waiting`]): one of the seeds
-/// that run after the other phases.
-pub(crate) fn waiting_best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
-    let built = super::par::map_ordered(&Rule::waiting(inst), |rule| build(inst, rule));
+/// The best by `objective` of the schedules `rules` build that the simulator keeps within the
+/// limit (the late seeds: [`Rule::safe`] and [`Rule::waiting`]). The rules build side by side
+/// (module `par`).
+pub(crate) fn best_built(
+    inst: &Instance,
+    objective: Objective,
+    rules: &[Rule],
+) -> Result<Best, SimError> {
+    let built = super::par::map_ordered(rules, |rule| build(inst, rule));
     best_of(inst, objective, built.into_iter().flatten())
 }
 

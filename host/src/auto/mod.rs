@@ -403,8 +403,12 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // only when it ends shorter, so every phase above gives what it gave.
     if !proven {
         let mut late: Best<&str> = Best::default();
-        late.merge(list::safe_best(&inst, req.objective)?, "safe-list");
-        late.merge(list::waiting_best(&inst, req.objective)?, "wait-list");
+        for (rules, name) in [
+            (Rule::safe(&inst), "safe-list"),
+            (Rule::waiting(&inst), "wait-list"),
+        ] {
+            late.merge(list::best_built(&inst, req.objective, &rules)?, name);
+        }
         if let Some((mut seed, name)) = late.value {
             let seed_value = seed.value;
             if seed_value < start_value {
