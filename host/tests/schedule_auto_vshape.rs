@@ -62,6 +62,28 @@ fn more_memory_never_gives_a_worse_v_shape_schedule() {
     assert!(won[1] > 0 && won[2] > 0, "wins per seed {SEEDS:?}: {won:?}");
 }
 
+/// A limit at or above what a rank holds with every microbatch in flight does not bind, so it is
+/// the same request as that amount: at `M = P`, 1F1B's memory (`P`, already every microbatch) and
+/// twice that give the same schedule after the whole search, not only the same seeds. The row is
+/// the one of `bench auto --part vshape` where the search ran differently at `2P` and ended longer
+/// (P = 16, M = 16, 1:1.2:0.8, transfers 0.1, span: 62.0 at `2P` against 61.6 at `P`).
+#[test]
+fn limits_that_do_not_bind_are_one_request() {
+    let runs: Vec<_> = [16.0, 32.0, 160.0]
+        .iter()
+        .map(|&limit| {
+            let req = request(16, 16, [1.0, 1.2, 0.8], 0.1, limit)
+                .with_budget(0.3, 0)
+                .with_objective(Objective::Span);
+            solve(&req).unwrap()
+        })
+        .collect();
+    for out in &runs[1..] {
+        assert_eq!(out.solver.value, runs[0].solver.value);
+        assert_eq!(out.schedule, runs[0].schedule);
+    }
+}
+
 /// The span objective is optimised as such: on instances where the span run used to end above the
 /// makespan run (whose schedule's span is at most its makespan), the makespan-guided moves bring
 /// the span down to that value or below. The values before the guided moves were 19.7 and 20.7

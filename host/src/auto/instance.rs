@@ -145,6 +145,18 @@ impl Instance {
             Some(MemoryLimit::InFlight(n)) => self.budget = vec![n; self.p],
             Some(MemoryLimit::Bytes(b)) => self.budget = params.iter().map(|q| b - q).collect(),
         }
+        // A rank never holds more than every microbatch through all its chunks at once, so a limit
+        // at or above that does not bind: it is read as that amount, which makes every such limit
+        // the same request (the same run, the same schedule). Without it the phases that size
+        // their settings from the budget (the V-shape ladder, warm-up depths, admission slots)
+        // ran differently at 2P than at P where M = P, and the larger limit could end worse. No
+        // limit at all stays unlimited (its bound and phases differ from a limit's).
+        for r in 0..self.p {
+            let all = self.m as f64 * self.one_microbatch(r);
+            if all > 0.0 && self.budget[r].is_finite() && self.budget[r] > all {
+                self.budget[r] = all;
+            }
+        }
         for (r, &param) in params.iter().enumerate() {
             let needed = self.one_microbatch(r);
             if needed > self.budget[r] + MEMORY_EPS * needed.max(1.0) {

@@ -60,6 +60,10 @@
 //!    it beats the constructive phase's best, gets phases 3, 5, 6 and 7 with budgets of its own
 //!    and replaces the result only when it ends shorter.
 //!
+//! A limit at or above what a rank holds with every microbatch through all its chunks cannot bind
+//! and is read as that amount, so all such limits are the same request and give the same schedule
+//! (without a limit the request stays unlimited: its bound has no memory terms).
+//!
 //! Every candidate is scored by [`crate::sim`] under the request's costs and checked against the
 //! limit by the simulator's own memory accounting (`F` allocates its stage's activations when it
 //! starts, `I` and `W` release theirs when they end; in microbatches in flight each of `V` chunks

@@ -55,6 +55,15 @@ pub struct VSummary {
     pub mean_ratio: f64,
     /// Largest `auto / bound`.
     pub max_ratio: f64,
+    /// Rows whose limit allows `2P - 1` in flight (twice 1F1B's memory).
+    pub wide_limit: usize,
+    /// Of those, rows within 2 % of the lower bound (the aim: all).
+    pub wide_within_2_percent: usize,
+    /// Rows proven optimal.
+    pub proven_optimal: usize,
+    /// Rows longer than the same instance and objective under a smaller limit of the grid (the
+    /// aim: 0; more memory never gives a worse schedule).
+    pub worse_with_more_memory: usize,
     /// The longest solve, seconds.
     pub max_seconds: f64,
 }
@@ -145,6 +154,10 @@ pub fn run(quick: bool, budget: f64, seed: u64) -> Result<VReport, CliError> {
         }
     }
     let n = rows.len().max(1) as f64;
+    let wide: Vec<&VRow> = rows
+        .iter()
+        .filter(|r| r.limit >= 2.0 * r.ranks as f64 - 1.0)
+        .collect();
     let summary = VSummary {
         rows: rows.len(),
         worse_than_a_family: rows
@@ -157,9 +170,28 @@ pub fn run(quick: bool, budget: f64, seed: u64) -> Result<VReport, CliError> {
             .count(),
         mean_ratio: rows.iter().map(|r| r.auto_ratio).sum::<f64>() / n,
         max_ratio: rows.iter().map(|r| r.auto_ratio).fold(0.0, f64::max),
+        wide_limit: wide.len(),
+        wide_within_2_percent: wide.iter().filter(|r| r.auto_ratio <= 1.02).count(),
+        proven_optimal: rows.iter().filter(|r| r.proven_optimal).count(),
+        worse_with_more_memory: worse_with_more_memory(&rows),
         max_seconds: rows.iter().map(|r| r.seconds).fold(0.0, f64::max),
     };
     Ok(VReport { rows, summary })
+}
+
+/// Rows whose objective is above that of the same instance and objective under a smaller limit.
+fn worse_with_more_memory(rows: &[VRow]) -> usize {
+    let same = |a: &VRow, b: &VRow| {
+        (a.ranks, a.microbatches, a.ratio, a.objective)
+            == (b.ranks, b.microbatches, b.ratio, b.objective)
+            && a.transfer == b.transfer
+    };
+    rows.iter()
+        .filter(|r| {
+            rows.iter()
+                .any(|q| same(q, r) && q.limit < r.limit && r.auto > q.auto * (1.0 + 1e-9))
+        })
+        .count()
 }
 
 /// The V-shape grid as a table, then the aims.
@@ -207,9 +239,61 @@ pub fn table(g: &VReport) -> String {
     }
     let s = &g.summary;
     out.push_str(&format!(
-        "aims over {} rows: auto worse than the best fitting family: {} (aim 0); auto / bound mean {:.4}, \
-         max {:.4}; longest solve {:.3} s\n",
-        s.rows, s.worse_than_a_family, s.mean_ratio, s.max_ratio, s.max_seconds
+        "(* = proven optimal under the limit; the bound is then the optimum)\n\
+         aims over {} rows:\n\
+         - auto worse than the best fitting family: {} (aim 0); longer than under a smaller limit: {} (aim 0)\n\
+         - limit allows 2P-1 in flight: {} rows, {} within 2 % of the bound\n\
+         - auto / bound mean {:.4}, max {:.4}; proven optimal: {}; longest solve {:.3} s\n",
+        s.rows,
+        s.worse_than_a_family,
+        s.worse_with_more_memory,
+        s.wide_limit,
+        s.wide_within_2_percent,
+        s.mean_ratio,
+        s.max_ratio,
+        s.proven_optimal,
+        s.max_seconds
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(limit: f64, auto: f64, objective: Objective) -> VRow {
+        VRow {
+            ranks: 4,
+            microbatches: 4,
+            ratio: "1:1:1",
+            transfer: 0.1,
+            limit_name: "x",
+            limit,
+            objective,
+            lower_bound: 1.0,
+            auto,
+            auto_ratio: auto,
+            proven_optimal: false,
+            origin: String::new(),
+            families: Vec::new(),
+            best_family: None,
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_row_longer_than_under_a_smaller_limit_is_counted() {
+        let (mk, sp) = (Objective::Makespan, Objective::Span);
+        // Monotone per objective; the span's value above the makespan's smaller limit is not a
+        // comparison (other objective).
+        let fine = [
+            row(2.0, 3.0, mk),
+            row(4.0, 2.5, mk),
+            row(2.0, 2.0, sp),
+            row(8.0, 2.0, sp),
+        ];
+        assert_eq!(worse_with_more_memory(&fine), 0);
+        let bad = [row(2.0, 3.0, mk), row(4.0, 3.1, mk), row(8.0, 3.2, mk)];
+        assert_eq!(worse_with_more_memory(&bad), 2);
+    }
 }
