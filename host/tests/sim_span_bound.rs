@@ -7,7 +7,10 @@ mod sim_support;
 
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::{Action, Item, Op, Placement, Schedule};
-use pipefill_host::sim::{bound_with_limit, peak_activations, simulate, span_bound};
+use pipefill_host::sim::{
+    bound_with_limit, bound_with_limit_until_input, peak_activations, simulate, span_bound,
+    span_bound_until_input,
+};
 use sim_support::longest_span;
 
 /// Every order of `items` in which each item comes after the items it needs (`needs[i]`).
@@ -82,20 +85,22 @@ fn rank_orders(p: usize, v: usize, m: usize, placement: Placement, r: usize) -> 
 const LIMITS: [f64; 3] = [1.0, 1.5, 2.0];
 
 /// Per limit of [`LIMITS`], the least makespan and the least longest per-rank span over every
-/// schedule that keeps that many rank-microbatches.
+/// schedule that keeps that many rank-microbatches, each held from its forward's start to the end
+/// of its `W` (or, `until_input`, of its `I`).
 fn optima(
     p: usize,
     v: usize,
     m: usize,
     placement: Placement,
     costs: &CostModel,
+    until_input: bool,
 ) -> [(f64, f64); 3] {
     let per_rank: Vec<Vec<Vec<Action>>> =
         (0..p).map(|r| rank_orders(p, v, m, placement, r)).collect();
     let mut unit = costs.clone();
     for st in &mut unit.stages {
         st.activation_bytes = 1.0 / v as f64;
-        st.released_at_input = 0.0;
+        st.released_at_input = if until_input { 1.0 / v as f64 } else { 0.0 };
     }
     let mut best = [(f64::INFINITY, f64::INFINITY); 3];
     let mut pick = vec![0usize; p];
@@ -162,7 +167,7 @@ fn bounds_are_never_above_the_optimum_under_the_limit() {
             let free = span_bound(p, m, placement, &costs, false, None).unwrap();
             let work = m as f64 * fiw.iter().sum::<f64>();
             heads += usize::from(free > work + 1e-9);
-            let best = optima(p, v, m, placement, &costs);
+            let best = optima(p, v, m, placement, &costs, false);
             for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
                 let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit}");
                 assert!(span.is_finite(), "{case}: nothing fits");
@@ -185,6 +190,54 @@ fn bounds_are_never_above_the_optimum_under_the_limit() {
     // The limit makes the bound stronger somewhere (else the memory term would be untested).
     assert!(stronger > 0);
     assert!(heads > 0);
+}
+
+/// Section 11: with at most `n` intervals from a forward's start to the end of its `I` on a rank
+/// (the `W`s free of any slot, but still work), `bound_with_limit_until_input` and
+/// `span_bound_until_input` are never above the optima, and the limit makes them stronger than the
+/// bounds without memory somewhere.
+#[test]
+fn bounds_up_to_input_are_never_above_the_optimum() {
+    let mut stronger = 0;
+    for (p, v, m, placement) in [
+        (2, 1, 2, Placement::Looped),
+        (3, 1, 2, Placement::Looped),
+        (1, 2, 2, Placement::Vshape),
+        (2, 2, 1, Placement::Vshape),
+        (3, 2, 1, Placement::Vshape),
+    ] {
+        for (fiw, latency) in [
+            ([1.0, 1.0, 1.0], 0.0),
+            ([2.0, 1.5, 1.0], 0.3),
+            ([1.0, 1.0, 2.0], 0.1),
+        ] {
+            let link = LinkCost {
+                latency,
+                bandwidth: f64::INFINITY,
+            };
+            let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
+            let costs = CostModel::uniform(one, p * v, link);
+            let free_span = span_bound(p, m, placement, &costs, false, None).unwrap();
+            let free = pipefill_host::sim::bound_for(p, m, placement, &costs, false);
+            let best = optima(p, v, m, placement, &costs, true);
+            for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
+                let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit}");
+                assert!(span.is_finite(), "{case}: nothing fits");
+                let limits = vec![limit; p];
+                let b = span_bound_until_input(p, m, placement, &costs, false, &limits).unwrap();
+                assert!(b <= span + 1e-9, "{case}: span bound {b} > optimum {span}");
+                stronger += usize::from(b > free_span + 1e-9);
+                let b =
+                    bound_with_limit_until_input(p, m, placement, &costs, false, &limits).unwrap();
+                assert!(
+                    b <= makespan + 1e-9,
+                    "{case}: makespan bound {b} > optimum {makespan}"
+                );
+                stronger += usize::from(b > free + 1e-9);
+            }
+        }
+    }
+    assert!(stronger > 0);
 }
 
 /// The staircases (section 7 of the bound) and the pairs of ranks (section 8) reach the optimum

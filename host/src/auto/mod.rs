@@ -96,7 +96,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::Op;
 use crate::schedule::Schedule;
-use crate::sim::{lower_bound, lower_bound_with_limit, span_bound};
+use crate::sim::{
+    bound_with_limit_until_input, lower_bound, lower_bound_with_limit, span_bound,
+    span_bound_until_input,
+};
 
 mod critical;
 mod error;
@@ -621,9 +624,13 @@ fn shorter(kept: &mut Option<Scored>, new: Option<Scored>) {
 
 /// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the
 /// request has a limit ([`held_limits`]); for the span, [`span_bound`] (the busiest rank's work,
-/// or more under the limit).
+/// or more under the limit). Where fewer stage-microbatches fit from a forward to the end of its
+/// `I` than to the end of its `W` ([`until_input_limits`]), also the same bounds with slots counted
+/// up to `I` ([`bound_with_limit_until_input`], [`span_bound_until_input`]), the larger taken.
 fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
-    match req.objective {
+    let pairs = crate::sim::has_pairs(schedule);
+    let (p, m, placement) = (inst.p, inst.m, inst.placement);
+    let held = match req.objective {
         Objective::Makespan => {
             let free = lower_bound(schedule, &req.costs);
             match held_limits(inst) {
@@ -632,21 +639,58 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
                 None => free,
             }
         }
-        Objective::Span => {
-            let limits = held_limits(inst);
-            // Overlap savings counted as for the makespan: when the schedule has overlapped pairs.
-            let pairs = crate::sim::has_pairs(schedule);
-            span_bound(
-                inst.p,
-                inst.m,
-                inst.placement,
-                &req.costs,
-                pairs,
-                limits.as_deref(),
-            )
-            .unwrap_or(0.0)
+        // Overlap savings counted as for the makespan: when the schedule has overlapped pairs.
+        Objective::Span => span_bound(
+            p,
+            m,
+            placement,
+            &req.costs,
+            pairs,
+            held_limits(inst).as_deref(),
+        )
+        .unwrap_or(0.0),
+    };
+    let Some(limits) = until_input_limits(inst) else {
+        return held;
+    };
+    let until_input = match req.objective {
+        Objective::Makespan => {
+            bound_with_limit_until_input(p, m, placement, &req.costs, pairs, &limits)
         }
+        Objective::Span => span_bound_until_input(p, m, placement, &req.costs, pairs, &limits),
+    };
+    until_input.map_or(held, |b| b.max(held))
+}
+
+/// Per rank, the most rank-microbatches whose interval from a forward's start to the end of its
+/// `I` can overlap: each holds at least what its `F` allocates, so the budget over the least such
+/// allocation among the rank's stages. `None` where that is no fewer on any rank than
+/// [`held_limits`] counts up to `W` (in microbatches in flight, where `I` releases nothing; without
+/// a limit).
+fn until_input_limits(inst: &Instance) -> Option<Vec<f64>> {
+    if inst.unit {
+        return None;
     }
+    let held = held_limits(inst)?;
+    let limits: Vec<f64> = (0..inst.p)
+        .map(|r| {
+            let budget = inst.budget[r];
+            let least = inst.stages_of[r]
+                .iter()
+                .map(|&x| inst.foot[x].allocated_by(Op::F))
+                .fold(f64::INFINITY, f64::min);
+            if budget.is_finite() && least > 0.0 {
+                (budget * (1.0 + MEMORY_EPS) / least).floor() / inst.v as f64
+            } else {
+                f64::INFINITY
+            }
+        })
+        .collect();
+    limits
+        .iter()
+        .zip(&held)
+        .any(|(a, b)| a < b)
+        .then_some(limits)
 }
 
 /// Per rank, the most rank-microbatches (a stage's microbatch counts `1/V`) that can be held from

@@ -99,8 +99,8 @@ mod shared;
 
 pub(crate) use bound::has_pairs;
 pub use bound::{
-    basic_bound, bound_for, bound_with_limit, lower_bound, lower_bound_with_limit, span_bound,
-    BoundError,
+    basic_bound, bound_for, bound_with_limit, bound_with_limit_until_input, lower_bound,
+    lower_bound_with_limit, span_bound, span_bound_until_input, BoundError,
 };
 pub use error::SimError;
 pub use memory::{activation_curve, peak_activations};

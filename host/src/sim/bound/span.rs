@@ -48,6 +48,48 @@ pub fn span_bound(
     )
 }
 
+/// [`span_bound`]'s memory terms with slots counted only from a forward's start to the end of its
+/// `I` (module docs, section 11): `max_in_flight` is then how many of those intervals a rank can hold
+/// at once, which in bytes can be far fewer than the intervals up to the end of `W` when `I`
+/// releases most of a stage's activations. The terms that do not depend on memory are left out
+/// (they are [`span_bound`]'s), so take the larger of the two.
+///
+/// ```
+/// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
+/// use pipefill_host::schedule::Placement;
+/// use pipefill_host::sim::{span_bound, span_bound_until_input};
+/// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
+/// // One interval up to I at a time: rank 0 waits for 4 F and 4 I per microbatch (8 x 8); a slot
+/// // held to the end of W waits longer, so that bound is at least as high.
+/// let until_i = span_bound_until_input(4, 8, Placement::Looped, &c, false, &[1.0; 4]).unwrap();
+/// assert!(until_i >= 8.0 * 8.0);
+/// assert!(until_i <= span_bound(4, 8, Placement::Looped, &c, false, Some(&[1.0; 4])).unwrap());
+/// ```
+///
+/// Errors: as [`super::bound_with_limit`].
+pub fn span_bound_until_input(
+    ranks: usize,
+    microbatches: usize,
+    placement: Placement,
+    costs: &CostModel,
+    overlap: bool,
+    max_in_flight: &[f64],
+) -> Result<f64, BoundError> {
+    span_bound_with(
+        ranks,
+        microbatches,
+        placement,
+        costs,
+        overlap,
+        Some(max_in_flight),
+        Terms {
+            others: false,
+            flow: false,
+            until_input: true,
+        },
+    )
+}
+
 /// Which of the costlier terms [`span_bound_with`] computes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Terms {
@@ -58,6 +100,9 @@ pub(super) struct Terms {
     /// Section 10 for the rank that holds stage 0 (the makespan bound under a limit leaves it out:
     /// its own section 10 term is no smaller).
     pub flow: bool,
+    /// Slots held only up to the end of `I` (section 11): the memory terms of sections 5 and 6
+    /// with that round trip; sections 9 and 10, which hold a slot to the end of `W`, are left out.
+    pub until_input: bool,
 }
 
 impl Terms {
@@ -65,11 +110,13 @@ impl Terms {
     pub const ALL: Terms = Terms {
         others: true,
         flow: true,
+        until_input: false,
     };
     /// Neither (the span term of the bound without a limit).
     pub const NONE: Terms = Terms {
         others: false,
         flow: false,
+        until_input: false,
     };
 }
 
@@ -94,7 +141,10 @@ pub(super) fn span_bound_with(
     if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
         return Ok(0.0);
     }
-    let chain = Chain::new(ranks, placement, costs);
+    let mut chain = Chain::new(ranks, placement, costs);
+    if terms.until_input {
+        chain.release_at_input();
+    }
     let groups = Groups::new(ranks, placement, costs, &chain, overlap);
     let chunks = costs.stages.len() as f64 / ranks as f64;
     let m = microbatches as f64;
@@ -112,7 +162,7 @@ pub(super) fn span_bound_with(
             .max(rank.span_term(&groups, r, microbatches, held));
     }
     // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
-    if let Some(limits) = max_in_flight {
+    if let Some(limits) = max_in_flight.filter(|_| !terms.until_input) {
         if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
             let first = placement.rank_of(0, ranks);
             bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
