@@ -85,22 +85,22 @@ fn rank_orders(p: usize, v: usize, m: usize, placement: Placement, r: usize) -> 
 const LIMITS: [f64; 3] = [1.0, 1.5, 2.0];
 
 /// Per limit of [`LIMITS`], the least makespan and the least longest per-rank span over every
-/// schedule that keeps that many rank-microbatches, each held from its forward's start to the end
-/// of its `W` (or, `until_input`, of its `I`).
+/// schedule that keeps that many rank-microbatches, each held whole from its forward's start to the
+/// end of its `I` and `after` of one from there to the end of its `W`.
 fn optima(
     p: usize,
     v: usize,
     m: usize,
     placement: Placement,
     costs: &CostModel,
-    until_input: bool,
+    after: f64,
 ) -> [(f64, f64); 3] {
     let per_rank: Vec<Vec<Vec<Action>>> =
         (0..p).map(|r| rank_orders(p, v, m, placement, r)).collect();
     let mut unit = costs.clone();
     for st in &mut unit.stages {
         st.activation_bytes = 1.0 / v as f64;
-        st.released_at_input = if until_input { 1.0 / v as f64 } else { 0.0 };
+        st.released_at_input = (1.0 - after) / v as f64;
     }
     let mut best = [(f64::INFINITY, f64::INFINITY); 3];
     let mut pick = vec![0usize; p];
@@ -167,7 +167,7 @@ fn bounds_are_never_above_the_optimum_under_the_limit() {
             let free = span_bound(p, m, placement, &costs, false, None).unwrap();
             let work = m as f64 * fiw.iter().sum::<f64>();
             heads += usize::from(free > work + 1e-9);
-            let best = optima(p, v, m, placement, &costs, false);
+            let best = optima(p, v, m, placement, &costs, 1.0);
             for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
                 let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit}");
                 assert!(span.is_finite(), "{case}: nothing fits");
@@ -192,13 +192,14 @@ fn bounds_are_never_above_the_optimum_under_the_limit() {
     assert!(heads > 0);
 }
 
-/// Section 11: with at most `n` intervals from a forward's start to the end of its `I` on a rank
-/// (the `W`s free of any slot, but still work), `bound_with_limit_until_input` and
-/// `span_bound_until_input` are never above the optima, and the limit makes them stronger than the
-/// bounds without memory somewhere.
+/// Section 11: a slot held whole from a forward's start to the end of its `I` and `after` of one to
+/// the end of its `W` (0: free after `I`; 0.5), at most 1, 1.5 or 2 slots per rank:
+/// `bound_with_limit_until_input` and `span_bound_until_input` are never above the optima, and the
+/// limit makes them stronger than the bounds without memory somewhere, and the second level
+/// stronger than the first alone.
 #[test]
-fn bounds_up_to_input_are_never_above_the_optimum() {
-    let mut stronger = 0;
+fn bounds_with_two_levels_are_never_above_the_optimum() {
+    let (mut stronger, mut second) = (0, 0);
     for (p, v, m, placement) in [
         (2, 1, 2, Placement::Looped),
         (3, 1, 2, Placement::Looped),
@@ -219,25 +220,36 @@ fn bounds_up_to_input_are_never_above_the_optimum() {
             let costs = CostModel::uniform(one, p * v, link);
             let free_span = span_bound(p, m, placement, &costs, false, None).unwrap();
             let free = pipefill_host::sim::bound_for(p, m, placement, &costs, false);
-            let best = optima(p, v, m, placement, &costs, true);
-            for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
-                let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit}");
-                assert!(span.is_finite(), "{case}: nothing fits");
-                let limits = vec![limit; p];
-                let b = span_bound_until_input(p, m, placement, &costs, false, &limits).unwrap();
-                assert!(b <= span + 1e-9, "{case}: span bound {b} > optimum {span}");
-                stronger += usize::from(b > free_span + 1e-9);
-                let b =
-                    bound_with_limit_until_input(p, m, placement, &costs, false, &limits).unwrap();
-                assert!(
-                    b <= makespan + 1e-9,
-                    "{case}: makespan bound {b} > optimum {makespan}"
-                );
-                stronger += usize::from(b > free + 1e-9);
+            for after in [0.0, 0.5] {
+                let best = optima(p, v, m, placement, &costs, after);
+                for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
+                    let case = format!(
+                        "P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit} after {after}"
+                    );
+                    assert!(span.is_finite(), "{case}: nothing fits");
+                    let (limits, w) = (vec![limit; p], vec![after; p]);
+                    let bound = |after: &[f64]| {
+                        let s =
+                            span_bound_until_input(p, m, placement, &costs, false, &limits, after);
+                        let b = bound_with_limit_until_input(
+                            p, m, placement, &costs, false, &limits, after,
+                        );
+                        (s.unwrap(), b.unwrap())
+                    };
+                    let (s, b) = bound(&w);
+                    assert!(s <= span + 1e-9, "{case}: span bound {s} > optimum {span}");
+                    assert!(
+                        b <= makespan + 1e-9,
+                        "{case}: makespan bound {b} > optimum {makespan}"
+                    );
+                    stronger += usize::from(s > free_span + 1e-9) + usize::from(b > free + 1e-9);
+                    let (s0, b0) = bound(&vec![0.0; p]);
+                    second += usize::from(s > s0 + 1e-9 || b > b0 + 1e-9);
+                }
             }
         }
     }
-    assert!(stronger > 0);
+    assert!(stronger > 0 && second > 0, "{stronger} {second}");
 }
 
 /// The staircases (section 7 of the bound) and the pairs of ranks (section 8) reach the optimum

@@ -650,47 +650,54 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
         )
         .unwrap_or(0.0),
     };
-    let Some(limits) = until_input_limits(inst) else {
+    let Some((limits, after)) = until_input_limits(inst) else {
         return held;
     };
     let until_input = match req.objective {
         Objective::Makespan => {
-            bound_with_limit_until_input(p, m, placement, &req.costs, pairs, &limits)
+            bound_with_limit_until_input(p, m, placement, &req.costs, pairs, &limits, &after)
         }
-        Objective::Span => span_bound_until_input(p, m, placement, &req.costs, pairs, &limits),
+        Objective::Span => {
+            span_bound_until_input(p, m, placement, &req.costs, pairs, &limits, &after)
+        }
     };
     until_input.map_or(held, |b| b.max(held))
 }
 
-/// Per rank, the most rank-microbatches whose interval from a forward's start to the end of its
-/// `I` can overlap: each holds at least what its `F` allocates, so the budget over the least such
-/// allocation among the rank's stages. `None` where that is no fewer on any rank than
-/// [`held_limits`] counts up to `W` (in microbatches in flight, where `I` releases nothing; without
-/// a limit).
-fn until_input_limits(inst: &Instance) -> Option<Vec<f64>> {
-    if inst.unit {
+/// Per rank, the two levels of holding of section 11 of the bound: every stage-microbatch holds at
+/// least the least its rank's `F`s allocate (a whole slot) from its forward's start to the end of
+/// its `I`, and at least the least its `W`s still release from there to the end of its `W` (that
+/// share of a slot); the rank holds at most its budget over a whole slot (rank-microbatches, not
+/// rounded). `None` in microbatches in flight (`I` releases nothing: one level), without a limit,
+/// or where no rank's second level is below a whole slot.
+fn until_input_limits(inst: &Instance) -> Option<(Vec<f64>, Vec<f64>)> {
+    if inst.unit || inst.budget.iter().all(|b| b.is_infinite()) {
         return None;
     }
-    let held = held_limits(inst)?;
-    let limits: Vec<f64> = (0..inst.p)
-        .map(|r| {
-            let budget = inst.budget[r];
-            let least = inst.stages_of[r]
+    let v = inst.v as f64;
+    let mut limits = Vec::with_capacity(inst.p);
+    let mut after = Vec::with_capacity(inst.p);
+    for r in 0..inst.p {
+        let least = |op: Op| {
+            inst.stages_of[r]
                 .iter()
-                .map(|&x| inst.foot[x].allocated_by(Op::F))
-                .fold(f64::INFINITY, f64::min);
-            if budget.is_finite() && least > 0.0 {
-                (budget * (1.0 + MEMORY_EPS) / least).floor() / inst.v as f64
-            } else {
-                f64::INFINITY
-            }
-        })
-        .collect();
-    limits
-        .iter()
-        .zip(&held)
-        .any(|(a, b)| a < b)
-        .then_some(limits)
+                .map(|&x| match op {
+                    Op::F => inst.foot[x].allocated_by(Op::F),
+                    _ => inst.foot[x].released_by(Op::W),
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (whole, rest) = (least(Op::F), least(Op::W));
+        let budget = inst.budget[r];
+        if budget.is_finite() && whole > 0.0 {
+            limits.push(budget * (1.0 + MEMORY_EPS) / whole / v);
+            after.push((rest / whole).max(0.0));
+        } else {
+            limits.push(f64::INFINITY);
+            after.push(1.0);
+        }
+    }
+    after.iter().any(|&w| w < 1.0).then_some((limits, after))
 }
 
 /// Per rank, the most rank-microbatches (a stage's microbatch counts `1/V`) that can be held from

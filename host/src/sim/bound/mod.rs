@@ -184,19 +184,28 @@
 //! below them at P = 4, M = 4 (11-15 % before); it applies where ranks have one or two stages,
 //! without overlapped pairs, under a limit that binds.
 //!
-//! ## 11. Slots up to the end of `I` ([`bound_with_limit_until_input`], [`span_bound_until_input`])
+//! ## 11. Two levels of holding ([`bound_with_limit_until_input`], [`span_bound_until_input`])
 //!
 //! Sections 4-6 count a slot from a forward's start to the end of its whole backward, and in bytes
 //! a slot is the least a stage-microbatch holds over that interval: where `I` releases most of a
 //! stage (the zero-bubble authors' model keeps only `W`'s share after `I`), that least is small and
 //! the count large. Over the shorter interval from the forward's start to the end of its `I` (or
-//! `B`) a stage-microbatch holds at least what its `F` allocates, so fewer such intervals overlap,
-//! and each lasts at least `F`, the way up and back and `I`. Sections 4-6 with that round trip and
-//! that count (the `W`s still run as work) bound both objectives too; the terms that do not involve
-//! memory are the other functions', so the caller takes the larger. The count is the caller's
-//! (`auto` divides each rank's budget by the least its stages' `F`s allocate). At the zero-bubble
+//! `B`) a stage-microbatch holds at least what its `F` allocates (a whole slot), and from there to
+//! the end of its `W` at least what its `W` releases (`w` of a slot); a rank holds at most `cap`
+//! slots. When the `i`-th forward starts (`i` earlier ones), `a` of those are before the end of
+//! their `I` and `b` after it but before the end of their `W`, with `a + w b <= cap - 1`: so for
+//! some `a <= cap - 1`, `i - a` have passed their `I` and all but `floor((cap - 1 - a) / w)` of
+//! those their `W`. The `k`-th end of an `I` (of a `W`) comes no earlier than a round trip to the
+//! end of `I` (to the end of `W`) after the `k`-th forward's start, as in section 4, so the
+//! forward's start is at least the least over `a` of the later of the two. That recurrence gives
+//! the heads of section 4 and 5's one-machine problems; section 6 holds `cap` slots against a whole
+//! slot for each round trip to `I` and `w` of one for each `W`. The `W`s still run as work; the
+//! terms that do not involve memory are the other functions', so the caller takes the larger.
+//! `auto` takes both levels per rank from its budget and its stages' footprints. At the zero-bubble
 //! paper's 1F1B memory (1.5B, p = 8, m = 24) it lifts the span bound's bubble rate from 0.066 to
-//! 0.109, against ZB-1p's 0.1585 (`bench auto --part paper`).
+//! 0.109, against ZB-1p's 0.1585 (`bench auto --part paper`); the second level adds nothing on the
+//! paper's rows, but reaches the exact method's optimum on a small one (p = 3, m = 4, `F = I = 1`,
+//! `W = 0.5`, `w = 0.366`, 1F1B's memory: 13.24, against 12.74 with the first level alone).
 //!
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
@@ -337,25 +346,32 @@ pub fn bound_with_limit(
         costs,
         overlap,
         max_in_flight,
-        false,
+        None,
     )
 }
 
-/// [`bound_with_limit`] with slots counted only from a forward's start to the end of its `I`
-/// (module docs, section 11): `max_in_flight` is how many of those intervals a rank can hold at
-/// once. Sections 9 and 10, which hold a slot to the end of `W`, are left out.
+/// [`bound_with_limit`] with two levels of holding (module docs, section 11): a stage-microbatch
+/// holds a whole slot from its forward's start to the end of its `I` (or `B`), then
+/// `after_input[r]` of one (0 to 1) to the end of its `W`; rank `r` holds at most
+/// `max_in_flight[r]` slots (rank-microbatches, not rounded) at once. Sections 9 and 10 are left
+/// out, and the terms that do not involve memory (they are [`bound_with_limit`]'s), so take the
+/// larger of the two.
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 /// use pipefill_host::schedule::Placement;
-/// use pipefill_host::sim::bound_with_limit_until_input;
+/// use pipefill_host::sim::{bound_with_limit, bound_with_limit_until_input};
 /// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
-/// // One interval up to I at a time on every rank: rank 0 waits 4 F and 4 I per microbatch.
-/// let b = bound_with_limit_until_input(4, 8, Placement::Looped, &c, false, &[1.0; 4]).unwrap();
-/// assert!(b >= 8.0 * 8.0);
+/// // One whole slot up to I and nothing after: rank 0 waits for 4 F and 4 I per microbatch.
+/// let up_to_i = bound_with_limit_until_input(4, 8, Placement::Looped, &c, false, &[1.0; 4], &[0.0; 4]);
+/// assert!(up_to_i.unwrap() >= 8.0 * 8.0);
+/// // Held whole to the end of W as well, it is the plain bound's memory term (the plain bound
+/// // has more terms besides).
+/// let whole = bound_with_limit_until_input(4, 8, Placement::Looped, &c, false, &[1.0; 4], &[1.0; 4]);
+/// assert!(whole.unwrap() <= bound_with_limit(4, 8, Placement::Looped, &c, false, &[1.0; 4]).unwrap());
 /// ```
 ///
-/// Errors: as [`bound_with_limit`].
+/// Errors: as [`bound_with_limit`], for either list.
 pub fn bound_with_limit_until_input(
     ranks: usize,
     microbatches: usize,
@@ -363,7 +379,9 @@ pub fn bound_with_limit_until_input(
     costs: &CostModel,
     overlap: bool,
     max_in_flight: &[f64],
+    after_input: &[f64],
 ) -> Result<f64, BoundError> {
+    check_limits(ranks, after_input)?;
     limited(
         ranks,
         microbatches,
@@ -371,11 +389,12 @@ pub fn bound_with_limit_until_input(
         costs,
         overlap,
         max_in_flight,
-        true,
+        Some(after_input),
     )
 }
 
-/// [`bound_with_limit`], slots held to the end of `W` or (`until_input`) of `I`.
+/// [`bound_with_limit`], slots held whole to the end of `W`, or (`after_input`) whole to the end
+/// of `I` and that share of one to the end of `W`.
 fn limited(
     ranks: usize,
     microbatches: usize,
@@ -383,8 +402,9 @@ fn limited(
     costs: &CostModel,
     overlap: bool,
     max_in_flight: &[f64],
-    until_input: bool,
+    after_input: Option<&[f64]>,
 ) -> Result<f64, BoundError> {
+    let until_input = after_input.is_some();
     check_limits(ranks, max_in_flight)?;
     let free = bound_for(ranks, microbatches, placement, costs, overlap);
     if costs.stages.is_empty() || ranks == 0 || microbatches == 0 {
@@ -408,14 +428,14 @@ fn limited(
         span::Terms {
             others: !until_input,
             flow: false,
-            until_input,
+            after_input,
         },
     )?;
     let mut bound = free.max(span);
     for (r, &limit) in max_in_flight.iter().enumerate() {
         let rank = RankJobs::new(r, &chain, &groups);
-        let held = (limit * chunks + 1e-9).floor();
-        bound = bound.max(rank.memory_term(&groups, r, microbatches, held));
+        let slots = Slots::new(limit, chunks, after_input.map(|w| w[r]));
+        bound = bound.max(rank.memory_term(&groups, r, microbatches, slots));
     }
     if until_input {
         return Ok(bound);
@@ -508,27 +528,26 @@ impl<'a> RankJobs<'a> {
     }
 
     /// Section 4: forwards released no earlier than the memory recurrence allows, when at most
-    /// `held` stage-microbatches fit (`m` microbatches); with the holding argument (section 6).
-    fn memory_term(&self, groups: &Groups, r: usize, m: usize, held: f64) -> f64 {
+    /// `slots` fit (`m` microbatches); with the holding argument (section 6).
+    fn memory_term(&self, groups: &Groups, r: usize, m: usize, slots: Slots) -> f64 {
         let c = self.chain;
         let Some(&first) = self.mine.first() else {
             return 0.0;
         };
         let count = self.mine.len() * m;
-        if held >= count as f64 {
+        if slots.binds_none(count) {
             return 0.0;
         }
-        if held < 1.0 {
+        if slots.cap < 1.0 {
             return f64::INFINITY;
         }
-        let n = held as usize;
         let heads: Vec<f64> = self.mine.iter().map(|&s| c.head_f[s]).collect();
-        let sigma = self.forward_starts(m, n, &heads);
+        let sigma = self.forward_starts(m, slots, &heads);
         let work = self.min_over(|s| self.forward_work(s));
         let tail = self.min_over(|s| c.tail_f(s));
         let mut jobs = groups.jobs(r, m, Anchor::Step, Which::Backward, false);
         jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
-        jackson::preemptive(&jobs).max(c.head_f[first] + self.holding(m, n))
+        jackson::preemptive(&jobs).max(c.head_f[first] + self.holding(m, slots))
     }
 
     /// The least of `f` over the rank's stages.
@@ -540,42 +559,116 @@ impl<'a> RankJobs<'a> {
     }
 
     /// Lower bounds on the start of the rank's `i`-th forward (in start order), `i < M x stages`,
-    /// when at most `n` stage-microbatches are held and the forwards of stage `mine[j]` start at
-    /// `heads[j]` or later (sections 4 and 5): at least the previous one's plus the shortest
-    /// forward; at least the `ceil((i + 1) / M)`-th smallest head (the first `i + 1` forwards hold
-    /// at most `M` of each stage); for `i >= n`, at least the earliest the `(i - n)`-th forward or a
-    /// later one can free its activations.
-    fn forward_starts(&self, m: usize, n: usize, heads: &[f64]) -> Vec<f64> {
+    /// when at most `slots` are held and the forwards of stage `mine[j]` start at `heads[j]` or
+    /// later (sections 4, 5 and 11): at least the previous one's plus the shortest forward; at
+    /// least the `ceil((i + 1) / M)`-th smallest head (the first `i + 1` forwards hold at most `M`
+    /// of each stage); for `i >= n`, at least the earliest the `(i - n)`-th forward or a later one
+    /// can free its slot. With a second level (section 11: a slot is held whole to the end of `I`,
+    /// then `w` of it to the end of `W`), the `i`-th forward needs, for some `a` of the earlier
+    /// ones still before the end of their `I`, `i - a` of them past their `I` and all but
+    /// `floor((cap - 1 - a) / w)` of those past their `W`.
+    fn forward_starts(&self, m: usize, slots: Slots, heads: &[f64]) -> Vec<f64> {
         let c = self.chain;
         let count = self.mine.len() * m;
         let mut sorted = heads.to_vec();
         sorted.sort_by(f64::total_cmp);
         let spacing = self.min_over(|s| c.forward[s]);
-        // The earliest a forward started at `t` or later can free its activations.
-        let freed = |t: f64| {
+        // The earliest a forward started at `t` or later can free its slot (`rest` more: its
+        // second level).
+        let freed = |t: f64, more: bool| {
             self.mine
                 .iter()
                 .zip(heads)
-                .map(|(&s, &h)| t.max(h) + c.round_trip(s))
+                .map(|(&s, &h)| t.max(h) + c.round_trip(s) + if more { c.rest[s] } else { 0.0 })
                 .fold(f64::INFINITY, f64::min)
         };
+        let n = slots.whole();
         let mut x = vec![sorted[0]; count];
         for i in 1..count {
             x[i] = (x[i - 1] + spacing).max(sorted[i / m.max(1)]);
-            if i >= n {
-                x[i] = x[i].max(freed(x[i - n]));
+            match slots.after {
+                None if i >= n => x[i] = x[i].max(freed(x[i - n], false)),
+                None => {}
+                Some(w) => {
+                    // At the start of forward `i` (0-based: `i` earlier ones), `a` of them hold a
+                    // whole slot and `b <= (cap - 1 - a) / w` the second level: `i - a` are past
+                    // their `I`, `i - a - b` past their `W`.
+                    let mut least = f64::INFINITY;
+                    for a in 0..=(n - 1).min(i) {
+                        let past_i = i - a;
+                        let second = if w > 0.0 {
+                            ((slots.cap - 1.0 - a as f64) / w + 1e-9).floor().max(0.0)
+                        } else {
+                            f64::INFINITY
+                        };
+                        let t_i = if past_i >= 1 {
+                            freed(x[past_i - 1], false)
+                        } else {
+                            0.0
+                        };
+                        let past_w = past_i as f64 - second;
+                        let t_w = if past_w >= 1.0 {
+                            freed(x[past_w as usize - 1], true)
+                        } else {
+                            0.0
+                        };
+                        least = least.min(t_i.max(t_w));
+                    }
+                    x[i] = x[i].max(least);
+                }
             }
         }
         x
     }
 
     /// Section 6: the time the rank must hold activations for, divided by what it can hold at
-    /// once: every stage-microbatch holds a slot for at least its round trip, at most `n` slots
-    /// at a time.
-    fn holding(&self, m: usize, n: usize) -> f64 {
+    /// once: every stage-microbatch holds a slot for at least its round trip (with a second level,
+    /// `w` of one for its rest too), at most `cap` slots at a time.
+    fn holding(&self, m: usize, slots: Slots) -> f64 {
         let c = self.chain;
-        let total: f64 = self.mine.iter().map(|&s| c.round_trip(s)).sum();
-        m as f64 * total / n.max(1) as f64
+        let w = slots.after.unwrap_or(0.0);
+        let total: f64 = self
+            .mine
+            .iter()
+            .map(|&s| c.round_trip(s) + w * c.rest[s])
+            .sum();
+        let cap = match slots.after {
+            None => slots.whole() as f64,
+            Some(_) => slots.cap,
+        };
+        m as f64 * total / cap.max(1.0)
+    }
+}
+
+/// What a rank can hold, in stage-microbatch slots: `cap` of them (whole slots for the plain
+/// terms); with `after`, a slot is held whole from a forward's start to the end of its `I` and `w`
+/// of it from there to the end of its `W` (section 11).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Slots {
+    /// Slots, stage-microbatches (not rounded with a second level).
+    pub cap: f64,
+    /// The share of a slot held after `I`, with a second level.
+    pub after: Option<f64>,
+}
+
+impl Slots {
+    /// At most `limit` rank-microbatches with `chunks` stages per rank, and the second level.
+    pub(super) fn new(limit: f64, chunks: f64, after: Option<f64>) -> Slots {
+        let cap = limit * chunks + 1e-9;
+        Slots {
+            cap: if after.is_some() { cap } else { cap.floor() },
+            after,
+        }
+    }
+
+    /// Whole slots.
+    pub(super) fn whole(self) -> usize {
+        self.cap.floor().max(1.0) as usize
+    }
+
+    /// Whether every one of `count` stage-microbatches fits at once at full size and to the end.
+    pub(super) fn binds_none(self, count: usize) -> bool {
+        self.cap >= count as f64
     }
 }
 

@@ -6,7 +6,7 @@ use super::jackson::{self, Job};
 use super::nest::Nest;
 use super::pair::pair_term;
 use super::stair::{Anchor, Groups, Which, MAX_BLOCKS};
-use super::{check_limits, BoundError, RankJobs};
+use super::{check_limits, BoundError, RankJobs, Slots};
 use crate::cost::CostModel;
 use crate::schedule::Placement;
 
@@ -48,25 +48,27 @@ pub fn span_bound(
     )
 }
 
-/// [`span_bound`]'s memory terms with slots counted only from a forward's start to the end of its
-/// `I` (module docs, section 11): `max_in_flight` is then how many of those intervals a rank can hold
-/// at once, which in bytes can be far fewer than the intervals up to the end of `W` when `I`
-/// releases most of a stage's activations. The terms that do not depend on memory are left out
-/// (they are [`span_bound`]'s), so take the larger of the two.
+/// [`span_bound`]'s memory terms with two levels of holding (module docs, section 11), as
+/// [`super::bound_with_limit_until_input`]: a whole slot from a forward's start to the end of its
+/// `I`, `after_input[r]` of one from there to the end of its `W`, at most `max_in_flight[r]` slots
+/// (not rounded) on rank `r`. The terms that do not involve memory are [`span_bound`]'s, so take the
+/// larger of the two.
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 /// use pipefill_host::schedule::Placement;
 /// use pipefill_host::sim::{span_bound, span_bound_until_input};
 /// let c = CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 4, LinkCost::default());
-/// // One interval up to I at a time: rank 0 waits for 4 F and 4 I per microbatch (8 x 8); a slot
-/// // held to the end of W waits longer, so that bound is at least as high.
-/// let until_i = span_bound_until_input(4, 8, Placement::Looped, &c, false, &[1.0; 4]).unwrap();
-/// assert!(until_i >= 8.0 * 8.0);
-/// assert!(until_i <= span_bound(4, 8, Placement::Looped, &c, false, Some(&[1.0; 4])).unwrap());
+/// let limit = [1.0; 4];
+/// // One slot, held whole only up to I: rank 0 waits for 4 F and 4 I per microbatch (8 x 8).
+/// let up_to_i = span_bound_until_input(4, 8, Placement::Looped, &c, false, &limit, &[0.0; 4]);
+/// assert!(up_to_i.unwrap() >= 8.0 * 8.0);
+/// // Held whole to the end of W, it is the plain bound's memory term (which has more terms).
+/// let whole = span_bound_until_input(4, 8, Placement::Looped, &c, false, &limit, &[1.0; 4]);
+/// assert!(whole.unwrap() <= span_bound(4, 8, Placement::Looped, &c, false, Some(&limit)).unwrap());
 /// ```
 ///
-/// Errors: as [`super::bound_with_limit`].
+/// Errors: as [`super::bound_with_limit`], for either list.
 pub fn span_bound_until_input(
     ranks: usize,
     microbatches: usize,
@@ -74,7 +76,9 @@ pub fn span_bound_until_input(
     costs: &CostModel,
     overlap: bool,
     max_in_flight: &[f64],
+    after_input: &[f64],
 ) -> Result<f64, BoundError> {
+    check_limits(ranks, after_input)?;
     span_bound_with(
         ranks,
         microbatches,
@@ -85,14 +89,14 @@ pub fn span_bound_until_input(
         Terms {
             others: false,
             flow: false,
-            until_input: true,
+            after_input: Some(after_input),
         },
     )
 }
 
 /// Which of the costlier terms [`span_bound_with`] computes.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Terms {
+pub(super) struct Terms<'a> {
     /// The other machines' terms of section 7 and the pairs of ranks of section 8 (they cost
     /// `P^2` one-machine problems and more; the makespan bound of every simulation leaves them
     /// out).
@@ -100,23 +104,23 @@ pub(super) struct Terms {
     /// Section 10 for the rank that holds stage 0 (the makespan bound under a limit leaves it out:
     /// its own section 10 term is no smaller).
     pub flow: bool,
-    /// Slots held only up to the end of `I` (section 11): the memory terms of sections 5 and 6
-    /// with that round trip; sections 9 and 10, which hold a slot to the end of `W`, are left out.
-    pub until_input: bool,
+    /// The second level of holding (section 11), per rank: slots then count to the end of `I`
+    /// whole and this share of one to the end of `W`, and sections 9 and 10 are left out.
+    pub after_input: Option<&'a [f64]>,
 }
 
-impl Terms {
+impl Terms<'static> {
     /// Every term.
-    pub const ALL: Terms = Terms {
+    pub const ALL: Terms<'static> = Terms {
         others: true,
         flow: true,
-        until_input: false,
+        after_input: None,
     };
     /// Neither (the span term of the bound without a limit).
-    pub const NONE: Terms = Terms {
+    pub const NONE: Terms<'static> = Terms {
         others: false,
         flow: false,
-        until_input: false,
+        after_input: None,
     };
 }
 
@@ -135,6 +139,8 @@ pub(super) fn span_bound_with(
     max_in_flight: Option<&[f64]>,
     terms: Terms,
 ) -> Result<f64, BoundError> {
+    let after_input = terms.after_input;
+    let until_input = after_input.is_some();
     if let Some(limits) = max_in_flight {
         check_limits(ranks, limits)?;
     }
@@ -142,7 +148,7 @@ pub(super) fn span_bound_with(
         return Ok(0.0);
     }
     let mut chain = Chain::new(ranks, placement, costs);
-    if terms.until_input {
+    if until_input {
         chain.release_at_input();
     }
     let groups = Groups::new(ranks, placement, costs, &chain, overlap);
@@ -156,13 +162,19 @@ pub(super) fn span_bound_with(
             .iter()
             .map(|&s| m * (rank.forward_work(s) + chain.input[s] + chain.rest[s]))
             .sum();
-        let held = max_in_flight.map_or(f64::INFINITY, |l| (l[r] * chunks + 1e-9).floor());
+        let slots = max_in_flight.map_or(
+            Slots {
+                cap: f64::INFINITY,
+                after: None,
+            },
+            |l| Slots::new(l[r], chunks, after_input.map(|w| w[r])),
+        );
         bound = bound
             .max(work)
-            .max(rank.span_term(&groups, r, microbatches, held));
+            .max(rank.span_term(&groups, r, microbatches, slots));
     }
     // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
-    if let Some(limits) = max_in_flight.filter(|_| !terms.until_input) {
+    if let Some(limits) = max_in_flight.filter(|_| !until_input) {
         if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
             let first = placement.rank_of(0, ranks);
             bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
@@ -213,12 +225,12 @@ impl RankJobs<'_> {
     /// Section 5: the rank's span with at most `held` stage-microbatches (`m` microbatches): the
     /// larger of the per-stage relaxation (no memory), the memory relaxation and the holding
     /// argument.
-    fn span_term(&self, groups: &Groups, r: usize, m: usize, held: f64) -> f64 {
+    fn span_term(&self, groups: &Groups, r: usize, m: usize, slots: Slots) -> f64 {
         let c = self.chain;
         if self.mine.is_empty() {
             return 0.0;
         }
-        if held < 1.0 {
+        if slots.cap < 1.0 {
             return f64::INFINITY;
         }
         // Per stage and microbatch: its forwards from their relative heads, followed by their own
@@ -226,12 +238,11 @@ impl RankJobs<'_> {
         let anchor = Anchor::Rank(r);
         let free = jackson::preemptive(&groups.jobs(r, m, anchor, Which::All, true));
         let count = self.mine.len() * m;
-        if held >= count as f64 {
+        if slots.binds_none(count) {
             return free;
         }
-        let n = held as usize;
         let heads = self.relative_heads();
-        let x = self.forward_starts(m, n, &heads);
+        let x = self.forward_starts(m, slots, &heads);
         let work = self.min_over(|s| self.forward_work(s));
         // From a forward's start to the end of the last action of this rank that needs it.
         let trip = self.min_over(|s| c.forward[s] + c.up[s] + c.input[s] + self.own_tail(s));
@@ -244,7 +255,8 @@ impl RankJobs<'_> {
             })
             .collect();
         jobs.extend(groups.jobs(r, m, anchor, Which::Backward, true));
-        free.max(jackson::preemptive(&jobs)).max(self.holding(m, n))
+        free.max(jackson::preemptive(&jobs))
+            .max(self.holding(m, slots))
     }
 
     /// From the end of `I(s, k)` to the end of the last action of this rank that depends on it:
