@@ -59,6 +59,12 @@
 //!    way back that the first rank's span waits on is not held up at every rank). Their best, when
 //!    it beats the constructive phase's best, gets phases 3, 5, 6 and 7 with budgets of its own
 //!    and replaces the result only when it ends shorter.
+//! 9. **overtaking**, last, when nothing proved the result optimal: two microbatches swap labels
+//!    on every action of a stage and the stages after it, so the later one passes the earlier
+//!    between two stages while every rank's order keeps its shape (`improve::Moves::Overtake`,
+//!    half of the moves; the rest as in 3), then justification (7), each with half the time budget,
+//!    kept when no worse. Every construction keeps each stage's microbatches in order; CP-SAT's
+//!    best schedules often do not.
 //!
 //! A limit at or above what a rank holds with every microbatch through all its chunks cannot bind
 //! and is read as that amount, so all such limits are the same request and give the same schedule
@@ -163,6 +169,13 @@ const JUSTIFY_SHARE: f64 = 0.5;
 
 /// Mixed into the seed for justification's own random stream.
 const JUSTIFY_STREAM: u64 = 0x6a75_7374_6966_7921;
+
+/// The share of the time budget the overtaking moves get (`improve::Moves::Overtake`), after the
+/// critical-path moves.
+const OVERTAKE_SHARE: f64 = 0.5;
+
+/// The random stream of the overtaking moves.
+const OVERTAKE_STREAM: u64 = 0x6f76_6572_7461_6b65;
 
 /// The family name of automatic schedules (defined with the families' names).
 pub use crate::schedule::families::AUTO;
@@ -434,6 +447,29 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
                 proven = best.value <= lower * (1.0 + 1e-9);
             }
         }
+    }
+    // Overtaking, last of all (a microbatch passing another from a stage on, with short moves;
+    // `improve::Moves::Overtake`): kept when no worse, so every phase above gives what it gave.
+    if !proven {
+        let before = best.value;
+        let mut more = improve::Work::new(req.time_budget * OVERTAKE_SHARE);
+        let mut rng = Rng::new(req.seed ^ OVERTAKE_STREAM);
+        improve::climb(
+            &inst,
+            req.objective,
+            &mut best,
+            &mut rng,
+            &mut more,
+            lower,
+            improve::Moves::Overtake,
+        );
+        let mut more2 = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
+        justify::climb(&inst, req.objective, &mut best, &mut rng, &mut more2, lower);
+        work.evaluations += more.evaluations + more2.evaluations;
+        if best.value < before && !origin.ends_with("+improved") {
+            origin.push_str("+improved");
+        }
+        proven = best.value <= lower * (1.0 + 1e-9);
     }
     if proven {
         lower = best.value;
