@@ -302,4 +302,65 @@ mod tests {
         assert_eq!(cases, 80);
         assert!(equal > 0);
     }
+
+    /// Section 11 of the bound (two levels of holding, with the jobs that must precede each
+    /// forward packed on its rank) is never above the exact method's proven optimum under byte
+    /// limits where `I` releases part of a stage, as the zero-bubble authors' model does; and it
+    /// reaches the optimum somewhere (ZB-H1's at 1F1B's memory: p = 2, m = 6 and p = 3, m = 4).
+    #[test]
+    fn two_level_bounds_never_above_proven_optima() {
+        use crate::sim::{bound_with_limit_until_input, span_bound_until_input};
+        let (mut cases, mut equal) = (0, 0);
+        for (p, v, m, placement) in [
+            (2, 1, 6, Placement::Looped),
+            (3, 1, 4, Placement::Looped),
+            (4, 1, 3, Placement::Looped),
+            (2, 2, 3, Placement::Vshape),
+        ] {
+            for (fiw, latency) in [
+                ([1.0, 1.0, 0.5], 0.03),
+                ([2.0, 1.5, 1.0], 0.3),
+                ([1.0, 1.0, 1.0], 0.0),
+            ] {
+                for kept in [0.366, 0.6] {
+                    let link = LinkCost {
+                        latency,
+                        bandwidth: f64::INFINITY,
+                    };
+                    let mut one = StageCost::uniform(fiw[0], fiw[1], fiw[2]);
+                    one.activation_bytes = 1.0;
+                    one.released_at_input = 1.0 - kept;
+                    let costs = CostModel::uniform(one.split(v), p * v, link);
+                    for limit in [1.0, 1.5, p as f64, 1.5 * p as f64] {
+                        let req = AutoRequest::new(p, m, costs.clone())
+                            .with_chunks(v, placement)
+                            .with_limit(MemoryLimit::Bytes(limit));
+                        let inst = Instance::new(&req).unwrap();
+                        let case =
+                            format!("P={p} V={v} M={m} {fiw:?} {latency} kept {kept} {limit}");
+                        let found = solve(&inst, f64::INFINITY, 60.0).unwrap();
+                        assert!(found.complete, "{case}: not proven");
+                        let optimum = found.lower_bound;
+                        let (limits, after) = crate::auto::until_input_limits(&inst).unwrap();
+                        let b = bound_with_limit_until_input(
+                            p, m, placement, &costs, false, &limits, &after,
+                        )
+                        .unwrap();
+                        assert!(b <= optimum + 1e-9, "{case}: bound {b} > optimum {optimum}");
+                        let s =
+                            span_bound_until_input(p, m, placement, &costs, false, &limits, &after)
+                                .unwrap();
+                        assert!(
+                            s <= optimum + 1e-9,
+                            "{case}: span bound {s} > optimum {optimum}"
+                        );
+                        cases += 1;
+                        equal += usize::from(b >= optimum - 1e-9);
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 96);
+        assert!(equal > 0, "never reaches an optimum");
+    }
 }

@@ -583,7 +583,32 @@ impl<'a> RankJobs<'a> {
                 .fold(f64::INFINITY, f64::min)
         };
         let n = slots.whole();
+        // With a second level (and where it is cheap): the jobs that must have ended before a
+        // forward starts, run one at a time from their heads (see below).
+        let packed = slots.after.is_some() && (count * count * n) as f64 <= PACKED_WORK;
+        let (fw, iw, ww) = (
+            self.min_over(|s| self.forward_work(s)),
+            self.min_over(|s| c.input[s]),
+            self.min_over(|s| c.rest[s]),
+        );
+        // The earliest the `k`-th input gradient (in start order) can start, when the `k`-th
+        // forward starts at `t` or later: one of the first `k + 1` gradients is of a forward that
+        // started then or later.
+        let i_head = |t: f64| {
+            self.mine
+                .iter()
+                .zip(heads)
+                .map(|(&s, &h)| t.max(h) + c.forward[s] + c.up[s])
+                .fold(f64::INFINITY, f64::min)
+        };
         let mut x = vec![sorted[0]; count];
+        // Per forward `k` (filled as `x[k]` is settled): the heads of the `k`-th input gradient and
+        // of the `k`-th rest (after its input gradient: `freed` to the end of `I`).
+        let (mut i_heads, mut w_heads) = (vec![0.0; count], vec![0.0; count]);
+        if packed {
+            i_heads[0] = i_head(x[0]);
+            w_heads[0] = freed(x[0], false);
+        }
         for i in 1..count {
             x[i] = (x[i - 1] + spacing).max(sorted[i / m.max(1)]);
             match slots.after {
@@ -612,10 +637,34 @@ impl<'a> RankJobs<'a> {
                         } else {
                             0.0
                         };
-                        least = least.min(t_i.max(t_w));
+                        let mut t = t_i.max(t_w);
+                        if packed && t < least {
+                            // Before forward `i` starts, its rank has run the `i` earlier forwards,
+                            // the first `i - a` input gradients and the first `i - a - b` rests,
+                            // each from its head: the last of them ends no earlier than the latest
+                            // head plus the work of every one with that head or a later one.
+                            // Each kind's heads grow with `k`: merged from the latest down. All
+                            // of them start at `x[0]` or later, so when even that much work
+                            // ends past the least so far, this `a` cannot lower it.
+                            let ws = past_w.max(0.0) as usize;
+                            let all = i as f64 * fw + past_i as f64 * iw + ws as f64 * ww;
+                            if x[0] + all >= least {
+                                continue;
+                            }
+                            t = t.max(packed_end(
+                                (&x[..i], fw),
+                                (&i_heads[..past_i], iw),
+                                (&w_heads[..ws], ww),
+                            ));
+                        }
+                        least = least.min(t);
                     }
                     x[i] = x[i].max(least);
                 }
+            }
+            if packed {
+                i_heads[i] = i_head(x[i]);
+                w_heads[i] = freed(x[i], false);
             }
         }
         x
@@ -639,6 +688,51 @@ impl<'a> RankJobs<'a> {
         m as f64 * total / cap.max(1.0)
     }
 }
+
+/// The earliest the last of three kinds of jobs can end on one machine, each kind's heads in
+/// ascending order and all of one work: the latest head plus the work of every job with that head
+/// or a later one, the largest over heads (a preemptive schedule from the heads reaches it).
+fn packed_end(a: (&[f64], f64), b: (&[f64], f64), c: (&[f64], f64)) -> f64 {
+    let (mut ka, mut kb, mut kc) = (a.0.len(), b.0.len(), c.0.len());
+    let (mut after, mut end) = (0.0, f64::NEG_INFINITY);
+    loop {
+        let ha = if ka > 0 {
+            a.0[ka - 1]
+        } else {
+            f64::NEG_INFINITY
+        };
+        let hb = if kb > 0 {
+            b.0[kb - 1]
+        } else {
+            f64::NEG_INFINITY
+        };
+        let hc = if kc > 0 {
+            c.0[kc - 1]
+        } else {
+            f64::NEG_INFINITY
+        };
+        let head = if ha >= hb && ha >= hc && ka > 0 {
+            ka -= 1;
+            after += a.1;
+            ha
+        } else if hb >= hc && kb > 0 {
+            kb -= 1;
+            after += b.1;
+            hb
+        } else if kc > 0 {
+            kc -= 1;
+            after += c.1;
+            hc
+        } else {
+            return end;
+        };
+        end = end.max(head + after);
+    }
+}
+
+/// The most `count^2 x slots` per rank for which section 11's recurrence also packs the jobs that
+/// must precede each forward (about a millisecond per rank at this size).
+const PACKED_WORK: f64 = 4e6;
 
 /// What a rank can hold, in stage-microbatch slots: `cap` of them (whole slots for the plain
 /// terms); with `after`, a slot is held whole from a forward's start to the end of its `I` and `w`
