@@ -197,15 +197,23 @@
 //! some `a <= cap - 1`, `i - a` have passed their `I` and all but `floor((cap - 1 - a) / w)` of
 //! those their `W`. The `k`-th end of an `I` (of a `W`) comes no earlier than a round trip to the
 //! end of `I` (to the end of `W`) after the `k`-th forward's start, as in section 4, so the
-//! forward's start is at least the least over `a` of the later of the two. That recurrence gives
-//! the heads of section 4 and 5's one-machine problems; section 6 holds `cap` slots against a whole
-//! slot for each round trip to `I` and `w` of one for each `W`. The `W`s still run as work; the
-//! terms that do not involve memory are the other functions', so the caller takes the larger.
-//! `auto` takes both levels per rank from its budget and its stages' footprints. At the zero-bubble
-//! paper's 1F1B memory (1.5B, p = 8, m = 24) it lifts the span bound's bubble rate from 0.066 to
-//! 0.109, against ZB-1p's 0.1585 (`bench auto --part paper`); the second level adds nothing on the
-//! paper's rows, but reaches the exact method's optimum on a small one (p = 3, m = 4, `F = I = 1`,
-//! `W = 0.5`, `w = 0.366`, 1F1B's memory: 13.24, against 12.74 with the first level alone).
+//! forward's start is at least the least over `a` of the later of the two, and (where `count^2`
+//! times the slots stays under `PACKED_WORK`) of the end of the jobs that must have run before
+//! it on the rank: the `i` earlier forwards, the first `i - a` input gradients and the first
+//! `i - a - b` rests, each from its head (the `k`-th input gradient in start order starts no
+//! earlier than the `k`-th forward's start plus `F` and the way up and back, since one of the first
+//! `k + 1` gradients is of a forward that started then or later; the `k`-th rest no earlier than
+//! that plus `I`), one at a time: the latest head plus the work of every one with that head or a
+//! later one. That recurrence gives the heads of section 4 and 5's one-machine problems; section 6
+//! holds `cap` slots against a whole slot for each round trip to `I` and `w` of one for each `W`.
+//! The `W`s still run as work; the terms that do not involve memory are the other functions', so
+//! the caller takes the larger. `auto` takes both levels per rank from its budget and its stages'
+//! footprints. On the zero-bubble paper's inputs at 1F1B's memory the bound reaches ZB-1p's
+//! (and ZB-H1's) bubble rate in all 12 rows (`bench auto --part paper`), so ZB-H1 is optimal there
+//! under the authors' memory model; before the packing it stopped at 66-79 % of that rate, and
+//! with the slots counted at `W`'s share only at 0-42 %. `auto::exact`'s test
+//! `two_level_bounds_never_above_proven_optima` checks it against 96 proven optima under byte
+//! limits.
 //!
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
