@@ -593,7 +593,9 @@ impl<'a> RankJobs<'a> {
         let n = slots.whole();
         // With a second level (and where it is cheap): the jobs that must have ended before a
         // forward starts, run one at a time from their heads (see below).
-        let packed = slots.after.is_some() && (count * count * n) as f64 <= PACKED_WORK;
+        let ranks = c.forward.len() / self.mine.len().max(1);
+        let levels = if slots.after.is_some() { n } else { 1 };
+        let packed = (count * count * levels * ranks) as f64 <= PACKED_WORK;
         let (fw, iw, ww) = (
             self.min_over(|s| self.forward_work(s)),
             self.min_over(|s| c.input[s]),
@@ -609,18 +611,37 @@ impl<'a> RankJobs<'a> {
                 .map(|(&s, &h)| t.max(h) + c.forward[s] + c.up[s])
                 .fold(f64::INFINITY, f64::min)
         };
+        // The earliest the `k`-th rest can start: after the `k`-th input gradient's earliest end.
+        let w_head = |t: f64| {
+            self.mine
+                .iter()
+                .zip(heads)
+                .map(|(&s, &h)| t.max(h) + c.forward[s] + c.up[s] + c.input[s])
+                .fold(f64::INFINITY, f64::min)
+        };
         let mut x = vec![sorted[0]; count];
         // Per forward `k` (filled as `x[k]` is settled): the heads of the `k`-th input gradient and
         // of the `k`-th rest (after its input gradient: `freed` to the end of `I`).
         let (mut i_heads, mut w_heads) = (vec![0.0; count], vec![0.0; count]);
         if packed {
             i_heads[0] = i_head(x[0]);
-            w_heads[0] = freed(x[0], false);
+            w_heads[0] = w_head(x[0]);
         }
         for i in 1..count {
             x[i] = (x[i - 1] + spacing).max(sorted[i / m.max(1)]);
             match slots.after {
-                None if i >= n => x[i] = x[i].max(freed(x[i - n], false)),
+                None if i >= n => {
+                    x[i] = x[i].max(freed(x[i - n], false));
+                    if packed {
+                        // The first `i - n + 1` rests and input gradients ended before it too.
+                        let done = i - n + 1;
+                        x[i] = x[i].max(packed_end(
+                            (&x[..i], fw),
+                            (&i_heads[..done], iw),
+                            (&w_heads[..done], ww),
+                        ));
+                    }
+                }
                 None => {}
                 Some(w) => {
                     // At the start of forward `i` (0-based: `i` earlier ones), `a` of them hold a
@@ -672,7 +693,7 @@ impl<'a> RankJobs<'a> {
             }
             if packed {
                 i_heads[i] = i_head(x[i]);
-                w_heads[i] = freed(x[i], false);
+                w_heads[i] = w_head(x[i]);
             }
         }
         x
@@ -738,9 +759,10 @@ fn packed_end(a: (&[f64], f64), b: (&[f64], f64), c: (&[f64], f64)) -> f64 {
     }
 }
 
-/// The most `count^2 x slots` per rank for which section 11's recurrence also packs the jobs that
-/// must precede each forward (about a millisecond per rank at this size).
-const PACKED_WORK: f64 = 4e6;
+/// The most `count^2` (times the slots with two levels) times the ranks for which the recurrence of
+/// sections 4, 5 and 11 also packs the jobs that must precede each forward: about 0.25 s at this
+/// size (P = 32, M = 256 at 1F1B's memory with two levels).
+const PACKED_WORK: f64 = 1e8;
 
 /// What a rank can hold, in stage-microbatch slots: `cap` of them (whole slots for the plain
 /// terms); with `after`, a slot is held whole from a forward's start to the end of its `I` and `w`
