@@ -64,6 +64,18 @@
 //! serial chain, `M` times the round trip of the first rank (tested). Forwards inside overlapped
 //! pairs still start at least `Fmin` apart (a pair holds one forward and lasts at least as long).
 //!
+//! *Packing.* When the `(n + j)`-th forward starts, `j` slots were freed, so the first `j` input
+//! gradients and the first `j` rests in start order have ended, and so have the `n + j - 1` earlier
+//! forwards: all ran one at a time on the rank before it, none before its head. The `k`-th input
+//! gradient to start has its head at least `σ_k` plus the shortest `F` and way up and back (one of
+//! the first `k + 1` is of a forward that started at `σ_k` or later), the `k`-th rest that plus the
+//! shortest `I`; so `σ_(n+j)` is at least the latest of those heads plus the work of every one of
+//! those jobs with that head or a later one, the largest over heads (where `count^2` times the
+//! ranks stays under `PACKED_WORK`). The preemptive one-machine problem alone let the rests wait
+//! for the drain, which the slots forbid: at 1F1B's memory this makes the bound reach the optimum
+//! in 6 more V-shape rows (P = 4, M = 8, 2:2:1 with transfers: 44.9 -> 46.1) and CP-SAT's proven
+//! optima in all six V-Half makespan rows at P = 4, M = 4.
+//!
 //! ## 5. The span under a memory limit (span_bound)
 //!
 //! The span of rank `r` is the time from the start of its first action to the end of its last;
@@ -571,9 +583,11 @@ impl<'a> RankJobs<'a> {
     /// later (sections 4, 5 and 11): at least the previous one's plus the shortest forward; at
     /// least the `ceil((i + 1) / M)`-th smallest head (the first `i + 1` forwards hold at most `M`
     /// of each stage); for `i >= n`, at least the earliest the `(i - n)`-th forward or a later one
-    /// can free its slot. With a second level (section 11: a slot is held whole to the end of `I`,
-    /// then `w` of it to the end of `W`), the `i`-th forward needs, for some `a` of the earlier
-    /// ones still before the end of their `I`, `i - a` of them past their `I` and all but
+    /// can free its slot, and (where cheap) at least the end of the jobs that must have run before
+    /// it on the rank, packed from their heads (the earlier forwards and the input gradients and
+    /// rests of the slots freed). With a second level (section 11: a slot is held whole to the end
+    /// of `I`, then `w` of it to the end of `W`), the `i`-th forward needs, for some `a` of the
+    /// earlier ones still before the end of their `I`, `i - a` of them past their `I` and all but
     /// `floor((cap - 1 - a) / w)` of those past their `W`.
     fn forward_starts(&self, m: usize, slots: Slots, heads: &[f64]) -> Vec<f64> {
         let c = self.chain;
@@ -591,8 +605,8 @@ impl<'a> RankJobs<'a> {
                 .fold(f64::INFINITY, f64::min)
         };
         let n = slots.whole();
-        // With a second level (and where it is cheap): the jobs that must have ended before a
-        // forward starts, run one at a time from their heads (see below).
+        // Where it is cheap: the jobs that must have ended before a forward starts, run one at a
+        // time from their heads (see below).
         let ranks = c.forward.len() / self.mine.len().max(1);
         let levels = if slots.after.is_some() { n } else { 1 };
         let packed = (count * count * levels * ranks) as f64 <= PACKED_WORK;
@@ -633,7 +647,9 @@ impl<'a> RankJobs<'a> {
                 None if i >= n => {
                     x[i] = x[i].max(freed(x[i - n], false));
                     if packed {
-                        // The first `i - n + 1` rests and input gradients ended before it too.
+                        // At least `i - n + 1` earlier ones freed their slots, so the first
+                        // `i - n + 1` input gradients and rests (in start order) ended before it,
+                        // as did the `i` earlier forwards: all run one at a time from their heads.
                         let done = i - n + 1;
                         x[i] = x[i].max(packed_end(
                             (&x[..i], fw),
