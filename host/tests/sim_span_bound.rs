@@ -138,6 +138,42 @@ fn optima(
     best
 }
 
+/// One small instance: `P`, `V`, `M`, placement, one rank's `F:I:W` (each chunk its share), the
+/// latency per hop, and its cost model.
+struct Case {
+    p: usize,
+    v: usize,
+    m: usize,
+    placement: Placement,
+    fiw: [f64; 3],
+    latency: f64,
+    costs: CostModel,
+}
+
+/// Every shape with every `F:I:W` and latency.
+fn cases(shapes: &[(usize, usize, usize, Placement)], costs: &[([f64; 3], f64)]) -> Vec<Case> {
+    let mut out = Vec::new();
+    for &(p, v, m, placement) in shapes {
+        for &(fiw, latency) in costs {
+            let link = LinkCost {
+                latency,
+                bandwidth: f64::INFINITY,
+            };
+            let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
+            out.push(Case {
+                p,
+                v,
+                m,
+                placement,
+                fiw,
+                latency,
+                costs: CostModel::uniform(one, p * v, link),
+            });
+        }
+    }
+    out
+}
+
 /// Both memory-aware bounds, `bound_with_limit` (makespan) and `span_bound`, are never above the
 /// proven optima under each limit, on V = 1 and V-shape instances with transfers and uneven
 /// `F:I:W`; the limit makes the span bound stronger somewhere, and the V-shape's per-stage heads
@@ -145,46 +181,49 @@ fn optima(
 #[test]
 fn bounds_are_never_above_the_optimum_under_the_limit() {
     let (mut stronger, mut heads) = (0, 0);
-    for (p, v, m, placement) in [
+    let shapes = [
         (2, 1, 2, Placement::Looped),
         (3, 1, 2, Placement::Looped),
         (1, 2, 2, Placement::Vshape),
         (2, 2, 1, Placement::Vshape),
         (3, 2, 1, Placement::Vshape),
         (4, 2, 1, Placement::Vshape),
-    ] {
-        for (fiw, latency) in [
-            ([1.0, 1.0, 1.0], 0.0),
-            ([2.0, 1.5, 1.0], 0.3),
-            ([1.0, 2.0, 0.5], 0.1),
-        ] {
-            let link = LinkCost {
-                latency,
-                bandwidth: f64::INFINITY,
-            };
-            let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
-            let costs = CostModel::uniform(one, p * v, link);
-            let free = span_bound(p, m, placement, &costs, false, None).unwrap();
-            let work = m as f64 * fiw.iter().sum::<f64>();
-            heads += usize::from(free > work + 1e-9);
-            let best = optima(p, v, m, placement, &costs, 1.0);
-            for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
-                let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit}");
-                assert!(span.is_finite(), "{case}: nothing fits");
-                let limits = vec![limit; p];
-                let bound = span_bound(p, m, placement, &costs, false, Some(&limits)).unwrap();
-                assert!(
-                    bound <= span + 1e-9,
-                    "{case}: span bound {bound} > optimum {span}"
-                );
-                assert!(bound >= free);
-                stronger += usize::from(bound > free + 1e-9);
-                let bound = bound_with_limit(p, m, placement, &costs, false, &limits).unwrap();
-                assert!(
-                    bound <= makespan + 1e-9,
-                    "{case}: makespan bound {bound} > optimum {makespan}"
-                );
-            }
+    ];
+    let costs = [
+        ([1.0, 1.0, 1.0], 0.0),
+        ([2.0, 1.5, 1.0], 0.3),
+        ([1.0, 2.0, 0.5], 0.1),
+    ];
+    for c in cases(&shapes, &costs) {
+        let Case {
+            p,
+            v,
+            m,
+            placement,
+            fiw,
+            latency,
+            ref costs,
+        } = c;
+        let free = span_bound(p, m, placement, costs, false, None).unwrap();
+        let work = m as f64 * fiw.iter().sum::<f64>();
+        heads += usize::from(free > work + 1e-9);
+        let best = optima(p, v, m, placement, costs, 1.0);
+        for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
+            let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit}");
+            assert!(span.is_finite(), "{case}: nothing fits");
+            let limits = vec![limit; p];
+            let bound = span_bound(p, m, placement, costs, false, Some(&limits)).unwrap();
+            assert!(
+                bound <= span + 1e-9,
+                "{case}: span bound {bound} > optimum {span}"
+            );
+            assert!(bound >= free);
+            stronger += usize::from(bound > free + 1e-9);
+            let bound = bound_with_limit(p, m, placement, costs, false, &limits).unwrap();
+            assert!(
+                bound <= makespan + 1e-9,
+                "{case}: makespan bound {bound} > optimum {makespan}"
+            );
         }
     }
     // The limit makes the bound stronger somewhere (else the memory term would be untested).
@@ -200,52 +239,53 @@ fn bounds_are_never_above_the_optimum_under_the_limit() {
 #[test]
 fn bounds_with_two_levels_are_never_above_the_optimum() {
     let (mut stronger, mut second) = (0, 0);
-    for (p, v, m, placement) in [
+    let shapes = [
         (2, 1, 2, Placement::Looped),
         (3, 1, 2, Placement::Looped),
         (1, 2, 2, Placement::Vshape),
         (2, 2, 1, Placement::Vshape),
         (3, 2, 1, Placement::Vshape),
-    ] {
-        for (fiw, latency) in [
-            ([1.0, 1.0, 1.0], 0.0),
-            ([2.0, 1.5, 1.0], 0.3),
-            ([1.0, 1.0, 2.0], 0.1),
-        ] {
-            let link = LinkCost {
-                latency,
-                bandwidth: f64::INFINITY,
-            };
-            let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
-            let costs = CostModel::uniform(one, p * v, link);
-            let free_span = span_bound(p, m, placement, &costs, false, None).unwrap();
-            let free = pipefill_host::sim::bound_for(p, m, placement, &costs, false);
-            for after in [0.0, 0.5] {
-                let best = optima(p, v, m, placement, &costs, after);
-                for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
-                    let case = format!(
-                        "P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit} after {after}"
-                    );
-                    assert!(span.is_finite(), "{case}: nothing fits");
-                    let (limits, w) = (vec![limit; p], vec![after; p]);
-                    let bound = |after: &[f64]| {
-                        let s =
-                            span_bound_until_input(p, m, placement, &costs, false, &limits, after);
-                        let b = bound_with_limit_until_input(
-                            p, m, placement, &costs, false, &limits, after,
-                        );
-                        (s.unwrap(), b.unwrap())
-                    };
-                    let (s, b) = bound(&w);
-                    assert!(s <= span + 1e-9, "{case}: span bound {s} > optimum {span}");
-                    assert!(
-                        b <= makespan + 1e-9,
-                        "{case}: makespan bound {b} > optimum {makespan}"
-                    );
-                    stronger += usize::from(s > free_span + 1e-9) + usize::from(b > free + 1e-9);
-                    let (s0, b0) = bound(&vec![0.0; p]);
-                    second += usize::from(s > s0 + 1e-9 || b > b0 + 1e-9);
-                }
+    ];
+    let costs = [
+        ([1.0, 1.0, 1.0], 0.0),
+        ([2.0, 1.5, 1.0], 0.3),
+        ([1.0, 1.0, 2.0], 0.1),
+    ];
+    for c in cases(&shapes, &costs) {
+        let Case {
+            p,
+            v,
+            m,
+            placement,
+            fiw,
+            latency,
+            ref costs,
+        } = c;
+        let free_span = span_bound(p, m, placement, costs, false, None).unwrap();
+        let free = pipefill_host::sim::bound_for(p, m, placement, costs, false);
+        for after in [0.0, 0.5] {
+            let best = optima(p, v, m, placement, costs, after);
+            for ((makespan, span), limit) in best.into_iter().zip(LIMITS) {
+                let case = format!(
+                    "P={p} V={v} M={m} {fiw:?} latency {latency} limit {limit} after {after}"
+                );
+                assert!(span.is_finite(), "{case}: nothing fits");
+                let (limits, w) = (vec![limit; p], vec![after; p]);
+                let bound = |after: &[f64]| {
+                    let s = span_bound_until_input(p, m, placement, costs, false, &limits, after);
+                    let b =
+                        bound_with_limit_until_input(p, m, placement, costs, false, &limits, after);
+                    (s.unwrap(), b.unwrap())
+                };
+                let (s, b) = bound(&w);
+                assert!(s <= span + 1e-9, "{case}: span bound {s} > optimum {span}");
+                assert!(
+                    b <= makespan + 1e-9,
+                    "{case}: makespan bound {b} > optimum {makespan}"
+                );
+                stronger += usize::from(s > free_span + 1e-9) + usize::from(b > free + 1e-9);
+                let (s0, b0) = bound(&vec![0.0; p]);
+                second += usize::from(s > s0 + 1e-9 || b > b0 + 1e-9);
             }
         }
     }

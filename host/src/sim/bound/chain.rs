@@ -14,10 +14,9 @@ pub(super) struct Chain {
     pub input: Vec<f64>,
     /// The rest of the backward: `min(B, I + W) - min(I, B)`.
     pub rest: Vec<f64>,
-    /// The part of `rest` a stage-microbatch's memory slot is held through: all of it where a
-    /// slot lasts until the whole backward ends, 0 where the bound counts slots only up to the end
-    /// of `I` ([`Chain::release_at_input`]).
-    pub held_rest: Vec<f64>,
+    /// Whether a stage-microbatch's memory slot ends with its `I` rather than its whole backward
+    /// ([`Chain::release_at_input`]).
+    pub slot_ends_at_input: bool,
     /// Earliest start of `F(s, ·)`: the forward chain below `s` with its transfers.
     pub head_f: Vec<f64>,
     /// From the end of `F(s, ·)` to the earliest start of `I/B(s, ·)`: the forwards above `s`, the
@@ -70,7 +69,7 @@ impl Chain {
         Chain {
             forward,
             input,
-            held_rest: rest.clone(),
+            slot_ends_at_input: false,
             rest,
             head_f,
             up,
@@ -92,12 +91,17 @@ impl Chain {
     /// From the start of `F(s, k)` to the earliest end of the backward that frees its slot (`B`,
     /// or `W` after `I`; `I` after [`Chain::release_at_input`]).
     pub fn round_trip(&self, s: usize) -> f64 {
-        self.forward[s] + self.up[s] + self.input[s] + self.held_rest[s]
+        let rest = if self.slot_ends_at_input {
+            0.0
+        } else {
+            self.rest[s]
+        };
+        self.forward[s] + self.up[s] + self.input[s] + rest
     }
 
     /// Slots counted from a forward's start to the end of its `I` (or `B`): the round trip leaves
     /// out the rest of the backward, which still runs as work.
     pub fn release_at_input(&mut self) {
-        self.held_rest.iter_mut().for_each(|r| *r = 0.0);
+        self.slot_ends_at_input = true;
     }
 }
