@@ -19,7 +19,7 @@ bound pipefill reports:
   it ends, as `simulate`);
 - makespan: the last end; span: the longest first-start-to-last-end over ranks.
 B (fused I + W) and overlapped pairs are left out: with `overlap_share` 1 neither can do better.
-Microbatches are interchangeable, so stage 0's forwards are ordered by microbatch (no loss).
+Microbatches are interchangeable, so every op of every stage runs in microbatch order (no loss).
 
 usage: vshape_optimum.py PIPEFILL P M[,M..] [--seconds S] [--objectives makespan,span]
                          [--limits half,1f1b,2x] [--ratios 1:1:1,2:2:1,1:1.2:0.8] [--transfers 0,0.1]
@@ -75,8 +75,14 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
             holds[rank(s)].append(
                 model.NewIntervalVar(start["F", s, k], size, end["W", s, k], f"hold{s}_{k}")
             )
-    for k in range(m - 1):
-        model.Add(start["F", 0, k] <= start["F", 0, k + 1])
+    # Microbatches are interchangeable: sorting each op's start times per stage keeps every
+    # dependency, every rank's intervals and every rank's slot count (the argument of section 10 of
+    # host/src/sim/bound/mod.rs), so every op of every stage may run in microbatch order. Without
+    # this symmetry breaking P = M = 8 takes CP-SAT 1107 s to prove; with it, seconds.
+    for s in range(stages):
+        for op in "FIW":
+            for k in range(m - 1):
+                model.Add(start[op, s, k] <= start[op, s, k + 1])
     for r in range(p):
         model.AddNoOverlap(work[r])
         if slots < 2 * m:
@@ -88,21 +94,23 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
         spans = []
         for r in range(p):
             mine = [(op, s, k) for (op, s, k) in start if rank(s) == r]
-            first = model.NewIntVar(0, horizon, f"first{r}")
+            # Every action of rank r needs a forward of its lower stage r, and those run in
+            # microbatch order: the rank's first action is F(r, 0).
+            first = start["F", r, 0]
             last = model.NewIntVar(0, horizon, f"last{r}")
-            model.AddMinEquality(first, [start[x] for x in mine])
             model.AddMaxEquality(last, [end[x] for x in mine])
+            # Redundant, for CP-SAT's own bound: a span holds the rank's work.
+            model.Add(last - first >= m * 2 * (cf + ci + cw))
             spans.append(last - first)
         goal = model.NewIntVar(0, horizon, "span")
         model.AddMaxEquality(goal, spans)
     model.Minimize(goal)
     if hint:
-        # Microbatches are interchangeable: relabel the hint so that its stage-0 forwards run in
-        # microbatch order, as the model asks (a schedule whose moves swapped two of them is the
-        # same schedule under other labels; unrelabelled, CP-SAT finds the hint infeasible).
-        order = sorted(range(m), key=lambda k: hint["F", 0, k])
-        hint = {(op, s, j): hint[op, s, order[j]] for j in range(m) for op in "FIW"
-                for s in range(stages)}
+        # Microbatches are interchangeable: sort the hint's start times of each op of each stage,
+        # as the model asks (the same schedule under other labels; unsorted, CP-SAT would find the
+        # hint infeasible).
+        hint = {(op, s, j): t for op in "FIW" for s in range(stages)
+                for j, t in enumerate(sorted(hint[op, s, k] for k in range(m)))}
         for x, a in start.items():
             t = round(SCALE * hint[x])
             model.AddHint(a, t)
