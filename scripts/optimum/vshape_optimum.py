@@ -23,7 +23,7 @@ Microbatches are interchangeable, so every op of every stage runs in microbatch 
 
 usage: vshape_optimum.py PIPEFILL P M[,M..] [--seconds S] [--objectives makespan,span]
                          [--limits half,1f1b,2x] [--ratios 1:1:1,2:2:1,1:1.2:0.8] [--transfers 0,0.1]
-                         [--hint] [--budget SECONDS]
+                         [--hint] [--budget SECONDS] [--machines R,R,..] [--csv FILE]
 Prints one JSON object per row, then a summary; `status` OPTIMAL means the optimum is proven,
 FEASIBLE that the time ran out (then `cp_bound` is CP-SAT's own proven lower bound).
 """
@@ -39,11 +39,14 @@ RATIOS = {"1:1:1": (1.0, 1.0, 1.0), "2:2:1": (2.0, 2.0, 1.0), "1:1.2:0.8": (1.0,
 SCALE = 20  # every time in the grid is a multiple of 1/20
 
 
-def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=None, hint=None):
+def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=None, hint=None,
+            machines=None):
     """CP-SAT's answer: (status name, best value or None, proven lower bound, wall seconds); with
     `csv` a path, its best schedule is written there as pipefill's CSV (one row per rank, actions in
     start order); with `hint` a map (op, stage, microbatch) -> start time, CP-SAT starts from that
-    schedule (`auto`'s, so that its answer says whether `auto` left anything on the table)."""
+    schedule (`auto`'s, so that its answer says whether `auto` left anything on the table); with
+    `machines` a list of ranks, only those run one action at a time (the others overlap their own
+    actions freely): a relaxation, whose optimum says which ranks together set the step."""
     stages = 2 * p
     rank = lambda s: s if s < p else 2 * p - 1 - s
     cf, ci, cw = (round(SCALE * x / 2) for x in (f, i, w))
@@ -84,7 +87,8 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
             for k in range(m - 1):
                 model.Add(start[op, s, k] <= start[op, s, k + 1])
     for r in range(p):
-        model.AddNoOverlap(work[r])
+        if machines is None or r in machines:
+            model.AddNoOverlap(work[r])
         if slots < 2 * m:
             model.AddCumulative(holds[r], [1] * len(holds[r]), slots)
     if objective == "makespan":
@@ -178,8 +182,11 @@ def main():
                     "(its answer is then never worse than auto's)")
     ap.add_argument("--budget", type=float, help="auto's --time-budget (default: auto's own)")
     ap.add_argument("--csv", help="write the (last) row's CP-SAT schedule here, pipefill's CSV")
+    ap.add_argument("--machines", help="only these ranks (comma-separated) run one action at a "
+                    "time, a relaxation (with --hint or --reuse, not meaningful)")
     a = ap.parse_args()
     p = a.ranks
+    machines = [int(r) for r in a.machines.split(",")] if a.machines else None
     limits = {"half": p / 2, "1f1b": float(p), "2x": 2.0 * p}
     rows = []
     known = {}
@@ -203,7 +210,8 @@ def main():
                         else:
                             st, best, proven, wall = optimum(p, m, f, i, w, t, limits[ln], obj,
                                                              a.seconds, a.workers, a.csv,
-                                                             starts if a.hint else None)
+                                                             starts if a.hint else None,
+                                                             machines)
                         row = dict(P=p, M=m, ratio=rn, transfer=t, limit=ln, objective=obj,
                                    status=st, optimum=best if st == "OPTIMAL" else None,
                                    cp_best=best, cp_bound=proven, cp_seconds=round(wall, 2),
