@@ -93,16 +93,17 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
             model.AddCumulative(holds[r], [1] * len(holds[r]), slots)
     if objective == "makespan":
         goal = model.NewIntVar(0, horizon, "makespan")
-        model.AddMaxEquality(goal, list(end.values()))
+        model.AddMaxEquality(goal, [end["W", s, m - 1] for s in range(stages)])
     else:
         spans = []
         for r in range(p):
-            mine = [(op, s, k) for (op, s, k) in start if rank(s) == r]
             # Every action of rank r needs a forward of its lower stage r, and those run in
             # microbatch order: the rank's first action is F(r, 0).
             first = start["F", r, 0]
             last = model.NewIntVar(0, horizon, f"last{r}")
-            model.AddMaxEquality(last, [end[x] for x in mine])
+            # ... and its last is the last weight pass of one of its two stages (every other
+            # action of a stage comes before one of its weight passes, which run in order).
+            model.AddMaxEquality(last, [end["W", s, m - 1] for s in (r, 2 * p - 1 - r)])
             # Redundant, for CP-SAT's own bound: a span holds the rank's work.
             model.Add(last - first >= m * 2 * (cf + ci + cw))
             spans.append(last - first)
