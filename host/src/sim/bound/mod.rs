@@ -230,8 +230,9 @@
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
 //! included; the exact method's proofs (`auto::exact`) check the makespan bounds on 80 more of up
-//! to 36 actions and 34 V-shape ones of 48 to 96 actions (P = 2-4, M = 3-4), and `host/tests/sim_bound.rs` checks on random instances that no
-//! family's makespan or longest span falls below them.
+//! to 36 actions and 34 V-shape ones of 48 to 96 actions (P = 2-4, M = 3-4), and
+//! `host/tests/sim_bound.rs` checks on random instances that no family's makespan or longest span
+//! falls below them.
 //!
 //! For GPipe/1F1B-type costs the bound is reached by the zero-bubble schedules (e.g. ZB-H1 with
 //! `F = I = W` and zero communication), so `makespan / lower_bound` measures how far a schedule is from
