@@ -46,20 +46,15 @@ pub(crate) struct Exact {
 /// Searches `inst` for a makespan below `incumbent`; `None` when the instance is too large or has a
 /// zero time (ties would break the one-order-per-schedule rule).
 pub(crate) fn solve(inst: &Instance, incumbent: f64, seconds: f64) -> Option<Exact> {
-    solve_with(inst, incumbent, seconds, true)
-}
-
-/// [`solve`], with each op of each stage in microbatch order (`sorted`) or only stage 0's
-/// forwards (to check that sorting loses nothing).
-fn solve_with(inst: &Instance, incumbent: f64, seconds: f64, sorted: bool) -> Option<Exact> {
     let n = inst.actions();
     if n > EXACT_MAX_ACTIONS || inst.dur.iter().flatten().any(|&t| t <= 0.0) {
         return None;
     }
-    Some(search(inst, incumbent, seconds, sorted))
+    Some(search(inst, incumbent, seconds, true))
 }
 
-/// The search itself, on any size.
+/// The search itself, on any size (every time positive), with each op of each stage in microbatch
+/// order (`sorted`) or only stage 0's forwards (to check that sorting loses nothing).
 fn search(inst: &Instance, incumbent: f64, seconds: f64, sorted: bool) -> Exact {
     let n = inst.actions();
     let mut s = Search {
@@ -271,6 +266,47 @@ mod tests {
     use crate::schedule::Placement;
     use crate::sim::{bound_for, bound_with_limit};
 
+    /// `p * v` stages of uniform costs (one rank's `F:I:W` split over its `v` chunks) and a link of
+    /// `latency`.
+    fn uniform_costs(p: usize, v: usize, fiw: [f64; 3], latency: f64) -> CostModel {
+        let link = LinkCost {
+            latency,
+            bandwidth: f64::INFINITY,
+        };
+        let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
+        CostModel::uniform(one, p * v, link)
+    }
+
+    /// The instance of `m` microbatches on `costs` under an in-flight `limit` (or none).
+    fn instance(
+        p: usize,
+        v: usize,
+        m: usize,
+        placement: Placement,
+        costs: &CostModel,
+        limit: Option<f64>,
+    ) -> Instance {
+        let mut req = AutoRequest::new(p, m, costs.clone()).with_chunks(v, placement);
+        if let Some(l) = limit {
+            req = req.with_limit(MemoryLimit::InFlight(l));
+        }
+        Instance::new(&req).unwrap()
+    }
+
+    /// The simulator's makespan bound under `limit` (or without one).
+    fn bound_of(
+        p: usize,
+        m: usize,
+        placement: Placement,
+        costs: &CostModel,
+        limit: Option<f64>,
+    ) -> f64 {
+        match limit {
+            None => bound_for(p, m, placement, costs, false),
+            Some(l) => bound_with_limit(p, m, placement, costs, false, &vec![l; p]).unwrap(),
+        }
+    }
+
     /// Taking each op of each stage in microbatch order loses nothing: the optimum equals the one
     /// found with only stage 0's forwards in order, under limits and transfers, on every case both
     /// prove; it never visits more nodes, and fewer in most cases.
@@ -284,21 +320,12 @@ mod tests {
             (2, 1, 4, Placement::Looped),
         ] {
             for (fiw, latency) in [([1.0, 1.0, 1.0], 0.0), ([2.0, 1.5, 1.0], 0.3)] {
-                let link = LinkCost {
-                    latency,
-                    bandwidth: f64::INFINITY,
-                };
-                let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
-                let costs = CostModel::uniform(one, p * v, link);
+                let costs = uniform_costs(p, v, fiw, latency);
                 for limit in [None, Some(1.0), Some(1.5)] {
-                    let mut req = AutoRequest::new(p, m, costs.clone()).with_chunks(v, placement);
-                    if let Some(l) = limit {
-                        req = req.with_limit(MemoryLimit::InFlight(l));
-                    }
-                    let inst = Instance::new(&req).unwrap();
+                    let inst = instance(p, v, m, placement, &costs, limit);
                     let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} {limit:?}");
-                    let sorted = solve_with(&inst, f64::INFINITY, 600.0, true).unwrap();
-                    let plain = solve_with(&inst, f64::INFINITY, 600.0, false).unwrap();
+                    let sorted = search(&inst, f64::INFINITY, 600.0, true);
+                    let plain = search(&inst, f64::INFINITY, 600.0, false);
                     assert!(sorted.complete && plain.complete, "{case}: not proven");
                     assert!(
                         (sorted.lower_bound - plain.lower_bound).abs() <= 1e-9,
@@ -338,28 +365,14 @@ mod tests {
                 ([1.0, 2.0, 0.5], 0.1),
                 ([2.0, 2.0, 1.0], 0.2),
             ] {
-                let link = LinkCost {
-                    latency,
-                    bandwidth: f64::INFINITY,
-                };
-                let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(v);
-                let costs = CostModel::uniform(one, p * v, link);
+                let costs = uniform_costs(p, v, fiw, latency);
                 for limit in [None, Some(1.0), Some(1.5), Some(2.0)] {
-                    let mut req = AutoRequest::new(p, m, costs.clone()).with_chunks(v, placement);
-                    if let Some(l) = limit {
-                        req = req.with_limit(MemoryLimit::InFlight(l));
-                    }
-                    let inst = Instance::new(&req).unwrap();
+                    let inst = instance(p, v, m, placement, &costs, limit);
                     let case = format!("P={p} V={v} M={m} {fiw:?} latency {latency} {limit:?}");
                     let found = solve(&inst, f64::INFINITY, 60.0).unwrap();
                     assert!(found.complete, "{case}: not proven");
                     let optimum = found.lower_bound;
-                    let bound = match limit {
-                        None => bound_for(p, m, placement, &costs, false),
-                        Some(l) => {
-                            bound_with_limit(p, m, placement, &costs, false, &vec![l; p]).unwrap()
-                        }
-                    };
+                    let bound = bound_of(p, m, placement, &costs, limit);
                     assert!(
                         bound <= optimum + 1e-9,
                         "{case}: bound {bound} > optimum {optimum}"
@@ -392,35 +405,19 @@ mod tests {
                 ]
             };
             for &(fiw, latency) in ratios {
-                let link = LinkCost {
-                    latency,
-                    bandwidth: f64::INFINITY,
-                };
-                let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(2);
-                let costs = CostModel::uniform(one, 2 * p, link);
+                let costs = uniform_costs(p, 2, fiw, latency);
                 let limits: &[Option<f64>] = if p == 4 {
                     &[None, Some(4.0)]
                 } else {
                     &[None, Some(1.0), Some(1.5), Some(p as f64)]
                 };
                 for &limit in limits {
-                    let mut req =
-                        AutoRequest::new(p, m, costs.clone()).with_chunks(2, Placement::Vshape);
-                    if let Some(l) = limit {
-                        req = req.with_limit(MemoryLimit::InFlight(l));
-                    }
-                    let inst = Instance::new(&req).unwrap();
+                    let inst = instance(p, 2, m, Placement::Vshape, &costs, limit);
                     let case = format!("P={p} M={m} {fiw:?} latency {latency} {limit:?}");
                     let found = search(&inst, f64::INFINITY, 60.0, true);
                     assert!(found.complete, "{case}: not proven");
                     let optimum = found.lower_bound;
-                    let bound = match limit {
-                        None => bound_for(p, m, Placement::Vshape, &costs, false),
-                        Some(l) => {
-                            bound_with_limit(p, m, Placement::Vshape, &costs, false, &vec![l; p])
-                                .unwrap()
-                        }
-                    };
+                    let bound = bound_of(p, m, Placement::Vshape, &costs, limit);
                     assert!(
                         bound <= optimum + 1e-9,
                         "{case}: bound {bound} > optimum {optimum}"
