@@ -19,11 +19,13 @@ bound pipefill reports:
   it ends, as `simulate`);
 - makespan: the last end; span: the longest first-start-to-last-end over ranks.
 B (fused I + W) and overlapped pairs are left out: with `overlap_share` 1 neither can do better.
-Microbatches are interchangeable, so every op of every stage runs in microbatch order (no loss).
+Microbatches are interchangeable, so every op of every stage runs in microbatch order (no loss);
+spans do not change when the whole schedule shifts, so the span objective starts F(0,0) at 0.
 
 usage: vshape_optimum.py PIPEFILL P M[,M..] [--seconds S] [--objectives makespan,span]
                          [--limits half,1f1b,2x] [--ratios 1:1:1,2:2:1,1:1.2:0.8] [--transfers 0,0.1]
                          [--hint] [--budget SECONDS] [--machines R,R,..] [--csv FILE]
+                         [--at-most VALUE] [--span-ranks R,R,..]
 Prints one JSON object per row, then a summary; `status` OPTIMAL means the optimum is proven,
 FEASIBLE that the time ran out (then `cp_bound` is CP-SAT's own proven lower bound).
 """
@@ -40,13 +42,17 @@ SCALE = 20  # every time in the grid is a multiple of 1/20
 
 
 def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=None, hint=None,
-            machines=None):
+            machines=None, at_most=None, span_ranks=None):
     """CP-SAT's answer: (status name, best value or None, proven lower bound, wall seconds); with
     `csv` a path, its best schedule is written there as pipefill's CSV (one row per rank, actions in
     start order); with `hint` a map (op, stage, microbatch) -> start time, CP-SAT starts from that
     schedule (`auto`'s, so that its answer says whether `auto` left anything on the table); with
     `machines` a list of ranks, only those run one action at a time (the others overlap their own
-    actions freely): a relaxation, whose optimum says which ranks together set the step."""
+    actions freely): a relaxation, whose optimum says which ranks together set the step; with
+    `at_most` a value, only schedules whose objective is at most that count (INFEASIBLE then proves
+    the optimum above it, often far sooner than the optimisation proves its bound); with
+    `span_ranks` a list of ranks, the span objective takes only their spans (a relaxation: its
+    optimum is a lower bound on the span)."""
     stages = 2 * p
     rank = lambda s: s if s < p else 2 * p - 1 - s
     cf, ci, cw = (round(SCALE * x / 2) for x in (f, i, w))
@@ -95,8 +101,12 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
         goal = model.NewIntVar(0, horizon, "makespan")
         model.AddMaxEquality(goal, [end["W", s, m - 1] for s in range(stages)])
     else:
+        # Spans do not change when the whole schedule shifts, and F(0, 0) comes before every other
+        # action (each needs a forward of stage 0, which run in microbatch order): it starts at 0.
+        # Without this anchor CP-SAT's bound stays at the rank's work.
+        model.Add(start["F", 0, 0] == 0)
         spans = []
-        for r in range(p):
+        for r in (range(p) if span_ranks is None else span_ranks):
             # Every action of rank r needs a forward of its lower stage r, and those run in
             # microbatch order: the rank's first action is F(r, 0).
             first = start["F", r, 0]
@@ -109,6 +119,8 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
             spans.append(last - first)
         goal = model.NewIntVar(0, horizon, "span")
         model.AddMaxEquality(goal, spans)
+    if at_most is not None:
+        model.Add(goal <= round(SCALE * at_most))
     model.Minimize(goal)
     if hint:
         # Microbatches are interchangeable: sort the hint's start times of each op of each stage,
@@ -183,11 +195,16 @@ def main():
                     "(its answer is then never worse than auto's)")
     ap.add_argument("--budget", type=float, help="auto's --time-budget (default: auto's own)")
     ap.add_argument("--csv", help="write the (last) row's CP-SAT schedule here, pipefill's CSV")
+    ap.add_argument("--at-most", type=float, help="only schedules whose objective is at most "
+                    "this (INFEASIBLE proves the optimum above it)")
+    ap.add_argument("--span-ranks", help="the span objective over only these ranks "
+                    "(comma-separated), a relaxation whose optimum bounds the span from below")
     ap.add_argument("--machines", help="only these ranks (comma-separated) run one action at a "
                     "time, a relaxation (with --hint or --reuse, not meaningful)")
     a = ap.parse_args()
     p = a.ranks
     machines = [int(r) for r in a.machines.split(",")] if a.machines else None
+    span_ranks = [int(r) for r in a.span_ranks.split(",")] if a.span_ranks else None
     limits = {"half": p / 2, "1f1b": float(p), "2x": 2.0 * p}
     rows = []
     known = {}
@@ -212,7 +229,7 @@ def main():
                             st, best, proven, wall = optimum(p, m, f, i, w, t, limits[ln], obj,
                                                              a.seconds, a.workers, a.csv,
                                                              starts if a.hint else None,
-                                                             machines)
+                                                             machines, a.at_most, span_ranks)
                         row = dict(P=p, M=m, ratio=rn, transfer=t, limit=ln, objective=obj,
                                    status=st, optimum=best if st == "OPTIMAL" else None,
                                    cp_best=best, cp_bound=proven, cp_seconds=round(wall, 2),
