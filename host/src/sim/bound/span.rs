@@ -13,8 +13,8 @@ use crate::schedule::Placement;
 /// A lower bound on the longest per-rank span (first action's start to last action's end) of any
 /// schedule of `ranks` ranks, `microbatches` microbatches and `costs`' stages placed by
 /// `placement`, when rank `r` holds at most `max_in_flight[r]` rank-microbatches (`None`: no
-/// limit). Sections 5-9 of the [simulator's docs](crate::sim#lower-bound); infinite when a limit is
-/// below one stage's microbatch, or, with two stages per rank, below two.
+/// limit). Sections 5-10 and 12 of the [simulator's docs](crate::sim#lower-bound); infinite when a
+/// limit is below one stage's microbatch, or, with two stages per rank, below two.
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
@@ -175,6 +175,13 @@ pub(super) fn span_bound_with(
     }
     // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
     if let Some(limits) = max_in_flight.filter(|_| !until_input) {
+        // Section 12: every other rank's memory term, up to the end of that rank's last action.
+        let first = placement.rank_of(0, ranks);
+        for r in (0..ranks).filter(|&r| r != first) {
+            let rank = RankJobs::new(r, &chain, &groups);
+            let slots = Slots::new(limits[r], chunks, None);
+            bound = bound.max(rank.memory_term_for_first(&groups, (r, first), microbatches, slots));
+        }
         if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
             let first = placement.rank_of(0, ranks);
             bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
