@@ -25,7 +25,7 @@ spans do not change when the whole schedule shifts, so the span objective starts
 usage: vshape_optimum.py PIPEFILL P M[,M..] [--seconds S] [--objectives makespan,span]
                          [--limits half,1f1b,2x] [--ratios 1:1:1,2:2:1,1:1.2:0.8] [--transfers 0,0.1]
                          [--hint] [--budget SECONDS] [--machines R,R,..] [--csv FILE]
-                         [--at-most VALUE] [--span-ranks R,R,..]
+                         [--at-most VALUE] [--span-ranks R,R,..] [--memory-ranks R,R,..]
 Prints one JSON object per row, then a summary; `status` OPTIMAL means the optimum is proven,
 FEASIBLE that the time ran out (then `cp_bound` is CP-SAT's own proven lower bound).
 """
@@ -42,7 +42,7 @@ SCALE = 20  # every time in the grid is a multiple of 1/20
 
 
 def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=None, hint=None,
-            machines=None, at_most=None, span_ranks=None):
+            machines=None, at_most=None, span_ranks=None, memory_ranks=None):
     """CP-SAT's answer: (status name, best value or None, proven lower bound, wall seconds); with
     `csv` a path, its best schedule is written there as pipefill's CSV (one row per rank, actions in
     start order); with `hint` a map (op, stage, microbatch) -> start time, CP-SAT starts from that
@@ -52,7 +52,8 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
     `at_most` a value, only schedules whose objective is at most that count (INFEASIBLE then proves
     the optimum above it, often far sooner than the optimisation proves its bound); with
     `span_ranks` a list of ranks, the span objective takes only their spans (a relaxation: its
-    optimum is a lower bound on the span)."""
+    optimum is a lower bound on the span); with `memory_ranks` a list of ranks, only those keep
+    the slot limit (a relaxation, with `machines` a one-rank problem)."""
     stages = 2 * p
     rank = lambda s: s if s < p else 2 * p - 1 - s
     cf, ci, cw = (round(SCALE * x / 2) for x in (f, i, w))
@@ -95,7 +96,7 @@ def optimum(p, m, f, i, w, transfer, limit, objective, seconds, workers, csv=Non
     for r in range(p):
         if machines is None or r in machines:
             model.AddNoOverlap(work[r])
-        if slots < 2 * m:
+        if slots < 2 * m and (memory_ranks is None or r in memory_ranks):
             model.AddCumulative(holds[r], [1] * len(holds[r]), slots)
     if objective == "makespan":
         goal = model.NewIntVar(0, horizon, "makespan")
@@ -199,12 +200,15 @@ def main():
                     "this (INFEASIBLE proves the optimum above it)")
     ap.add_argument("--span-ranks", help="the span objective over only these ranks "
                     "(comma-separated), a relaxation whose optimum bounds the span from below")
+    ap.add_argument("--memory-ranks", help="only these ranks (comma-separated) keep the slot "
+                    "limit, a relaxation (with --machines R, rank R's own problem)")
     ap.add_argument("--machines", help="only these ranks (comma-separated) run one action at a "
                     "time, a relaxation (with --hint or --reuse, not meaningful)")
     a = ap.parse_args()
     p = a.ranks
     machines = [int(r) for r in a.machines.split(",")] if a.machines else None
     span_ranks = [int(r) for r in a.span_ranks.split(",")] if a.span_ranks else None
+    memory_ranks = [int(r) for r in a.memory_ranks.split(",")] if a.memory_ranks else None
     limits = {"half": p / 2, "1f1b": float(p), "2x": 2.0 * p}
     rows = []
     known = {}
@@ -229,7 +233,8 @@ def main():
                             st, best, proven, wall = optimum(p, m, f, i, w, t, limits[ln], obj,
                                                              a.seconds, a.workers, a.csv,
                                                              starts if a.hint else None,
-                                                             machines, a.at_most, span_ranks)
+                                                             machines, a.at_most, span_ranks,
+                                                             memory_ranks)
                         row = dict(P=p, M=m, ratio=rn, transfer=t, limit=ln, objective=obj,
                                    status=st, optimum=best if st == "OPTIMAL" else None,
                                    cp_best=best, cp_bound=proven, cp_seconds=round(wall, 2),
