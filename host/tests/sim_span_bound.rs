@@ -367,3 +367,34 @@ fn every_rank_s_memory_reaches_the_v_half_span_optima() {
         assert!((span - optimum).abs() < 1e-9, "{fiw:?} {share}: {span}");
     }
 }
+
+/// Section 13 of the bound (the tip rank's own problem, solved exactly) reaches the optimum CP-SAT
+/// proves for that rank alone at V-Half's limit, P = 4, M = 8 (`scripts/optimum/vshape_optimum.py
+/// target/release/pipefill 4 8 --limits half --objectives makespan --machines 3 --memory-ranks 3`:
+/// only rank 3 runs one action at a time and keeps its slots), for both objectives; per rank F:I:W,
+/// transfer as a share of a rank's F, that value, and the full problem's optimum, which neither
+/// bound exceeds. The bounds stood 2.0-5.2 % below the one-rank values before.
+#[test]
+fn the_tip_rank_s_own_problem_reaches_cp_sat_s_one_rank_optima() {
+    for (fiw, share, one_rank, optimum) in [
+        ([2.0, 2.0, 1.0], 0.1, 60.5, 60.9),
+        ([2.0, 2.0, 1.0], 0.0, 54.5, 56.5),
+        ([1.0, 1.0, 1.0], 0.1, 32.5, 33.1),
+        ([1.0, 1.2, 0.8], 0.1, 34.1, 34.9),
+        ([1.0, 1.2, 0.8], 0.0, 31.1, 32.1),
+    ] {
+        let link = LinkCost {
+            latency: share * fiw[0],
+            bandwidth: f64::INFINITY,
+        };
+        let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(2);
+        let costs = CostModel::uniform(one, 8, link);
+        let limits = [2.0; 4];
+        let makespan = bound_with_limit(4, 8, Placement::Vshape, &costs, false, &limits).unwrap();
+        let span = span_bound(4, 8, Placement::Vshape, &costs, false, Some(&limits)).unwrap();
+        for (what, b) in [("makespan", makespan), ("span", span)] {
+            let case = format!("{fiw:?} {share} {what}");
+            assert!(b >= one_rank - 1e-9 && b <= optimum + 1e-9, "{case}: {b}");
+        }
+    }
+}

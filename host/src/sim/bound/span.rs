@@ -13,8 +13,8 @@ use crate::schedule::Placement;
 /// A lower bound on the longest per-rank span (first action's start to last action's end) of any
 /// schedule of `ranks` ranks, `microbatches` microbatches and `costs`' stages placed by
 /// `placement`, when rank `r` holds at most `max_in_flight[r]` rank-microbatches (`None`: no
-/// limit). Sections 5-10 and 12 of the [simulator's docs](crate::sim#lower-bound); infinite when a
-/// limit is below one stage's microbatch, or, with two stages per rank, below two.
+/// limit). Sections 5-10, 12 and 13 of the [simulator's docs](crate::sim#lower-bound); infinite when
+/// a limit is below one stage's microbatch, or, with two stages per rank, below two.
 ///
 /// ```
 /// use pipefill_host::cost::{CostModel, LinkCost, StageCost};
@@ -181,6 +181,12 @@ pub(super) fn span_bound_with(
             let rank = RankJobs::new(r, &chain, &groups);
             let slots = Slots::new(limits[r], chunks, None);
             bound = bound.max(rank.memory_term_for_first(&groups, (r, first), microbatches, slots));
+            // Section 13: the rank's own problem, to the end of the first rank.
+            if !overlap {
+                if let Some(o) = super::own_term(&chain, &groups, r, microbatches, slots) {
+                    bound = bound.max(o.first_span);
+                }
+            }
         }
         if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
             let first = placement.rank_of(0, ranks);
