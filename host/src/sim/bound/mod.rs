@@ -616,23 +616,14 @@ impl<'a> RankJobs<'a> {
     /// `slots` fit (`m` microbatches); with the holding argument (section 6).
     fn memory_term(&self, groups: &Groups, r: usize, m: usize, slots: Slots) -> f64 {
         let c = self.chain;
-        let Some(&first) = self.mine.first() else {
-            return 0.0;
-        };
-        let count = self.mine.len() * m;
-        if slots.binds_none(count) {
-            return 0.0;
-        }
-        if slots.cap < 1.0 {
-            return f64::INFINITY;
-        }
-        let heads: Vec<f64> = self.mine.iter().map(|&s| c.head_f[s]).collect();
-        let sigma = self.forward_starts(m, slots, &heads);
-        let work = self.min_over(|s| self.forward_work(s));
         let tail = self.min_over(|s| c.tail_f(s));
-        let mut jobs = groups.jobs(r, m, Anchor::Step, Which::Backward, false);
-        jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
-        jackson::preemptive(&jobs).max(c.head_f[first] + self.holding(m, slots))
+        match (
+            self.mine.first(),
+            self.released(groups, (r, Anchor::Step), m, slots, tail),
+        ) {
+            (Some(&first), Some(value)) => value.max(c.head_f[first] + self.holding(m, slots)),
+            _ => 0.0,
+        }
     }
 
     /// Section 12: [`Self::memory_term`] as a bound on the span of rank `first`, the rank that
@@ -649,21 +640,38 @@ impl<'a> RankJobs<'a> {
         slots: Slots,
     ) -> f64 {
         let c = self.chain;
+        // A forward's own backward, then the gradient chain down to stage 0's end on `first`.
+        let tail = self.min_over(|s| c.up[s] + c.input[s] + c.down[s]);
+        self.released(groups, (r, Anchor::Rank(first)), m, slots, tail)
+            .unwrap_or(0.0)
+    }
+
+    /// Section 4's one-machine problem on rank `r`: its forwards released by the slot recurrence
+    /// (heads from the step's start), each with `tail`, and its backward groups with heads and
+    /// tails under `anchor`; `None` where the slots bind nothing (or the rank has no stage),
+    /// infinite where not one stage-microbatch fits.
+    fn released(
+        &self,
+        groups: &Groups,
+        (r, anchor): (usize, Anchor),
+        m: usize,
+        slots: Slots,
+        tail: f64,
+    ) -> Option<f64> {
+        let c = self.chain;
         let count = self.mine.len() * m;
         if self.mine.is_empty() || slots.binds_none(count) {
-            return 0.0;
+            return None;
         }
         if slots.cap < 1.0 {
-            return f64::INFINITY;
+            return Some(f64::INFINITY);
         }
         let heads: Vec<f64> = self.mine.iter().map(|&s| c.head_f[s]).collect();
         let sigma = self.forward_starts(m, slots, &heads);
         let work = self.min_over(|s| self.forward_work(s));
-        // A forward's own backward, then the gradient chain down to stage 0's end on `first`.
-        let tail = self.min_over(|s| c.up[s] + c.input[s] + c.down[s]);
-        let mut jobs = groups.jobs(r, m, Anchor::Rank(first), Which::Backward, false);
+        let mut jobs = groups.jobs(r, m, anchor, Which::Backward, false);
         jobs.extend(sigma.iter().map(|&head| Job { head, work, tail }));
-        jackson::preemptive(&jobs)
+        Some(jackson::preemptive(&jobs))
     }
 
     /// The least of `f` over the rank's stages.
