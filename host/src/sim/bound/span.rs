@@ -101,8 +101,8 @@ pub(super) struct Terms<'a> {
     /// `P^2` one-machine problems and more; the makespan bound of every simulation leaves them
     /// out).
     pub others: bool,
-    /// Section 10 for the rank that holds stage 0 (the makespan bound under a limit leaves it out:
-    /// its own section 10 term is no smaller).
+    /// Sections 10, 12 and 13 for the rank that holds stage 0 (the makespan bound under a limit
+    /// leaves them out: its own terms of those sections are no smaller).
     pub flow: bool,
     /// The second level of holding (section 11), per rank: slots then count to the end of `I`
     /// whole and this share of one to the end of `W`, and sections 9 and 10 are left out.
@@ -175,9 +175,9 @@ pub(super) fn span_bound_with(
     }
     // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
     if let Some(limits) = max_in_flight.filter(|_| !until_input) {
-        // Section 12: every other rank's memory term, up to the end of that rank's last action.
+        // Section 12: every other rank's memory term, up to the end of the first rank's last action.
         let first = placement.rank_of(0, ranks);
-        for r in (0..ranks).filter(|&r| r != first) {
+        for r in (0..ranks).filter(|&r| terms.flow && r != first) {
             let rank = RankJobs::new(r, &chain, &groups);
             let slots = Slots::new(limits[r], chunks, None);
             bound = bound.max(rank.memory_term_for_first(&groups, (r, first), microbatches, slots));
