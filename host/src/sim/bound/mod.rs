@@ -254,13 +254,21 @@
 //! forward below it) and what is left is small: one machine, six op kinds, each in microbatch order
 //! (section 10's sorting argument) and as early as the machine and its inputs allow, at most `cap`
 //! slots. A search over the sequences of op kinds, layer by layer, keeps per count of each kind
-//! only the states no other state beats in every time that matters, and gives the exact least of
-//! `max(machine end, last I(P-1) end + down(P-1))` (a makespan bound) and of the second alone (the
-//! span of the rank that holds stage 0). It runs where at most 6 stage-microbatches fit (V-Half at P
-//! = 4) and gives up past 60 000 states tried (about 40 ms); with more slots the states outgrow that.
-//! At P = 4, M = 8 under V-Half's limit it equals CP-SAT's optimum for that rank alone in all five rows
-//! where the bound was more than 2 % short, raising both bounds by 2.0-5.2 %
-//! (test `the_tip_rank_s_own_problem_reaches_cp_sat_s_one_rank_optima`).
+//! only the states no other state beats in every time that matters (ready times the machine has
+//! already passed count as the machine's free time, so they no longer tell states apart; equal
+//! rests are one kind), and gives the least of `max(machine end, last I(P-1) end + down(P-1))` (a
+//! makespan bound) and of the second alone (the span of the rank that holds stage 0). It runs where
+//! at most 16 stage-microbatches fit (V-Half's limit up to P = 16, 1F1B's up to P = 8), within a
+//! budget of 2 M states tried: a layer with more than its share merges runs of states into their
+//! least times, which keeps the value a lower bound (on the V-shape grid 18 of its 168 searches
+//! merge, at 16 slots and M = 32 or 64, and every value equals the unbudgeted search's; each takes
+//! at most 130 ms, and 140 ms at P = 16, M = 128). The other two-stage ranks' own
+//! problems are as valid but ask 4-100 times the search and, on V-Half at P = 8, M = 16 and 32,
+//! all came out below the tip's. At P = 4, M = 8 under V-Half's limit it equals CP-SAT's optimum
+//! for that rank alone in all five rows where the bound was more than 2 % short, raising both
+//! bounds by 2.0-5.2 %, and at P = 8, M = 16 (118.5 for 2:2:1 with transfers, 115.5 before) too
+//! (test `the_tip_rank_s_own_problem_reaches_cp_sat_s_one_rank_optima`); over the V-shape grid it
+//! raises 16 bounds and proves `auto` optimal in 4 more rows.
 //!
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
@@ -532,8 +540,8 @@ fn limited(
 }
 
 /// Section 13 for rank `r` when it is the tip of a V (two adjacent stages, the lower one not stage
-/// 0) and at most [`own::MAX_CAP`] stage-microbatches fit (else `None`: with more the states grow
-/// past what the search affords).
+/// 0) and at most [`own::MAX_CAP`] stage-microbatches fit (else `None`: with more the counts per
+/// layer grow past what the search affords).
 fn own_term(chain: &Chain, groups: &Groups, r: usize, m: usize, slots: Slots) -> Option<own::Own> {
     let mine = groups.stages_of(r);
     let &[s, u] = mine.as_slice() else {
