@@ -210,8 +210,8 @@ impl Graph {
         let mut start = vec![0.0; n];
         let mut placed = vec![0; n];
         let mut busy: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
-        // Per rank, (time, change) of what it holds, sorted; releases before allocations at a tie.
-        let mut held: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ranks];
+        // Per rank, what it holds over time.
+        let mut held: Vec<Held> = vec![Held::default(); ranks];
         let mut blocked: Vec<Vec<usize>> = vec![Vec::new(); ranks];
         let mut waiting: Vec<usize> = needs.iter().map(Vec::len).collect();
         let mut heap: BinaryHeap<Keyed> = (0..n)
@@ -227,7 +227,7 @@ impl Graph {
             }
             if let Some((takes, _, budget)) = memory {
                 if takes[a] > 0.0 {
-                    match room_from(&held[r], budget[r] - takes[a], ready) {
+                    match held[r].room_from(budget[r] - takes[a], ready) {
                         Some(t) => ready = t,
                         None => {
                             blocked[r].push(a);
@@ -245,10 +245,10 @@ impl Graph {
             if let Some((takes, frees, _)) = memory {
                 let events = &mut held[r];
                 if takes[a] > 0.0 {
-                    add_event(events, (t, takes[a]));
+                    events.add((t, takes[a]));
                 }
                 if frees[a] > 0.0 {
-                    add_event(events, (t + self.dur[a], -frees[a]));
+                    events.add((t + self.dur[a], -frees[a]));
                     heap.extend(blocked[r].drain(..).map(|b| Keyed(-key[b], b)));
                 }
             }
@@ -366,34 +366,45 @@ fn insert(lane: &mut Vec<(f64, f64)>, (s, e): (f64, f64)) {
     }
 }
 
-/// The earliest time at or after `from` from which a rank holding `events` (sorted `(time,
-/// change)`) never holds more than `cap`; `None` when it holds more for good (its last level).
-/// Walks back from the last event only to `from` (the pass places actions roughly in time order,
-/// so few events lie past it).
-fn room_from(events: &[(f64, f64)], cap: f64, from: f64) -> Option<f64> {
-    let slack = EPS * cap.abs().max(1.0);
-    let mut level: f64 = events.iter().map(|e| e.1).sum();
-    if level > cap + slack {
-        return None;
-    }
-    for &(t, change) in events.iter().rev() {
-        if t <= from + EPS {
-            break;
-        }
-        // The level before this event, held up to `t`.
-        level -= change;
-        if level > cap + slack {
-            return Some(t);
-        }
-    }
-    Some(from)
+/// What a rank holds over time: `(time, change)` events, sorted (at a tie, releases first: a `W`
+/// that ends when an `F` starts has freed its memory), and their sum, the level after the last.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    events: Vec<(f64, f64)>,
+    level: f64,
 }
 
-/// Adds a change of what a rank holds at a time, keeping `events` sorted (at a tie, releases
-/// first: a `W` that ends when an `F` starts has freed its memory).
-fn add_event(events: &mut Vec<(f64, f64)>, e: (f64, f64)) {
-    let at = events.partition_point(|x| x.0 < e.0 - EPS || (x.0 <= e.0 + EPS && x.1 <= e.1));
-    events.insert(at, e);
+impl Held {
+    /// Adds a change of what the rank holds at a time.
+    fn add(&mut self, e: (f64, f64)) {
+        let at = self
+            .events
+            .partition_point(|x| x.0 < e.0 - EPS || (x.0 <= e.0 + EPS && x.1 <= e.1));
+        self.events.insert(at, e);
+        self.level += e.1;
+    }
+
+    /// The earliest time at or after `from` from which the rank never holds more than `cap`;
+    /// `None` when it holds more for good (its last level). Walks back from the last event only
+    /// to `from` (the pass places actions roughly in time order, so few events lie past it).
+    fn room_from(&self, cap: f64, from: f64) -> Option<f64> {
+        let slack = EPS * cap.abs().max(1.0);
+        let mut level = self.level;
+        if level > cap + slack {
+            return None;
+        }
+        for &(t, change) in self.events.iter().rev() {
+            if t <= from + EPS {
+                break;
+            }
+            // The level before this event, held up to `t`.
+            level -= change;
+            if level > cap + slack {
+                return Some(t);
+            }
+        }
+        Some(from)
+    }
 }
 
 /// The lists of `schedule` as dense ids; `None` when it has anything but single `F`, `I`, `W`.
@@ -659,22 +670,24 @@ mod tests {
     #[test]
     fn room_is_where_the_rank_holds_little_enough_from_then_on() {
         // Holds 1 on [0, 1), 2 on [1, 3), 1 on [3, 5), 0 after.
-        let mut events = vec![];
+        let mut held = Held::default();
         for e in [(3.0, -1.0), (0.0, 1.0), (5.0, -1.0), (1.0, 1.0)] {
-            add_event(&mut events, e);
+            held.add(e);
         }
         assert_eq!(
-            events,
+            held.events,
             vec![(0.0, 1.0), (1.0, 1.0), (3.0, -1.0), (5.0, -1.0)]
         );
-        assert_eq!(room_from(&events, 2.0, 0.0), Some(0.0));
-        assert_eq!(room_from(&events, 1.0, 0.0), Some(3.0));
-        assert_eq!(room_from(&events, 0.5, 0.0), Some(5.0));
-        assert_eq!(room_from(&events, 1.0, 4.0), Some(4.0));
-        assert_eq!(room_from(&events, 0.5, 4.0), Some(5.0));
-        assert_eq!(room_from(&events, -1.0, 0.0), None);
+        assert_eq!(held.level, 0.0);
+        assert_eq!(held.room_from(2.0, 0.0), Some(0.0));
+        assert_eq!(held.room_from(1.0, 0.0), Some(3.0));
+        assert_eq!(held.room_from(0.5, 0.0), Some(5.0));
+        assert_eq!(held.room_from(1.0, 4.0), Some(4.0));
+        assert_eq!(held.room_from(0.5, 4.0), Some(5.0));
+        assert_eq!(held.room_from(-1.0, 0.0), None);
         // At a tie a release comes first: a `W` ending at 3 frees before an `F` starting at 3.
-        add_event(&mut events, (3.0, 1.0));
-        assert_eq!(events[2..4], [(3.0, -1.0), (3.0, 1.0)]);
+        held.add((3.0, 1.0));
+        assert_eq!(held.events[2..4], [(3.0, -1.0), (3.0, 1.0)]);
+        assert_eq!(held.level, 1.0);
     }
 }
