@@ -22,6 +22,7 @@
 //! there, and every time counts from that rank's first action, the step's start).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::chain::Chain;
 
@@ -37,6 +38,34 @@ pub(super) const MAX_CAP: usize = 16;
 
 /// Most op kinds a search may handle (`6 M`, M = 256).
 const MAX_OPS: usize = 6 * 256;
+
+/// The undominated states of a layer per count of each op kind, in a map whose order depends only
+/// on what went in (a fixed hash, so the search, thinned or not, is the same on every run).
+type Fronts = HashMap<[usize; 6], Vec<State>, BuildHasherDefault<Mix>>;
+
+/// A small multiplicative hash for the counts (the standard one is seeded per process).
+#[derive(Default)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 /// The two values of [`own_problem`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -156,7 +185,7 @@ fn search(
     let per_layer = (budget / (6 * 6 * m)).max(1);
     let mut thinned = false;
     for _ in 0..6 * m {
-        let mut next: HashMap<[usize; 6], Vec<State>> = HashMap::new();
+        let mut next: Fronts = Fronts::default();
         for st in &layer {
             let n = st.n;
             let held = (n[0] - n[5]) + (n[1] - n[4]);
@@ -226,7 +255,7 @@ fn search(
 /// worse than any of its run in every time, and every step of the search keeps that order (each
 /// time is a maximum and a sum of times), so what follows from it is no later than what follows
 /// from any of them: the search's value stays a lower bound, only no longer always the least.
-fn thin(fronts: HashMap<[usize; 6], Vec<State>>, most: usize) -> Vec<State> {
+fn thin(fronts: Fronts, most: usize) -> Vec<State> {
     let total: usize = fronts.values().map(Vec::len).sum();
     if total <= most {
         return fronts.into_values().flatten().collect();
@@ -256,7 +285,20 @@ fn thin(fronts: HashMap<[usize; 6], Vec<State>>, most: usize) -> Vec<State> {
             out.extend(front);
             continue;
         }
-        front.sort_by(|x, y| x.free.total_cmp(&y.free));
+        front.sort_by(|x, y| {
+            x.free
+                .total_cmp(&y.free)
+                .then(x.last_d.total_cmp(&y.last_d))
+                .then_with(|| {
+                    let len = x.pending();
+                    x.t[..len]
+                        .iter()
+                        .zip(&y.t[..len])
+                        .map(|(a, b)| a.total_cmp(b))
+                        .find(|o| o.is_ne())
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                })
+        });
         let len = front.len();
         for j in 0..runs {
             let run = &front[j * len / runs..(j + 1) * len / runs];
@@ -311,7 +353,7 @@ mod tests {
 
     /// Keeping the two rests apart and merging equal ones give the same least values, and a
     /// search thinned to one state per count never rises above the exact one (it stays a lower
-    /// bound; on these cases it is equal).
+    /// bound; on these cases it is equal) and is the same on every run.
     #[test]
     fn merged_rests_are_exact_and_thinning_only_lowers() {
         let mut thinned = 0;
@@ -324,6 +366,8 @@ mod tests {
                 assert!((exact.makespan - apart.makespan).abs() < 1e-9, "{case}");
                 assert!((exact.first_span - apart.first_span).abs() < 1e-9, "{case}");
                 let thin = search(&chain, su, m, cap, 36 * m, true).expect(&case);
+                // The same every time (the merged runs do not depend on a map's random order).
+                assert_eq!(Some(thin), search(&chain, su, m, cap, 36 * m, true), "{case}");
                 assert!(thin.makespan <= exact.makespan + 1e-9, "{case}");
                 assert!(thin.first_span <= exact.first_span + 1e-9, "{case}");
                 assert!(!exact.thinned, "{case}");
