@@ -1,5 +1,5 @@
 //! Section 13 of the [simulator's docs](crate::sim#lower-bound): the tip rank's own problem,
-//! solved exactly.
+//! solved exactly within a budget (past it, still a lower bound).
 //!
 //! A rank holding a lower stage `s >= 1` and an upper stage `u` runs, per microbatch, `F(s)`,
 //! `F(u)`, `I(u)`, `I(s)` and the two rests, one at a time, with the chain's delays between them
@@ -17,9 +17,10 @@
 //! tells two states apart). Equal rests are one kind (only how many ran matters). Where a layer
 //! would hold more than its share of [`MAX_TRIES`], each count's states are cut into runs and each
 //! run becomes the state with the least of its times ([`thin`]): the value is then still a lower
-//! bound, no longer always the least. Its least `max(machine end, last I(s) end + down(s))` bounds the makespan, and its least
-//! `last I(s) end + down(s)` the span of the rank that holds stage 0 (the gradient chain ends
-//! there, and every time counts from that rank's first action, the step's start).
+//! bound, no longer always the least. Its least `max(machine end, last I(s) end + down(s))` bounds
+//! the makespan, and its least `last I(s) end + down(s)` the span of the rank that holds stage 0
+//! (the gradient chain ends there, and every time counts from that rank's first action, the
+//! step's start).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
