@@ -368,7 +368,11 @@ mod tests {
                 assert!((exact.first_span - apart.first_span).abs() < 1e-9, "{case}");
                 let thin = search(&chain, su, m, cap, 36 * m, true).expect(&case);
                 // The same every time (the merged runs do not depend on a map's random order).
-                assert_eq!(Some(thin), search(&chain, su, m, cap, 36 * m, true), "{case}");
+                assert_eq!(
+                    Some(thin),
+                    search(&chain, su, m, cap, 36 * m, true),
+                    "{case}"
+                );
                 assert!(thin.makespan <= exact.makespan + 1e-9, "{case}");
                 assert!(thin.first_span <= exact.first_span + 1e-9, "{case}");
                 assert!(!exact.thinned, "{case}");
