@@ -114,17 +114,31 @@ impl State {
     }
 
     /// Takes the ready time at `at` out of the runs.
-    fn take(&mut self, at: usize) -> f64 {
+    fn take(&mut self, at: usize) {
         let len = self.pending();
-        let v = self.t[at];
         self.t.copy_within(at + 1..len, at);
-        v
     }
 
     /// Puts `v` in the runs at `at` (`len` ready times before it).
     fn put(&mut self, at: usize, len: usize, v: f64) {
         self.t.copy_within(at..len, at + 1);
         self.t[at] = v;
+    }
+
+    /// Orders states of the same counts by their times (free, last `I(s)`, then the ready times),
+    /// so that merged runs do not depend on the order the states came in.
+    fn by_times(&self, other: &State) -> std::cmp::Ordering {
+        let len = self.pending();
+        let ready = self.t[..len].iter().zip(&other.t[..len]);
+        self.free
+            .total_cmp(&other.free)
+            .then(self.last_d.total_cmp(&other.last_d))
+            .then_with(|| {
+                ready
+                    .map(|(a, b)| a.total_cmp(b))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
     }
 
     /// Raises every ready time to at least `free` (see the type's docs).
@@ -231,9 +245,9 @@ fn search(
                 insert(next.entry(new.n).or_default(), new);
             }
         }
-        let before = next.values().map(Vec::len).sum::<usize>();
-        layer = thin(next, per_layer);
-        thinned |= layer.len() < before;
+        let merged_some;
+        (layer, merged_some) = thin(next, per_layer);
+        thinned |= merged_some;
     }
     let makespan = layer
         .iter()
@@ -256,10 +270,11 @@ fn search(
 /// worse than any of its run in every time, and every step of the search keeps that order (each
 /// time is a maximum and a sum of times), so what follows from it is no later than what follows
 /// from any of them: the search's value stays a lower bound, only no longer always the least.
-fn thin(fronts: Fronts, most: usize) -> Vec<State> {
+/// Also says whether it merged any.
+fn thin(fronts: Fronts, most: usize) -> (Vec<State>, bool) {
     let total: usize = fronts.values().map(Vec::len).sum();
     if total <= most {
-        return fronts.into_values().flatten().collect();
+        return (fronts.into_values().flatten().collect(), false);
     }
     // The most runs per count that keeps the layer within the budget (at least one): counts with
     // fewer states keep them all.
@@ -281,32 +296,21 @@ fn thin(fronts: Fronts, most: usize) -> Vec<State> {
         runs = next;
     }
     let mut out = Vec::with_capacity(counts * runs);
+    let mut merged = false;
     for (_, mut front) in fronts {
         if front.len() <= runs {
             out.extend(front);
             continue;
         }
-        front.sort_by(|x, y| {
-            x.free
-                .total_cmp(&y.free)
-                .then(x.last_d.total_cmp(&y.last_d))
-                .then_with(|| {
-                    let len = x.pending();
-                    x.t[..len]
-                        .iter()
-                        .zip(&y.t[..len])
-                        .map(|(a, b)| a.total_cmp(b))
-                        .find(|o| o.is_ne())
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                })
-        });
+        merged = true;
+        front.sort_by(State::by_times);
         let len = front.len();
         for j in 0..runs {
             let run = &front[j * len / runs..(j + 1) * len / runs];
             out.push(least(run));
         }
     }
-    out
+    (out, merged)
 }
 
 /// The state with the least of each time over `run` (same counts, at least one state).

@@ -173,7 +173,6 @@ pub(super) fn span_bound_with(
             .max(work)
             .max(rank.span_term(&groups, r, microbatches, slots));
     }
-    // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
     if let Some(limits) = max_in_flight.filter(|_| !until_input) {
         // Section 12: every other rank's memory term, up to the end of the first rank's last action.
         let first = placement.rank_of(0, ranks);
@@ -188,8 +187,8 @@ pub(super) fn span_bound_with(
                 }
             }
         }
+        // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
         if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
-            let first = placement.rank_of(0, ranks);
             bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
         }
         // Section 10 for the same rank.
