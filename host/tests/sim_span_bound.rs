@@ -402,3 +402,29 @@ fn the_tip_rank_s_own_problem_reaches_cp_sat_s_one_rank_optima() {
         }
     }
 }
+
+/// Section 14 of the bound (the tip rank with rank 1 or 2, exactly) reaches the optimum CP-SAT
+/// proves for that pair alone at `M = P`, V-shape, 2:2:1 per rank with transfers of 0.1 F, under
+/// twice 1F1B's limit (which binds nothing there): `scripts/optimum/vshape_optimum.py
+/// target/release/pipefill P P --limits 2x --objectives makespan --ratios 2:2:1 --transfers 0.1
+/// --machines 1,P-1` (only those two ranks run one action at a time), for both objectives; the last
+/// value is the full problem's proven optimum (`auto`'s too), which neither bound exceeds. The
+/// bounds stood at 39.3, 46.1 and 52.9 before (the one-machine terms).
+#[test]
+fn the_tip_rank_with_a_second_rank_reaches_cp_sat_s_two_rank_optima() {
+    for (p, two_ranks, optimum) in [(6, 39.3, 39.7), (7, 46.5, 46.9), (8, 53.3, 54.1)] {
+        let link = LinkCost {
+            latency: 0.2,
+            bandwidth: f64::INFINITY,
+        };
+        let one = StageCost::uniform(2.0, 2.0, 1.0).split(2);
+        let costs = CostModel::uniform(one, 2 * p, link);
+        let limits = vec![2.0 * p as f64; p];
+        let makespan = bound_with_limit(p, p, Placement::Vshape, &costs, false, &limits).unwrap();
+        let span = span_bound(p, p, Placement::Vshape, &costs, false, Some(&limits)).unwrap();
+        for (what, b) in [("makespan", makespan), ("span", span)] {
+            let case = format!("P = M = {p} {what}");
+            assert!(b >= two_ranks - 1e-9 && b <= optimum + 1e-9, "{case}: {b}");
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! A lower bound on the makespan: no schedule with these costs, ranks, chunks and placement can finish
 //! earlier. [`bound_for`] is the maximum of the arguments of sections 1-3 and 7 (and the span
-//! bound); [`bound_with_limit`] adds sections 4, 9 and 10, for schedules that must keep each rank
-//! under an in-flight limit; [`span_bound`] bounds the longest per-rank span (sections 5-10).
+//! bound); [`bound_with_limit`] adds sections 4, 9, 10, 13 and 14, for schedules that must keep
+//! each rank under an in-flight limit; [`span_bound`] bounds the longest per-rank span (sections
+//! 5-14).
 //!
 //! ## 1. The chain of one microbatch
 //!
@@ -270,6 +271,28 @@
 //! (test `the_tip_rank_s_own_problem_reaches_cp_sat_s_one_rank_optima`); over the V-shape grid it
 //! raises 16 bounds and proves `auto` optimal in 4 more rows.
 //!
+//! ## 14. The tip rank with a second rank (module `own`)
+//!
+//! Where microbatches are few (`M = P` on V-shape) the step is set by all ranks together: every
+//! rank's forward/backward alternation loses the transfers at both ends, and the bound's other
+//! terms, which relax the step to one rank's machine (or to chains), stop short of it. The tip
+//! rank and rank `q` (stages `q` and `2P - 1 - q`) share one microbatch chain of eight op kinds
+//! (`q`'s forward, the tip's two, `q`'s upper forward, then the input gradients back down); the
+//! search of section 13 runs over both machines at once, every other rank relaxed to the chain's
+//! delays. Where no slot limit binds on either rank, the rests run as filler in the gaps (each
+//! machine owes the rest work its input gradients made due; a relaxation), so the states count
+//! only the chain's kinds. Its least `max(either machine's end with what it still owes, last
+//! I(q) end + down(q))` bounds the makespan, its least `last I(q) end + down(q)` the span of the
+//! rank that holds stage 0. It runs for `q = 1` with at most `min(P, 10)` microbatches (the counts
+//! grow as `C(M + 8, 8)`), within 4 M tries (P = M = 8: 0.11 s, exact). Of all pairs it is the tip
+//! with rank 1 or 2 that binds: at P = M = 8, 2:2:1 with transfers of 0.1 F, CP-SAT's
+//! optimum with only two ranks kept to one action at a time is 53.3 for `{1, 7}` and `{2, 7}`,
+//! 52.9 for `{3, 7}` and at most 52.7 for every other pair, and the search equals it (test
+//! `the_pair_problem_reaches_cp_sat_s_two_rank_optima`): the bound of both objectives rises from
+//! 52.9 to 53.3 against the proven optimum 54.1. At P = 16, M = 16 the pairs' optima (at most
+//! 108.1 by CP-SAT) stay below what a 2 % gap would need, and with 16 microbatches the search is
+//! past its size.
+//!
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
 //! included; the exact method's proofs (`auto::exact`) check the makespan bounds on 80 more of up
@@ -525,6 +548,12 @@ fn limited(
             }
         }
     }
+    // Section 14: the tip rank with rank 1, exactly, where no slot limit binds.
+    if !overlap {
+        if let Some(o) = pair_term(&chain, &groups, microbatches, max_in_flight, chunks) {
+            bound = bound.max(o.makespan);
+        }
+    }
     // Section 10: microbatch by microbatch, with each rank's machine and slots.
     if let Some(f) = flow::flow(
         &chain,
@@ -551,6 +580,39 @@ fn own_term(chain: &Chain, groups: &Groups, r: usize, m: usize, slots: Slots) ->
         return None;
     }
     own::own_problem(chain, s, u, m, slots.cap as usize)
+}
+
+/// Most microbatches for which section 14 runs (and at most `P`): its states grow with the
+/// counts of eight op kinds, `C(M + 8, 8)` (43 758 at M = 10), and with more microbatches than
+/// ranks the alternation's losses hide behind other work and the one-rank terms bind (at P = 4,
+/// M = 8 the pair stops 9 % below the bound's other terms, merged past its budget).
+const PAIR_MICROBATCHES: usize = 10;
+
+/// Section 14's budget of tries (P = M = 8: 0.11 s and exact; at most about 0.3 s merged).
+const PAIR_TRIES: usize = 4_000_000;
+
+/// Section 14 on V-shape: the tip rank with rank 1; `None` where it does not apply (another
+/// placement, fewer than 3 ranks, more than `min(P, `[`PAIR_MICROBATCHES`]`)` microbatches, or a
+/// limit that binds on either rank).
+fn pair_term(
+    chain: &Chain,
+    groups: &Groups,
+    m: usize,
+    limits: &[f64],
+    chunks: f64,
+) -> Option<own::Own> {
+    let ranks = limits.len();
+    if ranks < 3 || m > ranks.min(PAIR_MICROBATCHES) || chain.forward.len() != 2 * ranks {
+        return None;
+    }
+    let free = |r: usize| Slots::new(limits[r], chunks, None).binds_none(2 * m);
+    let (tip, q) = (ranks - 1, 1);
+    let v_shaped =
+        groups.stages_of(tip) == [tip, ranks] && groups.stages_of(q) == [q, tip + ranks - q];
+    if !v_shaped || !free(tip) || !free(q) {
+        return None;
+    }
+    own::pair_problem(chain, ranks, q, m, [2 * m; 2], PAIR_TRIES)
 }
 
 /// One limit per rank, each a number `>= 0`.

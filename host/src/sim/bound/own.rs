@@ -1,5 +1,6 @@
-//! Section 13 of the [simulator's docs](crate::sim#lower-bound): the tip rank's own problem,
-//! solved exactly within a budget (past it, still a lower bound).
+//! Sections 13 and 14 of the [simulator's docs](crate::sim#lower-bound): the tip rank's own
+//! problem, and the tip rank's with a second rank's, solved exactly within a budget (past it,
+//! still a lower bound).
 //!
 //! A rank holding a lower stage `s >= 1` and an upper stage `u` runs, per microbatch, `F(s)`,
 //! `F(u)`, `I(u)`, `I(s)` and the two rests, one at a time, with the chain's delays between them
@@ -21,6 +22,17 @@
 //! the makespan, and its least `last I(s) end + down(s)` the span of the rank that holds stage 0
 //! (the gradient chain ends there, and every time counts from that rank's first action, the
 //! step's start).
+//!
+//! The same search takes two machines ([`pair_problem`]): the tip rank (stages `P - 1`, `P`) and
+//! rank `q` (stages `q`, `2P - 1 - q`), whose eight op kinds lie on one chain, `F(q)`, `F(P - 1)`,
+//! `F(P)`, `F(2P - 1 - q)`, `I(2P - 1 - q)`, `I(P)`, `I(P - 1)`, `I(q)`, each on its rank's machine,
+//! every other rank relaxed to the chain's delays. A sequence of op kinds over both machines, each
+//! op as early as its machine and its input allow, gives every semi-active schedule of the pair
+//! (take the ops in order of start), so the least over sequences is the pair's optimum. Where no
+//! slot limit binds, the rests need no counts: each machine owes the rest work its input gradients
+//! made due and runs it in any gap before its next op and after its last, in pieces (a
+//! relaxation: a rest whole in one place is a special case), so the search keeps one amount owed
+//! per machine and its counts are the chain's alone.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -40,18 +52,17 @@ pub(super) const MAX_CAP: usize = 16;
 /// Most op kinds a search may handle (`6 M`, M = 256).
 const MAX_OPS: usize = 6 * 256;
 
-/// The undominated states of a layer per count of each op kind, in a map whose order depends only
-/// on what went in (a fixed hash, so the search, thinned or not, is the same on every run).
-type Fronts = HashMap<[usize; 6], Vec<State>, BuildHasherDefault<Mix>>;
-
 /// A small multiplicative hash for the counts (the standard one is seeded per process).
 #[derive(Default)]
 struct Mix(u64);
 
 impl Hasher for Mix {
     fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+        // Eight bytes at a time (the counts come as one slice of their bytes).
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
         }
     }
 
@@ -68,7 +79,7 @@ impl Hasher for Mix {
     }
 }
 
-/// The two values of [`own_problem`].
+/// The two values of [`own_problem`] and [`pair_problem`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Own {
     /// A lower bound on the makespan.
@@ -79,43 +90,91 @@ pub(super) struct Own {
     pub thinned: bool,
 }
 
-/// One state: counts of each op kind done (F(s), F(u), I(u), I(s), rest of u, rest of s), the
-/// machine's free time, the last `I(s)` end, and the times the pending ops become ready.
-///
-/// A pending op's ready time matters only where it is later than `free` (the machine is never free
-/// earlier again), so ready times are kept as `max(ready, free)`: two states that differ only in
-/// ready times the machine has already passed are the same state, which keeps the layers small.
+/// Most op kinds along one microbatch's chain (two two-stage ranks: four forwards, four input
+/// gradients).
+const KINDS: usize = 8;
+
+/// Counts per state: the chain's kinds, then per machine its rests (upper stage's, lower's).
+const COUNTS: usize = KINDS + 4;
+
+/// The problem the search solves: one microbatch's chain of op kinds, each on one of one or two
+/// machines, every other rank relaxed to the chain's delays.
 #[derive(Debug, Clone)]
-struct State {
-    n: [usize; 6],
-    free: f64,
-    last_d: f64,
-    /// The ready times of the pending ops, in three runs: `F(u, k)` for `k` in `n[1]..n[0]` (their
-    /// `F(s, k)`'s end plus the delay), `I(u, k)` for `k` in `n[2]..n[1]`, `I(s, k)` for `k` in
-    /// `n[3]..n[2]`. Each such microbatch holds a slot, so there are at most `cap` of them.
-    t: [f64; MAX_CAP],
+struct Problem {
+    /// Kinds along the chain (4 for one rank, 8 for two).
+    kinds: usize,
+    /// Machines (1 or 2).
+    machines: usize,
+    /// Per kind: its work, its machine, and the delay from its end to the next kind's earliest
+    /// start (the relaxed ranks' forwards or backwards and the transfers between).
+    dur: [f64; KINDS],
+    machine: [usize; KINDS],
+    delay: [f64; KINDS],
+    /// The first kind's `k`-th op starts no earlier than `head + k * spacing`.
+    head: f64,
+    spacing: f64,
+    /// From the end of the last kind's op to the end of the step.
+    tail: f64,
+    /// Per machine: its two forward kinds (each takes a slot), its two input-gradient kinds (upper
+    /// stage's first; each makes one rest due) and the two rests' work.
+    forwards: [[usize; 2]; 2],
+    inputs: [[usize; 2]; 2],
+    rests: [[f64; 2]; 2],
+    /// Per machine, the most stage-microbatches held (from a forward's start to its rest's end).
+    cap: [usize; 2],
+    microbatches: usize,
+    /// Rests as filler: each machine's rest work, due from its input gradient's end, runs in any
+    /// gap before the next op and after the machine's last (preemptive, a relaxation), kept as
+    /// one amount per machine instead of counts; only where no slot limit binds.
+    filler: bool,
 }
 
-impl State {
-    /// Pending ops (the three runs together).
-    fn pending(&self) -> usize {
-        self.n[0] - self.n[3]
+/// The undominated states of a layer per count of each op kind, in a map whose order depends only
+/// on what went in (a fixed hash, so the search, thinned or not, is the same on every run).
+type Fronts<const N: usize> = HashMap<[u16; COUNTS], Vec<State<N>>, BuildHasherDefault<Mix>>;
+
+/// One state: counts of each op kind done (the chain's, then each machine's rests), each machine's
+/// free time, the last op of the chain's last kind's end, and the times the pending ops become
+/// ready (at most `N` of them).
+///
+/// A pending op's ready time matters only where it is later than its machine's `free` (the machine
+/// is never free earlier again), so ready times are kept as `max(ready, free)`: two states that
+/// differ only in ready times the machine has already passed are the same state, which keeps the
+/// layers small.
+#[derive(Debug, Clone)]
+struct State<const N: usize> {
+    n: [u16; COUNTS],
+    free: [f64; 2],
+    /// Rest work due and not yet run, per machine (rests as filler only).
+    owed: [f64; 2],
+    last: f64,
+    /// The ready times of the pending ops, in runs: run `c` (kind `c >= 1`) holds those of
+    /// microbatches `n[c]..n[c - 1]` (the end of their kind `c - 1` op plus the delay) and starts at
+    /// `n[0] - n[c - 1]`. Each pending microbatch holds a slot of the first kind's machine.
+    t: [f64; N],
+}
+
+impl<const N: usize> State<N> {
+    /// Count of kind `c`.
+    fn c(&self, c: usize) -> usize {
+        usize::from(self.n[c])
     }
 
     /// Whether `self` is no worse than `other` in every time (same counts).
-    fn covers(&self, other: &State) -> bool {
-        let len = self.pending();
-        self.free <= other.free
-            && self.last_d <= other.last_d
+    fn covers(&self, other: &Self, len: usize) -> bool {
+        self.free[0] <= other.free[0]
+            && self.free[1] <= other.free[1]
+            && self.owed[0] <= other.owed[0]
+            && self.owed[1] <= other.owed[1]
+            && self.last <= other.last
             && self.t[..len]
                 .iter()
                 .zip(&other.t[..len])
                 .all(|(x, y)| x <= y)
     }
 
-    /// Takes the ready time at `at` out of the runs.
-    fn take(&mut self, at: usize) {
-        let len = self.pending();
+    /// Takes the ready time at `at` out of the runs (`len` of them).
+    fn take(&mut self, at: usize, len: usize) {
         self.t.copy_within(at + 1..len, at);
     }
 
@@ -125,14 +184,16 @@ impl State {
         self.t[at] = v;
     }
 
-    /// Orders states of the same counts by their times (free, last `I(s)`, then the ready times),
-    /// so that merged runs do not depend on the order the states came in.
-    fn by_times(&self, other: &State) -> std::cmp::Ordering {
-        let len = self.pending();
+    /// Orders states of the same counts by their times (free times, last end, then the ready
+    /// times), so that merged runs do not depend on the order the states came in.
+    fn by_times(&self, other: &Self, len: usize) -> std::cmp::Ordering {
         let ready = self.t[..len].iter().zip(&other.t[..len]);
-        self.free
-            .total_cmp(&other.free)
-            .then(self.last_d.total_cmp(&other.last_d))
+        self.free[0]
+            .total_cmp(&other.free[0])
+            .then(self.free[1].total_cmp(&other.free[1]))
+            .then(self.owed[0].total_cmp(&other.owed[0]))
+            .then(self.owed[1].total_cmp(&other.owed[1]))
+            .then(self.last.total_cmp(&other.last))
             .then_with(|| {
                 ready
                     .map(|(a, b)| a.total_cmp(b))
@@ -140,16 +201,44 @@ impl State {
                     .unwrap_or(std::cmp::Ordering::Equal)
             })
     }
+}
 
-    /// Raises every ready time to at least `free` (see the type's docs).
-    fn settle(&mut self) {
-        let free = self.free;
-        let len = self.pending();
-        for t in &mut self.t[..len] {
-            if *t < free {
-                *t = free;
+impl Problem {
+    /// Pending ops of a state (every run together).
+    fn pending(&self, n: &[u16; COUNTS]) -> usize {
+        usize::from(n[0] - n[self.kinds - 1])
+    }
+
+    /// Raises the ready times of machine `mm`'s pending ops to at least its free time (see
+    /// [`State`]); the other machine's did not change.
+    fn settle<const N: usize>(&self, st: &mut State<N>, mm: usize) {
+        let free = st.free[mm];
+        let raise = |ts: &mut [f64]| {
+            for t in ts {
+                if *t < free {
+                    *t = free;
+                }
             }
+        };
+        if self.machines == 1 {
+            let len = self.pending(&st.n);
+            raise(&mut st.t[..len]);
+            return;
         }
+        let mut at = 0;
+        for c in 1..self.kinds {
+            let len = st.c(c - 1) - st.c(c);
+            if self.machine[c] == mm {
+                raise(&mut st.t[at..at + len]);
+            }
+            at += len;
+        }
+    }
+
+    /// Stage-microbatches machine `m` holds in state `n`.
+    fn held(&self, n: &[u16; COUNTS], m: usize) -> usize {
+        let [a, b] = self.forwards[m];
+        usize::from(n[a] + n[b]) - usize::from(n[KINDS + 2 * m] + n[KINDS + 2 * m + 1])
     }
 }
 
@@ -157,105 +246,230 @@ impl State {
 /// microbatches, at most `cap` stage-microbatches held (exact unless [`thin`] merged states);
 /// `None` when too large.
 pub(super) fn own_problem(chain: &Chain, s: usize, u: usize, m: usize, cap: usize) -> Option<Own> {
-    search(chain, [s, u], m, cap, MAX_TRIES, true)
+    search::<MAX_CAP>(&one_rank(chain, [s, u], m, cap)?, MAX_TRIES, true)
 }
 
-/// [`own_problem`] with the budget of tries and whether equal rests are one kind (the tests
-/// compare both ways).
-fn search(
+/// Most pending microbatches [`pair_problem`] affords (it keeps their ready times inline).
+pub(super) const PAIR_PENDING: usize = 32;
+
+/// The value of the two-rank problem of section 14: the tip rank (stages `P - 1` and `P`) and rank
+/// `q` (`1 <= q <= P - 2`, stages `q` and `2P - 1 - q`) on V-shape, `m` microbatches, at most
+/// `caps` stage-microbatches held on each (rank `q`'s first), within `budget` tries; `None` when it
+/// does not apply or is too large.
+pub(super) fn pair_problem(
     chain: &Chain,
-    [s, u]: [usize; 2],
+    ranks: usize,
+    q: usize,
     m: usize,
-    cap: usize,
+    caps: [usize; 2],
     budget: usize,
-    merge_rests: bool,
 ) -> Option<Own> {
+    search::<PAIR_PENDING>(&two_ranks(chain, ranks, q, m, caps)?, budget, true)
+}
+
+/// The two-rank problem of section 14 (`None` when it does not apply).
+fn two_ranks(chain: &Chain, ranks: usize, q: usize, m: usize, caps: [usize; 2]) -> Option<Problem> {
+    if ranks < 3 || q == 0 || q + 2 > ranks || chain.forward.len() != 2 * ranks || m == 0 {
+        return None;
+    }
+    let [a, b, c, d] = [q, ranks - 1, ranks, 2 * ranks - 1 - q];
+    let fwd = |x: usize, y: usize| chain.head_f[y] - chain.head_f[x] - chain.forward[x];
+    let back = |y: usize, x: usize| chain.down[y] - chain.down[x] - chain.input[x];
+    let dur = [
+        chain.forward[a],
+        chain.forward[b],
+        chain.forward[c],
+        chain.forward[d],
+        chain.input[d],
+        chain.input[c],
+        chain.input[b],
+        chain.input[a],
+    ];
+    let delay = [
+        fwd(a, b),
+        fwd(b, c),
+        fwd(c, d),
+        chain.up[d],
+        back(d, c),
+        back(c, b),
+        back(b, a),
+        0.0,
+    ];
+    Some(Problem {
+        kinds: 8,
+        machines: 2,
+        dur,
+        machine: [0, 1, 1, 0, 0, 1, 1, 0],
+        delay,
+        head: chain.head_f[a],
+        spacing: chain.forward[..a].iter().copied().fold(0.0, f64::max),
+        tail: chain.down[a],
+        forwards: [[0, 3], [1, 2]],
+        inputs: [[4, 7], [5, 6]],
+        rests: [
+            [chain.rest[d], chain.rest[a]],
+            [chain.rest[c], chain.rest[b]],
+        ],
+        cap: caps,
+        microbatches: m,
+        filler: caps.iter().all(|&c| c >= 2 * m),
+    })
+}
+
+/// The one-rank problem of section 13 (`None` when it does not apply or is too large).
+fn one_rank(chain: &Chain, [s, u]: [usize; 2], m: usize, cap: usize) -> Option<Problem> {
     if s == 0 || u <= s || m == 0 || 6 * m > MAX_OPS || !(2..=MAX_CAP).contains(&cap) {
         return None;
     }
-    let dur = [
+    let mut dur = [0.0; KINDS];
+    let mut delay = [0.0; KINDS];
+    dur[..4].copy_from_slice(&[
         chain.forward[s],
         chain.forward[u],
         chain.input[u],
         chain.input[s],
-        chain.rest[u],
-        chain.rest[s],
-    ];
-    let d_ab = chain.head_f[u] - chain.head_f[s] - chain.forward[s];
-    let d_bc = chain.up[u];
-    let d_cd = chain.down[u] - chain.down[s] - chain.input[s];
-    let spacing = chain.forward[..s].iter().copied().fold(0.0, f64::max);
-    let head = chain.head_f[s];
-    let tail = chain.down[s];
-    let mut layer: Vec<State> = vec![State {
-        n: [0; 6],
-        free: 0.0,
-        last_d: 0.0,
-        t: [0.0; MAX_CAP],
+    ]);
+    delay[..3].copy_from_slice(&[
+        chain.head_f[u] - chain.head_f[s] - chain.forward[s],
+        chain.up[u],
+        chain.down[u] - chain.down[s] - chain.input[s],
+    ]);
+    Some(Problem {
+        kinds: 4,
+        machines: 1,
+        dur,
+        machine: [0; KINDS],
+        delay,
+        head: chain.head_f[s],
+        spacing: chain.forward[..s].iter().copied().fold(0.0, f64::max),
+        tail: chain.down[s],
+        forwards: [[0, 1], [0, 1]],
+        inputs: [[2, 3], [2, 3]],
+        rests: [[chain.rest[u], chain.rest[s]]; 2],
+        cap: [cap, cap],
+        microbatches: m,
+        filler: false,
+    })
+}
+
+/// The search over the sequences of op kinds, layer by layer, within `budget` tries; rests of
+/// equal work on one machine are one kind where `merge_rests` (the tests compare both ways).
+fn search<const N: usize>(pb: &Problem, budget: usize, merge_rests: bool) -> Option<Own> {
+    let m = pb.microbatches;
+    // Each pending microbatch holds a slot of the first kind's machine, so at most its cap.
+    if m == 0 || pb.cap[pb.machine[0]].min(m) > N || u16::try_from(m).is_err() {
+        return None;
+    }
+    let k = pb.kinds;
+    // With equal rests on a machine, which stage's rest runs is immaterial: both free one slot,
+    // and a rest is due while fewer have run than input gradients (of either stage), whichever
+    // ran. So only their total counts, kept as the upper stage's first (`min(total, n[upper I])`),
+    // the lower's after.
+    let merged = [0, 1].map(|mm| merge_rests && pb.rests[mm][0] == pb.rests[mm][1]);
+    let rest_ops = if pb.filler { 0 } else { 2 * pb.machines * m };
+    let ops = k * m + rest_ops;
+    let options = k + if pb.filler { 0 } else { 2 * pb.machines };
+    let per_layer = (budget / (ops * options)).max(1);
+    let mut layer: Vec<State<N>> = vec![State {
+        n: [0; COUNTS],
+        free: [0.0; 2],
+        owed: [0.0; 2],
+        last: 0.0,
+        t: [0.0; N],
     }];
-    // With equal rests, which stage's rest runs is immaterial: both free one slot, and a rest is
-    // due while fewer have run than input gradients (of either stage), whichever ran. So only their
-    // total counts, kept as the upper stage's first (`min(total, n[2])`), the lower's after.
-    let merged = merge_rests && dur[4] == dur[5];
-    let per_layer = (budget / (6 * 6 * m)).max(1);
     let mut thinned = false;
-    for _ in 0..6 * m {
-        let mut next: Fronts = Fronts::default();
+    for _ in 0..ops {
+        let mut next: Fronts<N> = Fronts::default();
         for st in &layer {
             let n = st.n;
-            let held = (n[0] - n[5]) + (n[1] - n[4]);
-            let (la, lb) = (n[0] - n[1], n[1] - n[2]);
-            for (kind, &work) in dur.iter().enumerate() {
-                let ready = match kind {
-                    0 if n[0] < m && held < cap => head + n[0] as f64 * spacing,
-                    1 if n[1] < n[0] && held < cap => st.t[0],
-                    2 if n[2] < n[1] => st.t[la],
-                    3 if n[3] < n[2] => st.t[la + lb],
-                    4 if n[4] < n[2] => 0.0,
-                    5 if n[5] < n[3] && !(merged && n[4] < n[2]) => 0.0,
-                    _ => continue,
+            let len = pb.pending(&n);
+            // The chain's kinds.
+            for c in 0..k {
+                let mm = pb.machine[c];
+                let room = || pb.held(&n, mm) < pb.cap[mm];
+                let takes_slot = pb.forwards[mm].contains(&c);
+                let ready = if c == 0 {
+                    if st.c(0) >= m || !room() {
+                        continue;
+                    }
+                    pb.head + st.c(0) as f64 * pb.spacing
+                } else {
+                    if st.c(c) >= st.c(c - 1) || (takes_slot && !room()) {
+                        continue;
+                    }
+                    st.t[st.c(0) - st.c(c - 1)]
                 };
-                let end = st.free.max(ready) + work;
+                let start = st.free[mm].max(ready);
+                let end = start + pb.dur[c];
                 let mut new = st.clone();
-                let len = st.pending();
-                match kind {
-                    0 => new.put(la, len, end + d_ab),
-                    1 => {
-                        new.take(0);
-                        new.put(la - 1 + lb, len - 1, end + d_bc);
+                if pb.filler {
+                    // The gap before the op runs rests owed; an input gradient makes its own due.
+                    new.owed[mm] = (new.owed[mm] - (start - st.free[mm])).max(0.0);
+                    if let Some(j) = pb.inputs[mm].iter().position(|&i| i == c) {
+                        new.owed[mm] += pb.rests[mm][j];
                     }
-                    2 => {
-                        new.take(la);
-                        new.put(la + lb - 1 + (n[2] - n[3]), len - 1, end + d_cd);
-                    }
-                    3 => {
-                        new.take(la + lb);
-                        new.last_d = end;
-                    }
-                    _ => {}
                 }
-                new.n[kind] += 1;
-                new.free = end;
-                if merged {
-                    let rests = new.n[4] + new.n[5];
-                    new.n[4] = rests.min(new.n[2]);
-                    new.n[5] = rests - new.n[4];
+                let mut len = len;
+                if c > 0 {
+                    new.take(st.c(0) - st.c(c - 1), len);
+                    len -= 1;
                 }
-                new.settle();
-                insert(next.entry(new.n).or_default(), new);
+                if c + 1 < k {
+                    // The end of run `c + 1` (one before it where run `c` lost its first).
+                    let at = st.c(0) - st.c(c + 1) - usize::from(c > 0);
+                    new.put(at, len, end + pb.delay[c]);
+                } else {
+                    new.last = end;
+                }
+                new.n[c] += 1;
+                new.free[mm] = end;
+                pb.settle(&mut new, mm);
+                let len = pb.pending(&new.n);
+                insert(next.entry(new.n).or_default(), new, len);
+            }
+            // The rests, each due once its input gradient ran (on the same machine, so ready).
+            for mm in (0..pb.machines).filter(|_| !pb.filler) {
+                let [iu, il] = pb.inputs[mm];
+                let (ru, rl) = (KINDS + 2 * mm, KINDS + 2 * mm + 1);
+                let due = [st.c(iu) > st.c(ru), st.c(il) > st.c(rl)];
+                for (j, &is_due) in due.iter().enumerate() {
+                    if merged[mm] && j == 1 {
+                        break;
+                    }
+                    let total = st.c(ru) + st.c(rl);
+                    if (merged[mm] && total >= st.c(iu) + st.c(il)) || (!merged[mm] && !is_due) {
+                        continue;
+                    }
+                    let mut new = st.clone();
+                    new.free[mm] += pb.rests[mm][j];
+                    if merged[mm] {
+                        let total = total + 1;
+                        let upper = total.min(st.c(iu));
+                        new.n[ru] = upper as u16;
+                        new.n[rl] = (total - upper) as u16;
+                    } else {
+                        new.n[KINDS + 2 * mm + j] += 1;
+                    }
+                    pb.settle(&mut new, mm);
+                    insert(next.entry(new.n).or_default(), new, len);
+                }
             }
         }
         let merged_some;
-        (layer, merged_some) = thin(next, per_layer);
+        (layer, merged_some) = thin(pb, next, per_layer);
         thinned |= merged_some;
     }
     let makespan = layer
         .iter()
-        .map(|st| st.free.max(st.last_d + tail))
+        .map(|st| {
+            (st.free[0] + st.owed[0])
+                .max(st.free[1] + st.owed[1])
+                .max(st.last + pb.tail)
+        })
         .fold(f64::INFINITY, f64::min);
     let first_span = layer
         .iter()
-        .map(|st| st.last_d + tail)
+        .map(|st| st.last + pb.tail)
         .fold(f64::INFINITY, f64::min);
     Some(Own {
         makespan,
@@ -265,13 +479,13 @@ fn search(
 }
 
 /// The next layer from `fronts` (the undominated states per count), at most about `most` states:
-/// where there are more, each count's states (in order of the machine's free time) are cut into
+/// where there are more, each count's states (in order of the machines' free times) are cut into
 /// runs and every run becomes one state with the least of each of its times. That state is no
 /// worse than any of its run in every time, and every step of the search keeps that order (each
 /// time is a maximum and a sum of times), so what follows from it is no later than what follows
 /// from any of them: the search's value stays a lower bound, only no longer always the least.
 /// Also says whether it merged any.
-fn thin(fronts: Fronts, most: usize) -> (Vec<State>, bool) {
+fn thin<const N: usize>(pb: &Problem, fronts: Fronts<N>, most: usize) -> (Vec<State<N>>, bool) {
     let total: usize = fronts.values().map(Vec::len).sum();
     if total <= most {
         return (fronts.into_values().flatten().collect(), false);
@@ -297,16 +511,17 @@ fn thin(fronts: Fronts, most: usize) -> (Vec<State>, bool) {
     }
     let mut out = Vec::with_capacity(counts * runs);
     let mut merged = false;
-    for (_, mut front) in fronts {
+    for (n, mut front) in fronts {
         if front.len() <= runs {
             out.extend(front);
             continue;
         }
         merged = true;
-        front.sort_by(State::by_times);
-        let len = front.len();
+        let len = pb.pending(&n);
+        front.sort_by(|a, b| a.by_times(b, len));
+        let size = front.len();
         for j in 0..runs {
-            let run = &front[j * len / runs..(j + 1) * len / runs];
+            let run = &front[j * size / runs..(j + 1) * size / runs];
             out.push(least(run));
         }
     }
@@ -314,11 +529,14 @@ fn thin(fronts: Fronts, most: usize) -> (Vec<State>, bool) {
 }
 
 /// The state with the least of each time over `run` (same counts, at least one state).
-fn least(run: &[State]) -> State {
+fn least<const N: usize>(run: &[State<N>]) -> State<N> {
     let mut out = run[0].clone();
     for st in &run[1..] {
-        out.free = out.free.min(st.free);
-        out.last_d = out.last_d.min(st.last_d);
+        out.free[0] = out.free[0].min(st.free[0]);
+        out.free[1] = out.free[1].min(st.free[1]);
+        out.owed[0] = out.owed[0].min(st.owed[0]);
+        out.owed[1] = out.owed[1].min(st.owed[1]);
+        out.last = out.last.min(st.last);
         for (t, &v) in out.t.iter_mut().zip(&st.t) {
             *t = t.min(v);
         }
@@ -326,13 +544,13 @@ fn least(run: &[State]) -> State {
     out
 }
 
-/// Adds `new` to `states` (all of its counts) unless one of them covers it, dropping those it
-/// covers.
-fn insert(states: &mut Vec<State>, new: State) {
-    if states.iter().any(|o| o.covers(&new)) {
+/// Adds `new` to `states` (all of its counts, `len` pending ops) unless one of them covers it,
+/// dropping those it covers.
+fn insert<const N: usize>(states: &mut Vec<State<N>>, new: State<N>, len: usize) {
+    if states.iter().any(|o| o.covers(&new, len)) {
         return;
     }
-    states.retain(|o| !new.covers(o));
+    states.retain(|o| !new.covers(o, len));
     states.push(new);
 }
 
@@ -366,17 +584,14 @@ mod tests {
             for (fiw, share) in [([2.0, 2.0, 1.0], 0.1), ([1.0, 1.2, 0.8], 0.0)] {
                 let (chain, su) = tip(ranks, fiw, share);
                 let case = format!("P {ranks} M {m} cap {cap} {fiw:?} {share}");
-                let exact = search(&chain, su, m, cap, usize::MAX / 64, true).expect(&case);
-                let apart = search(&chain, su, m, cap, usize::MAX / 64, false).expect(&case);
+                let pb = one_rank(&chain, su, m, cap).expect(&case);
+                let exact = search::<MAX_CAP>(&pb, usize::MAX / 64, true).expect(&case);
+                let apart = search::<MAX_CAP>(&pb, usize::MAX / 64, false).expect(&case);
                 assert!((exact.makespan - apart.makespan).abs() < 1e-9, "{case}");
                 assert!((exact.first_span - apart.first_span).abs() < 1e-9, "{case}");
-                let thin = search(&chain, su, m, cap, 36 * m, true).expect(&case);
+                let thin = search::<MAX_CAP>(&pb, 36 * m, true).expect(&case);
                 // The same every time (the merged runs do not depend on a map's random order).
-                assert_eq!(
-                    Some(thin),
-                    search(&chain, su, m, cap, 36 * m, true),
-                    "{case}"
-                );
+                assert_eq!(Some(thin), search::<MAX_CAP>(&pb, 36 * m, true), "{case}");
                 assert!(thin.makespan <= exact.makespan + 1e-9, "{case}");
                 assert!(thin.first_span <= exact.first_span + 1e-9, "{case}");
                 assert!(!exact.thinned, "{case}");
@@ -384,5 +599,59 @@ mod tests {
             }
         }
         assert!(thinned > 0, "a budget of one state per count never thinned");
+    }
+
+    /// The two-rank problem with rests as filler equals the optimum CP-SAT proves for the same
+    /// relaxation (`scripts/optimum/vshape_optimum.py target/release/pipefill P M --limits 2x
+    /// --objectives makespan --ratios R --transfers T --machines q,P-1`: only those two ranks run
+    /// one action at a time, every other rank is the chain's delays; the limit binds nothing), on
+    /// V-shape with transfers and uneven `F:I:W`, without merging states.
+    #[test]
+    fn the_pair_problem_reaches_cp_sat_s_two_rank_optima() {
+        for (ranks, m, fiw, share, q, optimum) in [
+            (4, 4, [2.0, 2.0, 1.0], 0.1, 1, 25.3),
+            (4, 4, [1.0, 1.2, 0.8], 0.1, 2, 14.7),
+            (5, 7, [1.0, 1.2, 0.8], 0.1, 1, 23.4),
+            (6, 6, [1.0, 1.0, 1.0], 0.0, 1, 20.5),
+            (6, 6, [2.0, 2.0, 1.0], 0.1, 1, 39.3),
+            (6, 6, [2.0, 2.0, 1.0], 0.1, 2, 39.3),
+            (7, 7, [2.0, 2.0, 1.0], 0.1, 1, 46.5),
+            (8, 8, [2.0, 2.0, 1.0], 0.1, 1, 53.3),
+            (8, 8, [2.0, 2.0, 1.0], 0.1, 2, 53.3),
+        ] {
+            let (chain, _) = tip(ranks, fiw, share);
+            let case = format!("P {ranks} M {m} {fiw:?} {share} q {q}");
+            let pair = pair_problem(&chain, ranks, q, m, [2 * m; 2], usize::MAX / 64).expect(&case);
+            assert!(!pair.thinned, "{case}");
+            assert!((pair.makespan - optimum).abs() < 1e-9, "{case}: {pair:?}");
+            assert!(pair.first_span <= pair.makespan + 1e-9, "{case}: {pair:?}");
+        }
+    }
+
+    /// Rests as filler relax rests as op kinds (each rest whole, in its own place), so the pair
+    /// problem's value with them is never above its value without them, and neither is the tip's
+    /// own problem's (the pair keeps all of the tip's ops and more).
+    #[test]
+    fn filler_rests_only_relax() {
+        for (ranks, m, fiw, share) in [
+            (4, 3, [2.0, 2.0, 1.0], 0.1),
+            (4, 3, [1.0, 1.2, 0.8], 0.0),
+            (5, 3, [1.0, 2.0, 0.5], 0.3),
+        ] {
+            let (chain, su) = tip(ranks, fiw, share);
+            for q in 1..ranks - 1 {
+                let case = format!("P {ranks} M {m} {fiw:?} {share} q {q}");
+                let mut pb = two_ranks(&chain, ranks, q, m, [2 * m; 2]).expect(&case);
+                assert!(pb.filler, "{case}");
+                let filler = search::<PAIR_PENDING>(&pb, usize::MAX / 64, true).expect(&case);
+                pb.filler = false;
+                let whole = search::<PAIR_PENDING>(&pb, usize::MAX / 64, true).expect(&case);
+                let tip = own_problem(&chain, su[0], su[1], m, 2 * m).expect(&case);
+                assert!(!filler.thinned && !whole.thinned, "{case}");
+                assert!(filler.makespan <= whole.makespan + 1e-9, "{case}");
+                assert!(filler.first_span <= whole.first_span + 1e-9, "{case}");
+                assert!(tip.makespan <= whole.makespan + 1e-9, "{case}");
+            }
+        }
     }
 }

@@ -187,6 +187,12 @@ pub(super) fn span_bound_with(
                 }
             }
         }
+        // Section 14: the tip rank with rank 1, to the end of the first rank.
+        if terms.flow && !overlap {
+            if let Some(o) = super::pair_term(&chain, &groups, microbatches, limits, chunks) {
+                bound = bound.max(o.first_span);
+            }
+        }
         // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
         if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
             bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
