@@ -209,11 +209,9 @@ impl Problem {
         usize::from(n[0] - n[self.kinds - 1])
     }
 
-    /// Raises the ready times of machine `mm`'s pending ops to at least its free time (see
-    /// [`State`]); the other machine's did not change.
-    fn settle<const N: usize>(&self, st: &mut State<N>, mm: usize) {
-        let free = st.free[mm];
-        let raise = |ts: &mut [f64]| {
+    /// Raises every pending op's ready time to at least its machine's free time (see [`State`]).
+    fn settle<const N: usize>(&self, st: &mut State<N>) {
+        let raise = |ts: &mut [f64], free: f64| {
             for t in ts {
                 if *t < free {
                     *t = free;
@@ -222,16 +220,25 @@ impl Problem {
         };
         if self.machines == 1 {
             let len = self.pending(&st.n);
-            raise(&mut st.t[..len]);
+            raise(&mut st.t[..len], st.free[0]);
             return;
         }
         let mut at = 0;
         for c in 1..self.kinds {
             let len = st.c(c - 1) - st.c(c);
-            if self.machine[c] == mm {
-                raise(&mut st.t[at..at + len]);
-            }
+            raise(&mut st.t[at..at + len], st.free[self.machine[c]]);
             at += len;
+        }
+    }
+
+    /// Keeps each machine's merged rests as their total, the upper stage's first
+    /// (`min(total, n[upper I])`), so that equal totals are one count (see [`search`]).
+    fn canonical(&self, n: &mut [u16; COUNTS], merged: [bool; 2]) {
+        for mm in (0..self.machines).filter(|&mm| merged[mm]) {
+            let (ru, rl) = (KINDS + 2 * mm, KINDS + 2 * mm + 1);
+            let total = n[ru] + n[rl];
+            n[ru] = total.min(n[self.inputs[mm][0]]);
+            n[rl] = total - n[ru];
         }
     }
 
@@ -423,7 +430,8 @@ fn search<const N: usize>(pb: &Problem, budget: usize, merge_rests: bool) -> Opt
                 }
                 new.n[c] += 1;
                 new.free[mm] = end;
-                pb.settle(&mut new, mm);
+                pb.canonical(&mut new.n, merged);
+                pb.settle(&mut new);
                 let len = pb.pending(&new.n);
                 insert(next.entry(new.n).or_default(), new, len);
             }
@@ -442,15 +450,9 @@ fn search<const N: usize>(pb: &Problem, budget: usize, merge_rests: bool) -> Opt
                     }
                     let mut new = st.clone();
                     new.free[mm] += pb.rests[mm][j];
-                    if merged[mm] {
-                        let total = total + 1;
-                        let upper = total.min(st.c(iu));
-                        new.n[ru] = upper as u16;
-                        new.n[rl] = (total - upper) as u16;
-                    } else {
-                        new.n[KINDS + 2 * mm + j] += 1;
-                    }
-                    pb.settle(&mut new, mm);
+                    new.n[KINDS + 2 * mm + j] += 1;
+                    pb.canonical(&mut new.n, merged);
+                    pb.settle(&mut new);
                     insert(next.entry(new.n).or_default(), new, len);
                 }
             }
