@@ -666,25 +666,20 @@ fn shorter(kept: &mut Option<Scored>, new: Option<Scored>) {
 fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
     let pairs = crate::sim::has_pairs(schedule);
     let (p, m, placement) = (inst.p, inst.m, inst.placement);
+    // Without a limit, the most a rank can hold (all `M` microbatches), which binds nothing: the
+    // memory-aware bounds then add only their terms that need no binding limit (section 14, the
+    // tip rank with rank 1 where microbatches are few).
+    let limits = held_limits(inst).unwrap_or_else(|| vec![m as f64; p]);
     let held = match req.objective {
         Objective::Makespan => {
             let free = lower_bound(schedule, &req.costs);
-            match held_limits(inst) {
-                Some(limits) => lower_bound_with_limit(schedule, &req.costs, &limits)
-                    .map_or(free, |limited| limited.max(free)),
-                None => free,
-            }
+            lower_bound_with_limit(schedule, &req.costs, &limits)
+                .map_or(free, |limited| limited.max(free))
         }
         // Overlap savings counted as for the makespan: when the schedule has overlapped pairs.
-        Objective::Span => span_bound(
-            p,
-            m,
-            placement,
-            &req.costs,
-            pairs,
-            held_limits(inst).as_deref(),
-        )
-        .unwrap_or(0.0),
+        Objective::Span => {
+            span_bound(p, m, placement, &req.costs, pairs, Some(&limits)).unwrap_or(0.0)
+        }
     };
     let Some((limits, after)) = until_input_limits(inst) else {
         return held;
