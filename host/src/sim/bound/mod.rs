@@ -548,7 +548,7 @@ fn limited(
             }
         }
     }
-    // Section 14: the tip rank with rank 1, exactly, where no slot limit binds.
+    // Section 14: the tip rank with a second rank, exactly, where small.
     if !overlap {
         if let Some(o) = pair_term(&chain, &groups, microbatches, max_in_flight, chunks) {
             bound = bound.max(o.makespan);
@@ -591,9 +591,16 @@ const PAIR_MICROBATCHES: usize = 10;
 /// Section 14's budget of tries (P = M = 8: 0.11 s and exact; at most about 0.3 s merged).
 const PAIR_TRIES: usize = 4_000_000;
 
-/// Section 14 on V-shape: the tip rank with rank 1; `None` where it does not apply (another
-/// placement, fewer than 3 ranks, more than `min(P, `[`PAIR_MICROBATCHES`]`)` microbatches, or a
-/// limit that binds on either rank).
+/// Most slots a rank may hold for section 14 under a limit that binds (V-Half's limit up to P = 4):
+/// with more the pair's states grow past what the search affords, and at P = 8 (8 slots) the pair
+/// came out no higher than the tip alone.
+const PAIR_SLOTS: usize = 4;
+
+/// Section 14 on V-shape. Where no limit binds on the tip or rank 1: the tip with rank 1, rests as
+/// filler, for at most `min(P, `[`PAIR_MICROBATCHES`]`)` microbatches. Where a limit binds on the
+/// tip or its neighbour (rank `P - 2`) and each holds at most [`PAIR_SLOTS`]: the tip with its
+/// neighbour, rests as op kinds, slots counted. `None` elsewhere (another placement, fewer than 3
+/// ranks, too large).
 fn pair_term(
     chain: &Chain,
     groups: &Groups,
@@ -602,17 +609,27 @@ fn pair_term(
     chunks: f64,
 ) -> Option<own::Own> {
     let ranks = limits.len();
-    if ranks < 3 || m > ranks.min(PAIR_MICROBATCHES) || chain.forward.len() != 2 * ranks {
+    if ranks < 3 || chain.forward.len() != 2 * ranks {
         return None;
     }
-    let free = |r: usize| Slots::new(limits[r], chunks, None).binds_none(2 * m);
-    let (tip, q) = (ranks - 1, 1);
-    let v_shaped =
-        groups.stages_of(tip) == [tip, ranks] && groups.stages_of(q) == [q, tip + ranks - q];
-    if !v_shaped || !free(tip) || !free(q) {
+    let slots = |r: usize| Slots::new(limits[r], chunks, None);
+    let tip = ranks - 1;
+    let v_shaped = |q: usize| {
+        groups.stages_of(tip) == [tip, ranks] && groups.stages_of(q) == [q, tip + ranks - q]
+    };
+    let free = |r: usize| slots(r).binds_none(2 * m);
+    if free(tip) && free(1) {
+        if m > ranks.min(PAIR_MICROBATCHES) || !v_shaped(1) {
+            return None;
+        }
+        return own::pair_problem(chain, ranks, 1, m, [2 * m; 2], PAIR_TRIES);
+    }
+    let q = ranks - 2;
+    let caps = [slots(q).whole().min(2 * m), slots(tip).whole().min(2 * m)];
+    if !v_shaped(q) || caps.iter().any(|&c| !(2..=PAIR_SLOTS).contains(&c)) {
         return None;
     }
-    own::pair_problem(chain, ranks, q, m, [2 * m; 2], PAIR_TRIES)
+    own::pair_problem(chain, ranks, q, m, caps, PAIR_TRIES)
 }
 
 /// One limit per rank, each a number `>= 0`.

@@ -45,6 +45,10 @@ use super::chain::Chain;
 /// unbudgeted search's (at most 130 ms per search at P = 16, M = 64; 140 ms at M = 128).
 const MAX_TRIES: usize = 2_000_000;
 
+/// Most comparisons between states [`pair_problem`] makes before it gives up (a few tenths of a
+/// second; section 13's searches are bounded by their slots instead).
+const MAX_COMPARED: usize = 100_000_000;
+
 /// Most stage-microbatches held at once for which the bound runs the search (V-Half's limit at
 /// P = 16, 1F1B's at P = 8); with more, the counts per layer grow past the budget.
 pub(super) const MAX_CAP: usize = 16;
@@ -253,7 +257,12 @@ impl Problem {
 /// microbatches, at most `cap` stage-microbatches held (exact unless [`thin`] merged states);
 /// `None` when too large.
 pub(super) fn own_problem(chain: &Chain, s: usize, u: usize, m: usize, cap: usize) -> Option<Own> {
-    search::<MAX_CAP>(&one_rank(chain, [s, u], m, cap)?, MAX_TRIES, true)
+    search::<MAX_CAP>(
+        &one_rank(chain, [s, u], m, cap)?,
+        MAX_TRIES,
+        usize::MAX,
+        true,
+    )
 }
 
 /// Most pending microbatches [`pair_problem`] affords (it keeps their ready times inline).
@@ -271,7 +280,12 @@ pub(super) fn pair_problem(
     caps: [usize; 2],
     budget: usize,
 ) -> Option<Own> {
-    search::<PAIR_PENDING>(&two_ranks(chain, ranks, q, m, caps)?, budget, true)
+    search::<PAIR_PENDING>(
+        &two_ranks(chain, ranks, q, m, caps)?,
+        budget,
+        MAX_COMPARED,
+        true,
+    )
 }
 
 /// The two-rank problem of section 14 (`None` when it does not apply).
@@ -361,7 +375,12 @@ fn one_rank(chain: &Chain, [s, u]: [usize; 2], m: usize, cap: usize) -> Option<P
 
 /// The search over the sequences of op kinds, layer by layer, within `budget` tries; rests of
 /// equal work on one machine are one kind where `merge_rests` (the tests compare both ways).
-fn search<const N: usize>(pb: &Problem, budget: usize, merge_rests: bool) -> Option<Own> {
+fn search<const N: usize>(
+    pb: &Problem,
+    budget: usize,
+    max_compared: usize,
+    merge_rests: bool,
+) -> Option<Own> {
     let m = pb.microbatches;
     // Each pending microbatch holds a slot of the first kind's machine, so at most its cap.
     if m == 0 || pb.cap[pb.machine[0]].min(m) > N || u16::try_from(m).is_err() {
@@ -385,7 +404,13 @@ fn search<const N: usize>(pb: &Problem, budget: usize, merge_rests: bool) -> Opt
         t: [0.0; N],
     }];
     let mut thinned = false;
+    // Comparisons between states: a layer's fronts grow before it is thinned, so the budget of
+    // tries alone does not bound the time; past `max_compared` the search gives up.
+    let mut compared = 0usize;
     for _ in 0..ops {
+        if compared > max_compared {
+            return None;
+        }
         let mut next: Fronts<N> = Fronts::default();
         for st in &layer {
             let n = st.n;
@@ -433,7 +458,7 @@ fn search<const N: usize>(pb: &Problem, budget: usize, merge_rests: bool) -> Opt
                 pb.canonical(&mut new.n, merged);
                 pb.settle(&mut new);
                 let len = pb.pending(&new.n);
-                insert(next.entry(new.n).or_default(), new, len);
+                compared += insert(next.entry(new.n).or_default(), new, len);
             }
             // The rests, each due once its input gradient ran (on the same machine, so ready).
             for mm in (0..pb.machines).filter(|_| !pb.filler) {
@@ -453,7 +478,7 @@ fn search<const N: usize>(pb: &Problem, budget: usize, merge_rests: bool) -> Opt
                     new.n[KINDS + 2 * mm + j] += 1;
                     pb.canonical(&mut new.n, merged);
                     pb.settle(&mut new);
-                    insert(next.entry(new.n).or_default(), new, len);
+                    compared += insert(next.entry(new.n).or_default(), new, len);
                 }
             }
         }
@@ -547,13 +572,15 @@ fn least<const N: usize>(run: &[State<N>]) -> State<N> {
 }
 
 /// Adds `new` to `states` (all of its counts, `len` pending ops) unless one of them covers it,
-/// dropping those it covers.
-fn insert<const N: usize>(states: &mut Vec<State<N>>, new: State<N>, len: usize) {
+/// dropping those it covers; returns the comparisons made.
+fn insert<const N: usize>(states: &mut Vec<State<N>>, new: State<N>, len: usize) -> usize {
+    let before = states.len();
     if states.iter().any(|o| o.covers(&new, len)) {
-        return;
+        return before;
     }
     states.retain(|o| !new.covers(o, len));
     states.push(new);
+    2 * before
 }
 
 #[cfg(test)]
@@ -587,13 +614,18 @@ mod tests {
                 let (chain, su) = tip(ranks, fiw, share);
                 let case = format!("P {ranks} M {m} cap {cap} {fiw:?} {share}");
                 let pb = one_rank(&chain, su, m, cap).expect(&case);
-                let exact = search::<MAX_CAP>(&pb, usize::MAX / 64, true).expect(&case);
-                let apart = search::<MAX_CAP>(&pb, usize::MAX / 64, false).expect(&case);
+                let exact = search::<MAX_CAP>(&pb, usize::MAX / 64, usize::MAX, true).expect(&case);
+                let apart =
+                    search::<MAX_CAP>(&pb, usize::MAX / 64, usize::MAX, false).expect(&case);
                 assert!((exact.makespan - apart.makespan).abs() < 1e-9, "{case}");
                 assert!((exact.first_span - apart.first_span).abs() < 1e-9, "{case}");
-                let thin = search::<MAX_CAP>(&pb, 36 * m, true).expect(&case);
+                let thin = search::<MAX_CAP>(&pb, 36 * m, usize::MAX, true).expect(&case);
                 // The same every time (the merged runs do not depend on a map's random order).
-                assert_eq!(Some(thin), search::<MAX_CAP>(&pb, 36 * m, true), "{case}");
+                assert_eq!(
+                    Some(thin),
+                    search::<MAX_CAP>(&pb, 36 * m, usize::MAX, true),
+                    "{case}"
+                );
                 assert!(thin.makespan <= exact.makespan + 1e-9, "{case}");
                 assert!(thin.first_span <= exact.first_span + 1e-9, "{case}");
                 assert!(!exact.thinned, "{case}");
@@ -623,7 +655,8 @@ mod tests {
         ] {
             let (chain, _) = tip(ranks, fiw, share);
             let case = format!("P {ranks} M {m} {fiw:?} {share} q {q}");
-            let pair = pair_problem(&chain, ranks, q, m, [2 * m; 2], usize::MAX / 64).expect(&case);
+            let pb = two_ranks(&chain, ranks, q, m, [2 * m; 2]).expect(&case);
+            let pair = search::<PAIR_PENDING>(&pb, usize::MAX / 64, usize::MAX, true).expect(&case);
             assert!(!pair.thinned, "{case}");
             assert!((pair.makespan - optimum).abs() < 1e-9, "{case}: {pair:?}");
             assert!(pair.first_span <= pair.makespan + 1e-9, "{case}: {pair:?}");
@@ -645,9 +678,11 @@ mod tests {
                 let case = format!("P {ranks} M {m} {fiw:?} {share} q {q}");
                 let mut pb = two_ranks(&chain, ranks, q, m, [2 * m; 2]).expect(&case);
                 assert!(pb.filler, "{case}");
-                let filler = search::<PAIR_PENDING>(&pb, usize::MAX / 64, true).expect(&case);
+                let filler =
+                    search::<PAIR_PENDING>(&pb, usize::MAX / 64, usize::MAX, true).expect(&case);
                 pb.filler = false;
-                let whole = search::<PAIR_PENDING>(&pb, usize::MAX / 64, true).expect(&case);
+                let whole =
+                    search::<PAIR_PENDING>(&pb, usize::MAX / 64, usize::MAX, true).expect(&case);
                 let tip = own_problem(&chain, su[0], su[1], m, 2 * m).expect(&case);
                 assert!(!filler.thinned && !whole.thinned, "{case}");
                 assert!(filler.makespan <= whole.makespan + 1e-9, "{case}");

@@ -187,7 +187,7 @@ pub(super) fn span_bound_with(
                 }
             }
         }
-        // Section 14: the tip rank with rank 1, to the end of the first rank.
+        // Section 14: the tip rank with a second rank, to the end of the first rank.
         if terms.flow && !overlap {
             if let Some(o) = super::pair_term(&chain, &groups, microbatches, limits, chunks) {
                 bound = bound.max(o.first_span);
