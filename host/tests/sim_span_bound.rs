@@ -433,8 +433,8 @@ fn the_tip_rank_with_a_second_rank_reaches_cp_sat_s_two_rank_optima() {
 /// counted: at V-Half's limit for P = 4, M = 8 (two slots a rank) it reaches CP-SAT's proven
 /// optimum of the whole problem (`scripts/optimum/vshape_optimum.py target/release/pipefill 4 8
 /// --limits half --objectives makespan`, the table of the test above) in four of the five rows where
-/// the tip alone stopped 0.4-2.0 short, for both objectives; in the fifth it rises from 31.1 to 31.7
-/// of 32.1.
+/// the tip alone stopped 0.4-2.0 short, for both objectives (`auto`'s spans there equal those
+/// optima, so they are the span optima too); in the fifth it rises from 31.1 to 31.7 of 32.1.
 #[test]
 fn the_tip_with_its_neighbour_reaches_the_v_half_optima_at_four_ranks() {
     for (fiw, share, pair, optimum) in [

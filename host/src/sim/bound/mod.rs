@@ -273,25 +273,34 @@
 //!
 //! ## 14. The tip rank with a second rank (module `own`)
 //!
-//! Where microbatches are few (`M = P` on V-shape) the step is set by all ranks together: every
-//! rank's forward/backward alternation loses the transfers at both ends, and the bound's other
-//! terms, which relax the step to one rank's machine (or to chains), stop short of it. The tip
-//! rank and rank `q` (stages `q` and `2P - 1 - q`) share one microbatch chain of eight op kinds
-//! (`q`'s forward, the tip's two, `q`'s upper forward, then the input gradients back down); the
-//! search of section 13 runs over both machines at once, every other rank relaxed to the chain's
-//! delays. Where no slot limit binds on either rank, the rests run as filler in the gaps (each
+//! Where microbatches are few (`M = P` on V-shape) or slots tight, the step is set by several ranks
+//! together: every rank's forward/backward alternation loses the transfers at both ends, and the
+//! bound's other terms, which relax the step to one rank's machine (or to chains), stop short of
+//! it. The tip rank and rank `q` (stages `q` and `2P - 1 - q`) share one microbatch chain of eight
+//! op kinds (`q`'s forward, the tip's two, `q`'s upper forward, then the input gradients back down);
+//! the search of section 13 runs over both machines at once, every other rank relaxed to the
+//! chain's delays. Its least `max(either machine's end, last I(q) end + down(q))` bounds the
+//! makespan, its least `last I(q) end + down(q)` the span of the rank that holds stage 0.
+//!
+//! *No limit binds* (on the tip or rank 1): `q = 1`, and the rests run as filler in the gaps (each
 //! machine owes the rest work its input gradients made due; a relaxation), so the states count
-//! only the chain's kinds. Its least `max(either machine's end with what it still owes, last
-//! I(q) end + down(q))` bounds the makespan, its least `last I(q) end + down(q)` the span of the
-//! rank that holds stage 0. It runs for `q = 1` with at most `min(P, 10)` microbatches (the counts
-//! grow as `C(M + 8, 8)`), within 4 M tries (P = M = 8: 0.11 s, exact). Of all pairs it is the tip
-//! with rank 1 or 2 that binds: at P = M = 8, 2:2:1 with transfers of 0.1 F, CP-SAT's
-//! optimum with only two ranks kept to one action at a time is 53.3 for `{1, 7}` and `{2, 7}`,
-//! 52.9 for `{3, 7}` and at most 52.7 for every other pair, and the search equals it (test
+//! only the chain's kinds; with at most `min(P, 10)` microbatches (the counts grow as
+//! `C(M + 8, 8)`), within 4 M tries (P = M = 8: 0.11 s, exact). Of all pairs it is the tip with
+//! rank 1 or 2 that binds: at P = M = 8, 2:2:1 with transfers of 0.1 F, CP-SAT's optimum with only
+//! two ranks kept to one action at a time is 53.3 for `{1, 7}` and `{2, 7}`, 52.9 for `{3, 7}` and
+//! at most 52.7 for every other pair, and the search equals it (test
 //! `the_pair_problem_reaches_cp_sat_s_two_rank_optima`): the bound of both objectives rises from
 //! 52.9 to 53.3 against the proven optimum 54.1. At P = 16, M = 16 the pairs' optima (at most
-//! 108.1 by CP-SAT) stay below what a 2 % gap would need, and with 16 microbatches the search is
-//! past its size.
+//! 108.1 by CP-SAT) stay below what a 2 % gap would need.
+//!
+//! *A limit binds* (on the tip or its neighbour): `q = P - 2`, the tip's neighbour, rests as op
+//! kinds and each rank's slots counted, where each rank holds at most 4 stage-microbatches
+//! (V-Half's limit up to P = 4; at P = 8 with 8 slots the pair came out no higher than the tip
+//! alone, at many times the cost). At P = 4, M = 8 under V-Half's limit it reaches CP-SAT's proven
+//! optimum of the whole problem in four of the five rows where the tip alone stopped short (60.9,
+//! 56.5, 33.1, 34.9; 31.7 of 32.1 in the fifth; test
+//! `the_tip_with_its_neighbour_reaches_the_v_half_optima_at_four_ranks`), in 3-6 ms. The pair's
+//! search gives up (no term) past 10^8 comparisons between states.
 //!
 //! `host/tests/sim_span_bound.rs` checks both memory-aware bounds against the proven optimum (all
 //! per-rank orders enumerated) on small instances, V-shape with transfers and uneven `F:I:W`
