@@ -368,6 +368,27 @@ fn every_rank_s_memory_reaches_the_v_half_span_optima() {
     }
 }
 
+/// Both memory-aware bounds (makespan, span) on V-shape for `p` ranks and `m` microbatches, each
+/// rank's `F:I:W` split over its two chunks, transfers of `share` of a rank's F, `limit` per rank.
+fn vshape_bounds(
+    p: usize,
+    m: usize,
+    fiw: [f64; 3],
+    share: f64,
+    limit: f64,
+) -> [(&'static str, f64); 2] {
+    let link = LinkCost {
+        latency: share * fiw[0],
+        bandwidth: f64::INFINITY,
+    };
+    let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(2);
+    let costs = CostModel::uniform(one, 2 * p, link);
+    let limits = vec![limit; p];
+    let makespan = bound_with_limit(p, m, Placement::Vshape, &costs, false, &limits).unwrap();
+    let span = span_bound(p, m, Placement::Vshape, &costs, false, Some(&limits)).unwrap();
+    [("makespan", makespan), ("span", span)]
+}
+
 /// Section 13 of the bound (the tip rank's own problem, solved exactly) reaches the optimum CP-SAT
 /// proves for that rank alone at V-Half's limit, P = 4, M = 8 (`scripts/optimum/vshape_optimum.py
 /// target/release/pipefill 4 8 --limits half --objectives makespan --machines 3 --memory-ranks 3`:
@@ -387,16 +408,7 @@ fn the_tip_rank_s_own_problem_reaches_cp_sat_s_one_rank_optima() {
         (8, 16, [2.0, 2.0, 1.0], 0.1, 118.5, 124.65),
         (8, 16, [1.0, 1.2, 0.8], 0.1, 66.1, 70.1),
     ] {
-        let link = LinkCost {
-            latency: share * fiw[0],
-            bandwidth: f64::INFINITY,
-        };
-        let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(2);
-        let costs = CostModel::uniform(one, 2 * p, link);
-        let limits = vec![p as f64 / 2.0; p];
-        let makespan = bound_with_limit(p, m, Placement::Vshape, &costs, false, &limits).unwrap();
-        let span = span_bound(p, m, Placement::Vshape, &costs, false, Some(&limits)).unwrap();
-        for (what, b) in [("makespan", makespan), ("span", span)] {
+        for (what, b) in vshape_bounds(p, m, fiw, share, p as f64 / 2.0) {
             let case = format!("P {p} M {m} {fiw:?} {share} {what}");
             assert!(b >= one_rank - 1e-9 && b <= optimum + 1e-9, "{case}: {b}");
         }
@@ -413,16 +425,7 @@ fn the_tip_rank_s_own_problem_reaches_cp_sat_s_one_rank_optima() {
 #[test]
 fn the_tip_rank_with_a_second_rank_reaches_cp_sat_s_two_rank_optima() {
     for (p, two_ranks, optimum) in [(6, 39.3, 39.7), (7, 46.5, 46.9), (8, 53.3, 54.1)] {
-        let link = LinkCost {
-            latency: 0.2,
-            bandwidth: f64::INFINITY,
-        };
-        let one = StageCost::uniform(2.0, 2.0, 1.0).split(2);
-        let costs = CostModel::uniform(one, 2 * p, link);
-        let limits = vec![2.0 * p as f64; p];
-        let makespan = bound_with_limit(p, p, Placement::Vshape, &costs, false, &limits).unwrap();
-        let span = span_bound(p, p, Placement::Vshape, &costs, false, Some(&limits)).unwrap();
-        for (what, b) in [("makespan", makespan), ("span", span)] {
+        for (what, b) in vshape_bounds(p, p, [2.0, 2.0, 1.0], 0.1, 2.0 * p as f64) {
             let case = format!("P = M = {p} {what}");
             assert!(b >= two_ranks - 1e-9 && b <= optimum + 1e-9, "{case}: {b}");
         }
@@ -444,16 +447,7 @@ fn the_tip_with_its_neighbour_reaches_the_v_half_optima_at_four_ranks() {
         ([1.0, 1.2, 0.8], 0.1, 34.9, 34.9),
         ([1.0, 1.2, 0.8], 0.0, 31.7, 32.1),
     ] {
-        let link = LinkCost {
-            latency: share * fiw[0],
-            bandwidth: f64::INFINITY,
-        };
-        let one = StageCost::uniform(fiw[0], fiw[1], fiw[2]).split(2);
-        let costs = CostModel::uniform(one, 8, link);
-        let limits = [2.0; 4];
-        let makespan = bound_with_limit(4, 8, Placement::Vshape, &costs, false, &limits).unwrap();
-        let span = span_bound(4, 8, Placement::Vshape, &costs, false, Some(&limits)).unwrap();
-        for (what, b) in [("makespan", makespan), ("span", span)] {
+        for (what, b) in vshape_bounds(4, 8, fiw, share, 2.0) {
             let case = format!("{fiw:?} {share} {what}");
             assert!(b >= pair - 1e-9 && b <= optimum + 1e-9, "{case}: {b}");
         }
