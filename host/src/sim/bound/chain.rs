@@ -77,6 +77,18 @@ impl Chain {
         }
     }
 
+    /// From the end of `F(x, ·)` to the earliest start of `F(y, ·)`, `x < y`: the forwards between
+    /// and the transfers.
+    pub fn forward_gap(&self, x: usize, y: usize) -> f64 {
+        self.head_f[y] - self.head_f[x] - self.forward[x]
+    }
+
+    /// From the end of `I/B(y, ·)` to the earliest start of `I/B(x, ·)`, `1 <= x < y`: the input
+    /// gradients between and the transfers (`down` counts stage 0's whole backward, so not `x = 0`).
+    pub fn backward_gap(&self, y: usize, x: usize) -> f64 {
+        self.down[y] - self.down[x] - self.input[x]
+    }
+
     /// Earliest start of `I/B(s, ·)`.
     pub fn head_i(&self, s: usize) -> f64 {
         self.head_f[s] + self.forward[s] + self.up[s]

@@ -285,7 +285,7 @@ pub(super) fn flow(
         window: window(n_max, v, m, actions),
     };
     // The forward chain's delay from stage s to s + 1 (its transfer).
-    let comm = |s: usize| (chain.head_f[s + 1] - chain.head_f[s] - chain.forward[s]).max(0.0);
+    let comm = |s: usize| chain.forward_gap(s, s + 1).max(0.0);
     for k in 0..m {
         // Predecessor lists of microbatches past every later window are never read again.
         if let Some(old) = k.checked_sub(run.window + 1) {

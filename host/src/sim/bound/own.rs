@@ -294,8 +294,6 @@ fn two_ranks(chain: &Chain, ranks: usize, q: usize, m: usize, caps: [usize; 2]) 
         return None;
     }
     let [a, b, c, d] = [q, ranks - 1, ranks, 2 * ranks - 1 - q];
-    let fwd = |x: usize, y: usize| chain.head_f[y] - chain.head_f[x] - chain.forward[x];
-    let back = |y: usize, x: usize| chain.down[y] - chain.down[x] - chain.input[x];
     let dur = [
         chain.forward[a],
         chain.forward[b],
@@ -307,13 +305,13 @@ fn two_ranks(chain: &Chain, ranks: usize, q: usize, m: usize, caps: [usize; 2]) 
         chain.input[a],
     ];
     let delay = [
-        fwd(a, b),
-        fwd(b, c),
-        fwd(c, d),
+        chain.forward_gap(a, b),
+        chain.forward_gap(b, c),
+        chain.forward_gap(c, d),
         chain.up[d],
-        back(d, c),
-        back(c, b),
-        back(b, a),
+        chain.backward_gap(d, c),
+        chain.backward_gap(c, b),
+        chain.backward_gap(b, a),
         0.0,
     ];
     Some(Problem {
@@ -351,9 +349,9 @@ fn one_rank(chain: &Chain, [s, u]: [usize; 2], m: usize, cap: usize) -> Option<P
         chain.input[s],
     ]);
     delay[..3].copy_from_slice(&[
-        chain.head_f[u] - chain.head_f[s] - chain.forward[s],
+        chain.forward_gap(s, u),
         chain.up[u],
-        chain.down[u] - chain.down[s] - chain.input[s],
+        chain.backward_gap(u, s),
     ]);
     Some(Problem {
         kinds: 4,
