@@ -298,6 +298,7 @@ fn bench_auto_quick_meets_the_aims() {
     assert_eq!(vs["summary"]["rows"], 6);
     assert_eq!(vs["summary"]["worse_than_a_family"], 0);
     assert_eq!(vs["summary"]["worse_with_more_memory"], 0);
+    assert!(vs["summary"]["span_above_makespan_run"].is_u64(), "{vs}");
     assert_eq!(vs["summary"]["wide_limit"], 2);
     for r in vs["rows"].as_array().unwrap() {
         assert!(r["auto_ratio"].as_f64().unwrap() >= 1.0 - 1e-9, "{r}");

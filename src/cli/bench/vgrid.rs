@@ -64,6 +64,10 @@ pub struct VSummary {
     /// Rows longer than the same instance and objective under a smaller limit of the grid (the
     /// aim: 0; more memory never gives a worse schedule).
     pub worse_with_more_memory: usize,
+    /// Span rows whose span is above the makespan row's makespan on the same instance (the aim: 0;
+    /// the makespan run's schedule has a span no longer than its makespan, so asking for the span
+    /// should never give a longer one).
+    pub span_above_makespan_run: usize,
     /// The longest solve, seconds.
     pub max_seconds: f64,
 }
@@ -174,6 +178,7 @@ pub fn run(quick: bool, budget: f64, seed: u64) -> Result<VReport, CliError> {
         wide_within_2_percent: wide.iter().filter(|r| r.auto_ratio <= 1.02).count(),
         proven_optimal: rows.iter().filter(|r| r.proven_optimal).count(),
         worse_with_more_memory: worse_with_more_memory(&rows),
+        span_above_makespan_run: span_above_makespan_run(&rows),
         max_seconds: rows.iter().map(|r| r.seconds).fold(0.0, f64::max),
     };
     Ok(VReport { rows, summary })
@@ -190,6 +195,23 @@ fn worse_with_more_memory(rows: &[VRow]) -> usize {
         .filter(|r| {
             rows.iter()
                 .any(|q| same(q, r) && q.limit < r.limit && r.auto > q.auto * (1.0 + 1e-9))
+        })
+        .count()
+}
+
+/// Span rows whose span is above the makespan row's makespan on the same instance and limit.
+fn span_above_makespan_run(rows: &[VRow]) -> usize {
+    let same = |a: &VRow, b: &VRow| {
+        (a.ranks, a.microbatches, a.ratio) == (b.ranks, b.microbatches, b.ratio)
+            && a.transfer == b.transfer
+            && a.limit == b.limit
+    };
+    rows.iter()
+        .filter(|r| r.objective == Objective::Span)
+        .filter(|r| {
+            rows.iter().any(|q| {
+                q.objective == Objective::Makespan && same(q, r) && r.auto > q.auto * (1.0 + 1e-9)
+            })
         })
         .count()
 }
@@ -242,11 +264,13 @@ pub fn table(g: &VReport) -> String {
         "(* = proven optimal under the limit; the bound is then the optimum)\n\
          aims over {} rows:\n\
          - auto worse than the best fitting family: {} (aim 0); longer than under a smaller limit: {} (aim 0)\n\
+         - span rows longer than the same instance's makespan run: {} (aim 0)\n\
          - limit allows 2P-1 in flight: {} rows, {} within 2 % of the bound\n\
          - auto / bound mean {:.4}, max {:.4}; proven optimal: {}; longest solve {:.3} s\n",
         s.rows,
         s.worse_than_a_family,
         s.worse_with_more_memory,
+        s.span_above_makespan_run,
         s.wide_limit,
         s.wide_within_2_percent,
         s.mean_ratio,
@@ -295,5 +319,21 @@ mod tests {
         assert_eq!(worse_with_more_memory(&fine), 0);
         let bad = [row(2.0, 3.0, mk), row(4.0, 3.1, mk), row(8.0, 3.2, mk)];
         assert_eq!(worse_with_more_memory(&bad), 2);
+    }
+
+    #[test]
+    fn a_span_row_longer_than_the_makespan_run_is_counted() {
+        let (mk, sp) = (Objective::Makespan, Objective::Span);
+        // Only the same limit compares: the span at 2 against the makespan at 2, not at 4.
+        let rows = [
+            row(2.0, 3.0, mk),
+            row(2.0, 3.0, sp),
+            row(4.0, 2.0, mk),
+            row(4.0, 2.1, sp),
+            row(8.0, 2.0, mk),
+            row(8.0, 1.9, sp),
+        ];
+        assert_eq!(span_above_makespan_run(&rows), 1);
+        assert_eq!(span_above_makespan_run(&rows[..2]), 0);
     }
 }
