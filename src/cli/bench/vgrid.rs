@@ -184,33 +184,36 @@ pub fn run(quick: bool, budget: f64, seed: u64) -> Result<VReport, CliError> {
     Ok(VReport { rows, summary })
 }
 
+/// Whether two rows share shape, ratio and transfer (limit and objective aside).
+fn same_costs(a: &VRow, b: &VRow) -> bool {
+    (a.ranks, a.microbatches, a.ratio) == (b.ranks, b.microbatches, b.ratio)
+        && a.transfer == b.transfer
+}
+
 /// Rows whose objective is above that of the same instance and objective under a smaller limit.
 fn worse_with_more_memory(rows: &[VRow]) -> usize {
-    let same = |a: &VRow, b: &VRow| {
-        (a.ranks, a.microbatches, a.ratio, a.objective)
-            == (b.ranks, b.microbatches, b.ratio, b.objective)
-            && a.transfer == b.transfer
-    };
     rows.iter()
         .filter(|r| {
-            rows.iter()
-                .any(|q| same(q, r) && q.limit < r.limit && r.auto > q.auto * (1.0 + 1e-9))
+            rows.iter().any(|q| {
+                same_costs(q, r)
+                    && q.objective == r.objective
+                    && q.limit < r.limit
+                    && r.auto > q.auto * (1.0 + 1e-9)
+            })
         })
         .count()
 }
 
 /// Span rows whose span is above the makespan row's makespan on the same instance and limit.
 fn span_above_makespan_run(rows: &[VRow]) -> usize {
-    let same = |a: &VRow, b: &VRow| {
-        (a.ranks, a.microbatches, a.ratio) == (b.ranks, b.microbatches, b.ratio)
-            && a.transfer == b.transfer
-            && a.limit == b.limit
-    };
     rows.iter()
         .filter(|r| r.objective == Objective::Span)
         .filter(|r| {
             rows.iter().any(|q| {
-                q.objective == Objective::Makespan && same(q, r) && r.auto > q.auto * (1.0 + 1e-9)
+                q.objective == Objective::Makespan
+                    && same_costs(q, r)
+                    && q.limit == r.limit
+                    && r.auto > q.auto * (1.0 + 1e-9)
             })
         })
         .count()
