@@ -66,6 +66,12 @@
 //!    kept when no worse. Every construction keeps each stage's microbatches in order; CP-SAT's
 //!    best schedules often do not.
 //!
+//! For the span objective, phases 1-9 run twice side by side from the same constructions (step 2
+//! builds once; each run scores by its own objective): once scored by the span as above, once
+//! exactly as for the makespan objective, on a second thread. The result is the one with the lower
+//! span (origin prefixed [`MAKESPAN_RUN`] when the makespan run's): a schedule's span is at most
+//! its makespan, so a span result is never longer than the makespan result on the same request.
+//!
 //! A limit at or above what a rank holds with every microbatch through all its chunks cannot bind
 //! and is read as that amount, so all such limits are the same request and give the same schedule
 //! (without a limit the request stays unlimited: its bound has no memory terms).
@@ -100,8 +106,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::schedule::Op;
 use crate::schedule::Schedule;
+use crate::schedule::{Action, Op};
 use crate::sim::{
     bound_with_limit_until_input, lower_bound, lower_bound_with_limit, span_bound,
     span_bound_until_input,
@@ -147,9 +153,6 @@ const GUIDED_SHARE: f64 = 0.5;
 
 /// Seeds the makespan-guided climb's random stream apart from the other phases'.
 const GUIDED_STREAM: u64 = 0x6775_6964_6564_2121;
-
-/// Seeds the span objective's makespan climb from the shortest candidate apart from the others.
-const SHORTEST_STREAM: u64 = 0x7368_6f72_7465_7374;
 
 /// The share of the time budget the reshaping moves get after every other phase.
 const RESHAPE_SHARE: f64 = 0.5;
@@ -255,20 +258,73 @@ enum Construction {
 /// rank, a limit in bytes without activation sizes, a bad budget.
 pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     let inst = Instance::new(req)?;
-    let (families, seeded) = seeds::seeds(&inst, req.objective)?;
-    // The best candidate and, for the span objective, the one with the least makespan: where the
-    // makespan objective would start (see the end).
-    let mut found: Best<String> = Best::default();
-    let mut offer = |s: Scored, origin: String| found.offer(req.objective, s, origin);
-    for s in seeded {
-        let name = s.schedule.name.clone();
-        offer(s, name);
+    let built = construct(&inst, req);
+    if req.objective != Objective::Span {
+        return solve_from(&inst, req, &built);
     }
+    // The span objective: the makespan run beside the span's own, from the same constructions
+    // (its schedule's span is at most its makespan, so the span result is never longer than
+    // what the makespan objective returns).
+    let by_makespan = req.clone().with_objective(Objective::Makespan);
+    let (own, other) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| solve_from(&inst, &by_makespan, &built));
+        let own = solve_from(&inst, req, &built);
+        (own, other.join())
+    });
+    let mut out = own?;
+    let other = match other {
+        Ok(other) => other?,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    out.solver.evaluations += other.solver.evaluations;
+    if out.solver.proven_optimal {
+        return Ok(out);
+    }
+    if let Some(s) = score(&inst, Objective::Span, other.schedule)? {
+        if s.value < out.solver.value {
+            let info = &mut out.solver;
+            info.value = s.value;
+            info.makespan = s.makespan;
+            info.peak = s.peak;
+            info.origin = format!("{MAKESPAN_RUN}{}", other.solver.origin);
+            info.proven_optimal = s.value <= info.lower_bound * (1.0 + 1e-9);
+            info.gap = if info.proven_optimal || info.lower_bound <= 0.0 {
+                0.0
+            } else {
+                (s.value / info.lower_bound - 1.0).max(0.0)
+            };
+            out.schedule = s.schedule;
+            out.schedule.name = AUTO.to_string();
+        }
+    }
+    Ok(out)
+}
+
+/// Prefixes the origin of a span result that the makespan run beside it found ([`solve`]).
+pub const MAKESPAN_RUN: &str = "makespan-run:";
+
+/// One construction's per-rank orders and origin.
+type Built1 = (Vec<Vec<Action>>, &'static str);
+
+/// The constructive phase's schedules (per-rank orders and their origin, `None` where a
+/// construction gave none), in the order they are offered, and whether the budget skipped any.
+struct Built {
+    /// Per construction, its orders and origin.
+    orders: Vec<Option<Built1>>,
+    /// Whether a construction was skipped for want of budget.
+    skipped: bool,
+    /// The estimated work of one construction.
+    one_build: f64,
+}
+
+/// The constructive phase (step 2 of the [module docs](self)) up to scoring, which depends on the
+/// objective: built once for both runs of the span objective.
+fn construct(inst: &Instance, req: &AutoRequest) -> Built {
     // The constructive phase gets the budget (at least [`MIN_CONSTRUCT_SECONDS`]) of its own:
     // a construction estimated past what is left is skipped, so a huge `V x M` cannot run for
     // minutes whatever the budget.
     let mut construct = improve::Work::new(req.time_budget.max(MIN_CONSTRUCT_SECONDS));
-    let one_build = improve::build_work(&inst);
+    let one_build = improve::build_work(inst);
     let mut skipped = false;
     let mut afford = |construct: &mut improve::Work| {
         let ok = one_build <= construct.left() && construct.take(one_build);
@@ -283,7 +339,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             jobs.push(Construction::Greedy(flags));
         }
     }
-    let rules = Rule::standard(&inst);
+    let rules = Rule::standard(inst);
     let first_rule = rules.first().cloned();
     for rule in rules {
         if afford(&mut construct) {
@@ -300,21 +356,43 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             jobs.push(Construction::List(rule));
         }
     }
-    let built = par::map_ordered(&jobs, |job| {
-        let (orders, origin) = match job {
-            Construction::Greedy(flags) => (greedy::build(&inst, *flags), "zb-greedy"),
-            Construction::List(rule) => (build(&inst, rule), "list"),
-        };
-        orders
-            .map(|o| score(&inst, req.objective, schedule_of(&inst, AUTO, &o)))
-            .transpose()
-            .map(|s| s.flatten().map(|s| (s, origin)))
+    let orders = par::map_ordered(&jobs, |job| match job {
+        Construction::Greedy(flags) => greedy::build(inst, *flags).map(|o| (o, "zb-greedy")),
+        Construction::List(rule) => build(inst, rule).map(|o| (o, "list")),
     });
-    for result in built {
+    Built {
+        orders,
+        skipped,
+        one_build,
+    }
+}
+
+/// [`solve`] for one objective, from the constructive phase's schedules.
+fn solve_from(
+    inst: &Instance,
+    req: &AutoRequest,
+    built: &Built,
+) -> Result<AutoSchedule, AutoError> {
+    let (families, seeded) = seeds::seeds(inst, req.objective)?;
+    // The best candidate.
+    let mut found: Best<String> = Best::default();
+    let mut offer = |s: Scored, origin: String| found.offer(s, origin);
+    for s in seeded {
+        let name = s.schedule.name.clone();
+        offer(s, name);
+    }
+    let scored = par::map_ordered(&built.orders, |b| match b {
+        Some((o, origin)) => {
+            score(inst, req.objective, schedule_of(inst, AUTO, o)).map(|s| s.map(|s| (s, *origin)))
+        }
+        None => Ok(None),
+    });
+    for result in scored {
         if let Some((s, origin)) = result? {
             offer(s, origin.into());
         }
     }
+    let (skipped, one_build) = (built.skipped, built.one_build);
     let (mut best, origin) = found.value.take().ok_or_else(|| match skipped {
         true => AutoError::OverBudget {
             seconds: one_build / WORK_PER_SECOND,
@@ -323,16 +401,16 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         false => AutoError::Internal("no rule produced a schedule within the limit".into()),
     })?;
     let start_value = best.value;
-    let target = bound(&inst, req, &best.schedule);
+    let target = bound(inst, req, &best.schedule);
     let mut lower = target;
     let mut proven = best.value <= target * (1.0 + 1e-9);
     let mut work = improve::Work::new(req.time_budget);
     let mut exact_won = false;
     if !proven && req.objective == Objective::Makespan {
-        if let Some(result) = exact::solve(&inst, best.value, req.time_budget) {
+        if let Some(result) = exact::solve(inst, best.value, req.time_budget) {
             lower = lower.max(result.lower_bound);
             if let Some(orders) = result.improved {
-                if let Some(s) = score(&inst, req.objective, schedule_of(&inst, AUTO, &orders))? {
+                if let Some(s) = score(inst, req.objective, schedule_of(inst, AUTO, &orders))? {
                     exact_won = s.value < best.value;
                     if exact_won {
                         best = s;
@@ -343,7 +421,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         }
     }
     if !proven {
-        polish(&inst, req, &mut best, &mut work, lower);
+        polish(inst, req, &mut best, &mut work, lower);
         proven = best.value <= lower * (1.0 + 1e-9);
     }
     let mut origin = if exact_won {
@@ -356,16 +434,13 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
     // were: a seed better than every other starts an improvement run of its own.
     if !proven {
-        let seeds = v_seed(&inst, req.objective)?;
-        if let Some((s, name)) = seeds.shortest {
-            found.offer_shortest(s, name.to_string());
-        }
+        let seeds = v_seed(inst, req.objective)?;
         if let Some((v, name)) = seeds.value {
             let seed_value = v.value;
             let mut v = v;
             if seed_value < start_value {
                 let mut more = improve::Work::new(req.time_budget);
-                polish(&inst, req, &mut v, &mut more, lower);
+                polish(inst, req, &mut v, &mut more, lower);
                 work.evaluations += more.evaluations;
             }
             if v.value < best.value {
@@ -379,40 +454,10 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             }
         }
     }
-    // For the span objective, the makespan climb from where the makespan objective starts (the
-    // candidate with the least makespan, V-shape seeds included), kept when its span is lower,
-    // with the whole time budget (as the makespan run's own climb has): span results no longer
-    // trail the makespan run's for want of its starting point (with half the budget, 12 span rows
-    // of the V-shape grid were longer than the makespan run, 10 with all of it).
-    // For the span objective, the schedule with the least makespan the guided climbs ended at: the
-    // critical-path phase's makespan climb starts there.
-    let mut guide: Option<Scored> = None;
-    if let Some((seed, name)) = found.shortest.filter(|_| !proven) {
-        let before = best.value;
-        let mut more = improve::Work::new(req.time_budget);
-        let mut rng = Rng::new(req.seed ^ SHORTEST_STREAM);
-        shorter(
-            &mut guide,
-            improve::makespan_guided(
-                &inst,
-                seed,
-                &mut best,
-                &mut rng,
-                &mut more,
-                lower,
-                improve::Moves::Short,
-            ),
-        );
-        work.evaluations += more.evaluations;
-        if best.value < before {
-            origin = format!("{name}+improved");
-            proven = best.value <= lower * (1.0 + 1e-9);
-        }
-    }
     // Reshaping and critical-path moves on the best of all, each with a budget of its own: they
     // keep only what is no worse, so the phases above give what they gave.
     if !proven {
-        if reshape_and_critical(&inst, req, &mut best, &mut work, lower, guide)
+        if reshape_and_critical(inst, req, &mut best, &mut work, lower)
             && !origin.ends_with("+improved")
         {
             origin.push_str("+improved");
@@ -426,17 +471,17 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     if !proven {
         let mut late: Best<&str> = Best::default();
         for (rules, name) in [
-            (Rule::safe(&inst), "safe-list"),
-            (Rule::waiting(&inst), "wait-list"),
+            (Rule::safe(inst), "safe-list"),
+            (Rule::waiting(inst), "wait-list"),
         ] {
-            late.merge(list::best_built(&inst, req.objective, &rules)?, name);
+            late.merge(list::best_built(inst, req.objective, &rules)?, name);
         }
         if let Some((mut seed, name)) = late.value {
             let seed_value = seed.value;
             if seed_value < start_value {
                 let mut more = improve::Work::new(req.time_budget);
-                polish(&inst, req, &mut seed, &mut more, lower);
-                reshape_and_critical(&inst, req, &mut seed, &mut more, lower, None);
+                polish(inst, req, &mut seed, &mut more, lower);
+                reshape_and_critical(inst, req, &mut seed, &mut more, lower);
                 work.evaluations += more.evaluations;
             }
             if seed.value < best.value {
@@ -457,7 +502,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
         let mut more = improve::Work::new(req.time_budget * OVERTAKE_SHARE);
         let mut rng = Rng::new(req.seed ^ OVERTAKE_STREAM);
         improve::climb(
-            &inst,
+            inst,
             req.objective,
             &mut best,
             &mut rng,
@@ -466,7 +511,7 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             improve::Moves::Overtake,
         );
         let mut more2 = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
-        justify::climb(&inst, req.objective, &mut best, &mut rng, &mut more2, lower);
+        justify::climb(inst, req.objective, &mut best, &mut rng, &mut more2, lower);
         work.evaluations += more.evaluations + more2.evaluations;
         if best.value < before && !origin.ends_with("+improved") {
             origin.push_str("+improved");
@@ -509,8 +554,8 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     })
 }
 
-/// The best V-shape seed (modules `vgreedy`, `vbubble`, `vpattern`) and, for the span objective,
-/// the one with the least makespan, each with its origin; `None` off V-shape or when none fits.
+/// The best V-shape seed (modules `vgreedy`, `vbubble`, `vpattern`) with its origin; `None` off
+/// V-shape or when none fits.
 fn v_seed(inst: &Instance, objective: Objective) -> Result<Best<&'static str>, AutoError> {
     let mut best = Best::default();
     best.merge(vgreedy::best(inst, objective)?, "zbv-greedy");
@@ -569,8 +614,8 @@ fn climb_guided(
 
 /// Phases 5, 6 and 7 on `best` (see the [module docs](self)), each with a budget of its own, their
 /// evaluations counted in `work`: the reshaping moves, then the moves on the critical path (for the
-/// span objective their makespan-guided climbs start from `guide`, or the schedule with the least
-/// makespan the reshaping's guided climb ended at, when shorter than `best`), then justification.
+/// span objective their makespan-guided climbs start from the schedule with the least makespan
+/// the reshaping's guided climb ended at, when shorter than `best`), then justification.
 /// Each keeps only what is no worse. Returns whether `best` got better.
 fn reshape_and_critical(
     inst: &Instance,
@@ -578,8 +623,8 @@ fn reshape_and_critical(
     best: &mut Scored,
     work: &mut improve::Work,
     lower: f64,
-    mut guide: Option<Scored>,
 ) -> bool {
+    let mut guide: Option<Scored> = None;
     let before = best.value;
     let proven = |b: &Scored| b.value <= lower * (1.0 + 1e-9);
     if !proven(best) {

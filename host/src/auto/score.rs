@@ -115,8 +115,7 @@ pub(crate) fn within_budget(inst: &Instance, peak: &[f64]) -> bool {
 }
 
 /// The best of `candidates` (per-rank lists) by `objective` among those the simulator keeps within
-/// the instance's budgets, and for the span objective also the one with the least makespan (where
-/// the makespan objective would start); `None` when none does.
+/// the instance's budgets; `None` when none does.
 pub(crate) fn best_of(
     inst: &Instance,
     objective: Objective,
@@ -129,66 +128,38 @@ pub(crate) fn best_of(
     let mut best = Best::default();
     for s in scored {
         if let Some(s) = s? {
-            best.offer(objective, s, ());
+            best.offer(s, ());
         }
     }
     Ok(best)
 }
 
-/// The best candidate by the objective and, for the span objective, the one with the least
-/// makespan (`None` until one is offered, and `shortest` always `None` for the makespan), each with
-/// a tag (its origin, where the caller keeps one).
+/// The best candidate by the objective (`None` until one is offered), with a tag (its origin,
+/// where the caller keeps one).
 #[derive(Debug, Clone)]
 pub(crate) struct Best<T = ()> {
     /// The least objective.
     pub(crate) value: Option<(Scored, T)>,
-    /// The least makespan (span objective only).
-    pub(crate) shortest: Option<(Scored, T)>,
 }
 
 impl<T> Default for Best<T> {
     fn default() -> Self {
-        Best {
-            value: None,
-            shortest: None,
-        }
+        Best { value: None }
     }
 }
 
-impl<T: Clone> Best<T> {
+impl<T> Best<T> {
     /// Keeps `s` (tagged `tag`) where it beats what is kept.
-    pub(crate) fn offer(&mut self, objective: Objective, s: Scored, tag: T) {
-        if objective == Objective::Span {
-            self.offer_shortest(s.clone(), tag.clone());
-        }
-        self.offer_value(s, tag);
-    }
-
-    /// Keeps `s` as the best by the objective if it is.
-    pub(crate) fn offer_value(&mut self, s: Scored, tag: T) {
+    pub(crate) fn offer(&mut self, s: Scored, tag: T) {
         if self.value.as_ref().is_none_or(|(b, _)| s.value < b.value) {
             self.value = Some((s, tag));
         }
     }
 
-    /// Keeps `s` as the one with the least makespan if it is.
-    pub(crate) fn offer_shortest(&mut self, s: Scored, tag: T) {
-        if self
-            .shortest
-            .as_ref()
-            .is_none_or(|(b, _)| s.makespan < b.makespan)
-        {
-            self.shortest = Some((s, tag));
-        }
-    }
-
-    /// Offers what `other` kept, each under its own heading, tagged `tag`.
+    /// Offers what `other` kept, tagged `tag`.
     pub(crate) fn merge<U>(&mut self, other: Best<U>, tag: T) {
         if let Some((s, _)) = other.value {
-            self.offer_value(s, tag.clone());
-        }
-        if let Some((s, _)) = other.shortest {
-            self.offer_shortest(s, tag);
+            self.offer(s, tag);
         }
     }
 }
