@@ -8,6 +8,9 @@
 //! actions times `3P + 1`, and one second of budget is
 //! [`WORK_PER_SECOND`] units. So a result depends only on the request and the seed, on any machine.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use crate::schedule::{Action, Item, Op, Schedule};
 
 use super::critical;
@@ -38,9 +41,10 @@ impl Work {
         }
     }
 
-    /// Takes `units`; false when the budget was already spent.
+    /// Takes `units`; false when the budget was already spent, or when another run of the same
+    /// request proved its schedule optimal ([`StopWhen`]).
     pub(crate) fn take(&mut self, units: f64) -> bool {
-        if self.left <= 0.0 {
+        if self.left <= 0.0 || StopWhen::stopped() {
             return false;
         }
         self.left -= units;
@@ -50,6 +54,41 @@ impl Work {
     /// Units left.
     pub(crate) fn left(&self) -> f64 {
         self.left
+    }
+}
+
+thread_local! {
+    /// The flag that ends this thread's budgets (see [`StopWhen`]).
+    static STOP: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Ends every budget ([`Work::take`]) of the calling thread once a flag is set, for as long as
+/// the guard lives: `auto` runs several searches of one request side by side, and once the
+/// request's own run proves its schedule optimal the others cannot do better. Where a run stops
+/// then depends on timing, and so does its evaluation count; the schedule returned does not (it
+/// is the request's own run's).
+pub(crate) struct StopWhen(());
+
+impl StopWhen {
+    /// Makes `flag` end the calling thread's budgets until the guard drops.
+    pub(crate) fn set(flag: Arc<AtomicBool>) -> StopWhen {
+        STOP.with(|s| *s.borrow_mut() = Some(flag));
+        StopWhen(())
+    }
+
+    /// Whether the calling thread's flag is set.
+    fn stopped() -> bool {
+        STOP.with(|s| {
+            s.borrow()
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::Relaxed))
+        })
+    }
+}
+
+impl Drop for StopWhen {
+    fn drop(&mut self) {
+        STOP.with(|s| *s.borrow_mut() = None);
     }
 }
 

@@ -25,12 +25,9 @@
 use std::cell::RefCell;
 
 use crate::schedule::Action;
-use crate::sim::SimError;
 
 use super::instance::{Instance, MEMORY_EPS, OPS};
 use super::rng::Rng;
-use super::score::{best_of, Best};
-use super::Objective;
 
 /// When a rank runs a ready `W` (which nothing waits for) rather than waiting for an `F` or `I`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,18 +224,6 @@ impl Rule {
         }
         rules
     }
-}
-
-/// The best by `objective` of the schedules `rules` build that the simulator keeps within the
-/// limit (the late seeds: [`Rule::safe`] and [`Rule::waiting`]). The rules build side by side
-/// (module `par`).
-pub(crate) fn best_built(
-    inst: &Instance,
-    objective: Objective,
-    rules: &[Rule],
-) -> Result<Best, SimError> {
-    let built = super::par::map_ordered(rules, |rule| build(inst, rule));
-    best_of(inst, objective, built.into_iter().flatten())
 }
 
 /// The stage-microbatches every rank can hold on V-shape (`V = 2`): twice the least number of

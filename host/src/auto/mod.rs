@@ -66,11 +66,17 @@
 //!    kept when no worse. Every construction keeps each stage's microbatches in order; CP-SAT's
 //!    best schedules often do not.
 //!
-//! For the span objective, phases 1-9 run twice side by side from the same constructions (step 2
-//! builds once; each run scores by its own objective): once scored by the span as above, once
-//! exactly as for the makespan objective, on a second thread. The result is the one with the lower
-//! span (origin prefixed [`MAKESPAN_RUN`] when the makespan run's): a schedule's span is at most
-//! its makespan, so a span result is never longer than the makespan result on the same request.
+//! Phases 1-9 run more than once, side by side on threads of their own, from the same constructions
+//! (step 2 builds once; each run scores by its own objective; the bound, the exact method's result,
+//! the V-shape seeds and the late list rules are computed once and shared): the request's own run;
+//! a makespan run with a second seed (the request's seed mixed with a constant: the moves are
+//! random, and two streams find more than one); for the span objective also the makespan run with
+//! the request's seed. The result is the request's own run's unless another's schedule is strictly better by the
+//! request's objective (origin then prefixed [`SECOND_SEED`] or [`MAKESPAN_RUN`]): a schedule's span
+//! is at most its makespan, so a span result is never longer than the makespan result of the same
+//! request. When the request's own run proves its schedule optimal the others stop
+//! (`improve::StopWhen`); a proof by another run does not stop the own run, so the schedule
+//! returned never depends on timing. On one core the runs take turns (about twice the time).
 //!
 //! A limit at or above what a rank holds with every microbatch through all its chunks cannot bind
 //! and is read as that amount, so all such limits are the same request and give the same schedule
@@ -103,6 +109,8 @@
 //! assert!(out.solver.peak.iter().all(|&p| p <= 4.0));
 //! assert!(out.solver.value >= out.solver.lower_bound);
 //! ```
+
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -201,7 +209,8 @@ pub struct SolverInfo {
     pub proven_optimal: bool,
     /// Where the schedule came from: a family name, `zb-greedy` (the zero-bubble authors' greedy),
     /// `zbv-greedy` (their V-shape scheduler), `list` (the list rules of the constructive phase), with
-    /// `+improved` when the improvement phase changed it, or `exact`.
+    /// `+improved` when the improvement phase changed it, or `exact`; prefixed [`SECOND_SEED`] or
+    /// [`MAKESPAN_RUN`] when a run beside the request's own found it ([`solve`]).
     pub origin: String,
     /// The memory limit, if any.
     pub limit: Option<MemoryLimit>,
@@ -214,7 +223,8 @@ pub struct SolverInfo {
     pub seed: u64,
     /// The time budget, seconds.
     pub time_budget: f64,
-    /// Candidates simulated.
+    /// Candidates simulated, by every run of [`solve`] (by the request's own run alone when that
+    /// one proved its schedule optimal and stopped the others).
     pub evaluations: u64,
     /// Every handcrafted family of this shape: its objective when it fits the limit.
     pub families: Vec<FamilyResult>,
@@ -259,34 +269,63 @@ enum Construction {
 pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     let inst = Instance::new(req)?;
     let built = construct(&inst, req);
-    if req.objective != Objective::Span {
-        return solve_from(&inst, req, &built);
-    }
-    // The span objective: the makespan run beside the span's own, from the same constructions
-    // (its schedule's span is at most its makespan, so the span result is never longer than
-    // what the makespan objective returns).
-    let by_makespan = req.clone().with_objective(Objective::Makespan);
-    let (own, other) = std::thread::scope(|scope| {
-        let other = scope.spawn(|| solve_from(&inst, &by_makespan, &built));
-        let own = solve_from(&inst, req, &built);
-        (own, other.join())
+    let runs = runs(req);
+    let shared = Shared::default();
+    // The request's own run first, never stopped: when it proves its schedule optimal the others
+    // stop (nothing of theirs can be better), so which schedule is returned never depends on
+    // timing.
+    let mut results: Vec<Result<AutoSchedule, AutoError>> = std::thread::scope(|scope| {
+        let others: Vec<_> = runs[1..]
+            .iter()
+            .map(|r| {
+                scope.spawn(|| {
+                    let _stop = improve::StopWhen::set(shared.proved.clone());
+                    solve_from(&inst, r, &built, &shared)
+                })
+            })
+            .collect();
+        let own = solve_from(&inst, &runs[0], &built, &shared);
+        if own.as_ref().is_ok_and(|o| o.solver.proven_optimal) {
+            shared
+                .proved
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let mut all = vec![own];
+        for h in others {
+            all.push(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+        }
+        all
     });
-    let mut out = own?;
-    let other = match other {
-        Ok(other) => other?,
-        Err(panic) => std::panic::resume_unwind(panic),
-    };
-    out.solver.evaluations += other.solver.evaluations;
-    if out.solver.proven_optimal {
-        return Ok(out);
-    }
-    if let Some(s) = score(&inst, Objective::Span, other.schedule)? {
+    let rest = results.split_off(1);
+    let mut out = results
+        .pop()
+        .ok_or_else(|| AutoError::Internal("no run".into()))??;
+    // When the own run proved its schedule optimal the others stopped where timing had them, so
+    // their evaluations are left out of the count (which then stays the same for a seed).
+    let own_proved = out.solver.proven_optimal;
+    for (other, run) in rest.into_iter().zip(&runs[1..]) {
+        let other = other?;
+        if own_proved {
+            continue;
+        }
+        out.solver.evaluations += other.solver.evaluations;
+        if out.solver.proven_optimal {
+            continue;
+        }
+        let Some(s) = score(&inst, req.objective, other.schedule)? else {
+            continue;
+        };
         if s.value < out.solver.value {
+            let prefix = if run.seed == req.seed {
+                MAKESPAN_RUN
+            } else {
+                SECOND_SEED
+            };
             let info = &mut out.solver;
             info.value = s.value;
             info.makespan = s.makespan;
             info.peak = s.peak;
-            info.origin = format!("{MAKESPAN_RUN}{}", other.solver.origin);
+            info.origin = format!("{prefix}{}", other.solver.origin);
             info.proven_optimal = s.value <= info.lower_bound * (1.0 + 1e-9);
             info.gap = if info.proven_optimal || info.lower_bound <= 0.0 {
                 0.0
@@ -299,6 +338,26 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
     }
     Ok(out)
 }
+
+/// The runs [`solve`] makes side by side, the request's own first: a makespan run with a seed of
+/// its own ([`SECOND_STREAM`]), and for the span objective the makespan run with the request's
+/// seed as well (so the span result is never longer than the makespan result).
+fn runs(req: &AutoRequest) -> Vec<AutoRequest> {
+    let makespan = req.clone().with_objective(Objective::Makespan);
+    let second = makespan
+        .clone()
+        .with_budget(req.time_budget, req.seed ^ SECOND_STREAM);
+    match req.objective {
+        Objective::Makespan => vec![req.clone(), second],
+        Objective::Span => vec![req.clone(), makespan, second],
+    }
+}
+
+/// Seeds the second makespan run apart from the request's.
+const SECOND_STREAM: u64 = 0x7365_636f_6e64_2121;
+
+/// Prefixes the origin of a result that the makespan run with the second seed found ([`solve`]).
+pub const SECOND_SEED: &str = "second-seed:";
 
 /// Prefixes the origin of a span result that the makespan run beside it found ([`solve`]).
 pub const MAKESPAN_RUN: &str = "makespan-run:";
@@ -367,11 +426,30 @@ fn construct(inst: &Instance, req: &AutoRequest) -> Built {
     }
 }
 
-/// [`solve`] for one objective, from the constructive phase's schedules.
+/// What the runs of one request share, each part computed by the first run that needs it: the
+/// lower bound per objective (runs of one objective start from the same constructive best), the
+/// V-shape seeds' and the late list rules' schedules (scored by each run's objective).
+#[derive(Default)]
+struct Shared {
+    /// The bound of the makespan (0) and of the span (1).
+    bounds: [OnceLock<f64>; 2],
+    /// The V-shape seeds (modules `vgreedy`, `vbubble`, `vpattern`), tagged with their origin.
+    v_seeds: OnceLock<Vec<Built1>>,
+    /// The late list rules' schedules (safe admission, waiting), tagged with their origin.
+    late: OnceLock<Vec<Built1>>,
+    /// The exact method's result (makespan runs; it depends on the constructive best only).
+    exact: OnceLock<Option<exact::Exact>>,
+    /// Set when the request's own run proved its schedule optimal: the other runs' budgets then
+    /// count as spent ([`improve::Work::take`]), since none can do better.
+    proved: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// [`solve`] for one run, from the constructive phase's schedules and what the runs share.
 fn solve_from(
     inst: &Instance,
     req: &AutoRequest,
     built: &Built,
+    shared: &Shared,
 ) -> Result<AutoSchedule, AutoError> {
     let (families, seeded) = seeds::seeds(inst, req.objective)?;
     // The best candidate.
@@ -401,16 +479,20 @@ fn solve_from(
         false => AutoError::Internal("no rule produced a schedule within the limit".into()),
     })?;
     let start_value = best.value;
-    let target = bound(inst, req, &best.schedule);
+    let target = *shared.bounds[usize::from(req.objective == Objective::Span)]
+        .get_or_init(|| bound(inst, req, &best.schedule));
     let mut lower = target;
     let mut proven = best.value <= target * (1.0 + 1e-9);
     let mut work = improve::Work::new(req.time_budget);
     let mut exact_won = false;
     if !proven && req.objective == Objective::Makespan {
-        if let Some(result) = exact::solve(inst, best.value, req.time_budget) {
+        let exact = shared
+            .exact
+            .get_or_init(|| exact::solve(inst, best.value, req.time_budget));
+        if let Some(result) = exact {
             lower = lower.max(result.lower_bound);
-            if let Some(orders) = result.improved {
-                if let Some(s) = score(inst, req.objective, schedule_of(inst, AUTO, &orders))? {
+            if let Some(orders) = &result.improved {
+                if let Some(s) = score(inst, req.objective, schedule_of(inst, AUTO, orders))? {
                     exact_won = s.value < best.value;
                     if exact_won {
                         best = s;
@@ -434,7 +516,11 @@ fn solve_from(
     // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
     // were: a seed better than every other starts an improvement run of its own.
     if !proven {
-        let seeds = v_seed(inst, req.objective)?;
+        let seeds = tagged_best(
+            inst,
+            req.objective,
+            shared.v_seeds.get_or_init(|| v_seeds(inst)),
+        )?;
         if let Some((v, name)) = seeds.value {
             let seed_value = v.value;
             let mut v = v;
@@ -469,13 +555,11 @@ fn solve_from(
     // constructive phase's best, gets every improvement phase of its own and replaces the result
     // only when it ends shorter, so every phase above gives what it gave.
     if !proven {
-        let mut late: Best<&str> = Best::default();
-        for (rules, name) in [
-            (Rule::safe(inst), "safe-list"),
-            (Rule::waiting(inst), "wait-list"),
-        ] {
-            late.merge(list::best_built(inst, req.objective, &rules)?, name);
-        }
+        let late = tagged_best(
+            inst,
+            req.objective,
+            shared.late.get_or_init(|| late_rules(inst)),
+        )?;
         if let Some((mut seed, name)) = late.value {
             let seed_value = seed.value;
             if seed_value < start_value {
@@ -554,13 +638,53 @@ fn solve_from(
     })
 }
 
-/// The best V-shape seed (modules `vgreedy`, `vbubble`, `vpattern`) with its origin; `None` off
-/// V-shape or when none fits.
-fn v_seed(inst: &Instance, objective: Objective) -> Result<Best<&'static str>, AutoError> {
+/// The V-shape seeds (modules `vgreedy`, `vbubble`, `vpattern`), each with its origin; none off
+/// V-shape.
+fn v_seeds(inst: &Instance) -> Vec<Built1> {
+    let greedy = vgreedy::candidates(inst)
+        .into_iter()
+        .map(|o| (o, "zbv-greedy"));
+    let bubble = vgreedy::ladder(inst)
+        .into_iter()
+        .flat_map(|budget| vbubble::runs(inst, &budget))
+        .map(|o| (o, "zbv-bubble"));
+    let pattern = [true, false]
+        .into_iter()
+        .filter_map(|half| vpattern::build(inst, half))
+        .map(|o| (o, "v-pattern"));
+    greedy.chain(bubble).chain(pattern).collect()
+}
+
+/// The late list rules' schedules (module `list`: safe admission on V-shape under a limit, waiting
+/// wherever a rank holds two or more stages), each with its origin.
+fn late_rules(inst: &Instance) -> Vec<Built1> {
+    let rules: Vec<(Rule, &'static str)> = Rule::safe(inst)
+        .into_iter()
+        .map(|r| (r, "safe-list"))
+        .chain(Rule::waiting(inst).into_iter().map(|r| (r, "wait-list")))
+        .collect();
+    par::map_ordered(&rules, |(rule, name)| build(inst, rule).map(|o| (o, *name)))
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The best of `candidates` by `objective` (the first of equals) with its origin, among those
+/// the simulator keeps within the instance's budgets.
+fn tagged_best(
+    inst: &Instance,
+    objective: Objective,
+    candidates: &[Built1],
+) -> Result<Best<&'static str>, AutoError> {
+    let scored = par::map_ordered(candidates, |(orders, name)| {
+        score(inst, objective, schedule_of(inst, AUTO, orders)).map(|s| s.map(|s| (s, *name)))
+    });
     let mut best = Best::default();
-    best.merge(vgreedy::best(inst, objective)?, "zbv-greedy");
-    best.merge(vbubble::best(inst, objective)?, "zbv-bubble");
-    best.merge(vpattern::best(inst, objective)?, "v-pattern");
+    for s in scored {
+        if let Some((s, name)) = s? {
+            best.offer(s, name);
+        }
+    }
     Ok(best)
 }
 

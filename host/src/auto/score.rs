@@ -114,26 +114,6 @@ pub(crate) fn within_budget(inst: &Instance, peak: &[f64]) -> bool {
         .all(|(&p, &b)| p <= b + MEMORY_EPS * p.max(1.0))
 }
 
-/// The best of `candidates` (per-rank lists) by `objective` among those the simulator keeps within
-/// the instance's budgets; `None` when none does.
-pub(crate) fn best_of(
-    inst: &Instance,
-    objective: Objective,
-    candidates: impl IntoIterator<Item = Vec<Vec<Action>>>,
-) -> Result<Best, SimError> {
-    let candidates: Vec<Vec<Vec<Action>>> = candidates.into_iter().collect();
-    let scored = super::par::map_ordered(&candidates, |orders| {
-        score(inst, objective, schedule_of(inst, super::AUTO, orders))
-    });
-    let mut best = Best::default();
-    for s in scored {
-        if let Some(s) = s? {
-            best.offer(s, ());
-        }
-    }
-    Ok(best)
-}
-
 /// The best candidate by the objective (`None` until one is offered), with a tag (its origin,
 /// where the caller keeps one).
 #[derive(Debug, Clone)]
@@ -153,13 +133,6 @@ impl<T> Best<T> {
     pub(crate) fn offer(&mut self, s: Scored, tag: T) {
         if self.value.as_ref().is_none_or(|(b, _)| s.value < b.value) {
             self.value = Some((s, tag));
-        }
-    }
-
-    /// Offers what `other` kept, tagged `tag`.
-    pub(crate) fn merge<U>(&mut self, other: Best<U>, tag: T) {
-        if let Some((s, _)) = other.value {
-            self.offer(s, tag);
         }
     }
 }

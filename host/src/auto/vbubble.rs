@@ -28,11 +28,8 @@
 use std::collections::VecDeque;
 
 use crate::schedule::{Action, Placement};
-use crate::sim::SimError;
 
 use super::instance::{Instance, MEMORY_EPS};
-use super::score::{best_of, Best};
-use super::Objective;
 
 /// Most approved-bubble reruns per fill setting (the authors stop when the largest idle time stops
 /// falling; this only bounds a run that keeps lowering it by tiny amounts).
@@ -350,15 +347,6 @@ pub(crate) fn runs(inst: &Instance, budget: &[f64]) -> Vec<Vec<Vec<Action>>> {
         }
     }
     out
-}
-
-/// The best run by `objective`, over the instance's budget and each smaller one of the ladder,
-/// among those the simulator keeps within the limit; `None` off V-shape or when none does.
-pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
-    let all = super::vgreedy::ladder(inst)
-        .into_iter()
-        .flat_map(|budget| runs(inst, &budget));
-    best_of(inst, objective, all)
 }
 
 #[cfg(test)]

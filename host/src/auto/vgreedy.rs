@@ -28,11 +28,7 @@ use std::hash::{Hash, Hasher};
 
 use crate::schedule::{Action, Placement};
 
-use crate::sim::SimError;
-
 use super::instance::{Instance, MEMORY_EPS};
-use super::score::{best_of, Best};
-use super::Objective;
 
 /// How far past now a gradient whose producer is not placed yet is assumed to arrive at the
 /// earliest (it is never taken as arrived).
@@ -396,12 +392,6 @@ pub(crate) fn ladder(inst: &Instance) -> Vec<Vec<f64>> {
         }
     }
     budgets
-}
-
-/// The best of [`candidates`] by `objective` among those the simulator keeps within the limit;
-/// `None` off V-shape or when none does.
-pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
-    best_of(inst, objective, candidates(inst))
 }
 
 #[cfg(test)]

@@ -17,11 +17,8 @@
 //! times and transfers, and they are a candidate wherever their peak fits the limit.
 
 use crate::schedule::{Action, Op, Placement};
-use crate::sim::SimError;
 
 use super::instance::Instance;
-use super::score::{best_of, Best};
-use super::Objective;
 
 /// Slot lists of one rank: per kind (0 F chunk 0, 1 F chunk 1, 2 I chunk 1, 3 I chunk 0, then `W`
 /// lists), the slot of each microbatch in order.
@@ -306,14 +303,6 @@ pub(crate) fn build(inst: &Instance, half: bool) -> Option<Vec<Vec<Action>>> {
         })
         .collect();
     Some(orders)
-}
-
-/// The better of V-Half and V-Min by `objective` among those the simulator keeps within the limit.
-pub(crate) fn best(inst: &Instance, objective: Objective) -> Result<Best, SimError> {
-    let both = [true, false]
-        .into_iter()
-        .filter_map(|half| build(inst, half));
-    best_of(inst, objective, both)
 }
 
 #[cfg(test)]
