@@ -123,11 +123,10 @@ fn packing_proves_a_1f1b_memory_row_optimal() {
 
 /// A span run never ends above the makespan run on the same request (whose schedule's span is at
 /// most its makespan): the span objective runs the makespan objective's search beside its own and
-/// keeps the shorter span. Rows where it had: P = 4, M = 4, V-Half's limit (19.7 and 20.7 before
-/// the makespan-guided moves, against the makespan runs' 19.3 and 20.3, which CP-SAT proves
-/// optimal for the makespan); P = 8, M = 16, 1:1:1 with transfers (67.2 against 65.8 before the
-/// makespan run beside it), P = 8, M = 8, 2:2:1 with transfers at 1F1B's limit (54.2 against
-/// 54.1, the span optimum; the makespan run's critical-path moves find it, the span's did not).
+/// keeps the shorter span. Rows where it had: P = 4, M = 4, V-Half's limit (19.7 and 20.7 against
+/// the makespan runs' 19.3 and 20.3, which CP-SAT proves optimal for the makespan); P = 8, M = 16,
+/// 1:1:1 with transfers (67.2 against 65.8), P = 8, M = 8, 2:2:1 with transfers at 1F1B's limit
+/// (54.2 against 54.1, the span optimum; the makespan run's critical-path moves find it).
 #[test]
 fn a_span_run_ends_no_higher_than_the_makespan_run() {
     for (p, m, fiw, latency, limit) in [

@@ -181,43 +181,6 @@ pub(crate) fn restarts(
     }
 }
 
-/// For the span objective: a climb with `moves` guided by the makespan from `start` (what the span's
-/// own climb started from), taking `best`'s place when its span is lower. The makespan is at least every
-/// rank's span, and its landscape is less flat: a move that shortens one rank's span is often
-/// refused by the span objective (the longest span does not change), while the makespan takes it
-/// and later moves build on it. Before this, a span run could end above the makespan run's value
-/// on the same instance (12 of 162 V-shape grid instances did), although that schedule's span is
-/// no more than its makespan. `best` never gets worse. Returns where the guide ended (scored by the
-/// makespan), for a later guided climb to start from.
-pub(crate) fn makespan_guided(
-    inst: &Instance,
-    start: Scored,
-    best: &mut Scored,
-    rng: &mut Rng,
-    work: &mut Work,
-    target: f64,
-    moves: Moves,
-) -> Option<Scored> {
-    let mut guide = score(inst, Objective::Makespan, start.schedule)
-        .ok()
-        .flatten()?;
-    climb(
-        inst,
-        Objective::Makespan,
-        &mut guide,
-        rng,
-        work,
-        target,
-        moves,
-    );
-    if let Some(s) = evaluate(inst, Objective::Span, guide.schedule.clone(), work) {
-        if s.value < best.value {
-            *best = s;
-        }
-    }
-    Some(guide)
-}
-
 /// The moves [`climb`] tries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Moves {

@@ -23,32 +23,24 @@
 //!    wherever their peak fits. The best of these is taken after the phases below (which run as
 //!    without it) and, when it beats every other seed, improved with a budget of its own;
 //! 3. **improvement**, bounded by [`AutoRequest::time_budget`] and deterministic for a seed:
-//!    randomised restarts, then local moves scored by the simulator (module `improve`); for the
-//!    span objective the same moves scored by the makespan (which bounds every rank's span from
-//!    above and is less flat) follow, from where the span's moves started, with half the time
-//!    budget of their own, kept when their span is lower;
+//!    randomised restarts, then local moves scored by the simulator (module `improve`);
 //! 4. **exact**, for small instances (at most [`EXACT_MAX_ACTIONS`] actions, makespan objective):
 //!    a branch and bound over every per-rank order that proves the optimum or reports the gap to
 //!    its bound (module `exact`);
 //! 5. **reshaping**, when nothing proved the result optimal: a `W` moved anywhere after its `I`, a
 //!    forward moved over the backwards to the previous or next forward (warm-up depth), kept when
-//!    no worse, with half the time budget of its own (`improve::Moves::Reshape`); for the span
-//!    objective followed, as in 3, by the same moves scored by the makespan.
+//!    no worse, with half the time budget of its own (`improve::Moves::Reshape`).
 //! 6. **critical path**, when nothing proved the result optimal: moves on the chain of actions
 //!    that sets the makespan (or the worst rank's span), read off the simulator's timeline (module
 //!    `critical`: a block of back-to-back chain actions on one rank has its first or last two
 //!    swapped, or one of its actions moved to its start or end), three in four, the rest as in 3,
-//!    kept when no worse, with half the time budget of its own; for the span objective followed
-//!    by the same moves scored by the makespan, from the schedule with the least makespan the
-//!    earlier guided climbs ended at.
+//!    kept when no worse, with half the time budget of its own.
 //! 7. **justification**, when nothing proved the result optimal: every action pushed as late as
 //!    it can go, then back as early as it can go, each into a gap of its rank (module `justify`,
 //!    the forward-backward improvement of project scheduling), the order of both passes perturbed
 //!    by noise, both passes keeping each rank within its budget, kept when no worse, with half
-//!    the time budget of its own (skipped where that does not afford ten tries); for the span
-//!    objective followed, as in 3, by the same search scored by the makespan from the schedule
-//!    with the least makespan the guided climbs ended at. It moves whole waves of work across
-//!    every rank at once, which no move of one item does.
+//!    the time budget of its own (skipped where that does not afford ten tries). It moves whole
+//!    waves of work across every rank at once, which no move of one item does.
 //! 8. **late list rules**, when nothing proved the result optimal (module `list`): on V-shape
 //!    under a limit, list scheduling under a banker's check on memory (origin `safe-list`: a
 //!    forward is admitted when the microbatches in flight can still finish one after another in
@@ -71,12 +63,15 @@
 //! the V-shape seeds and the late list rules are computed once and shared): the request's own run;
 //! a makespan run with a second seed (the request's seed mixed with a constant: the moves are
 //! random, and two streams find more than one); for the span objective also the makespan run with
-//! the request's seed. The result is the request's own run's unless another's schedule is strictly better by the
-//! request's objective (origin then prefixed [`SECOND_SEED`] or [`MAKESPAN_RUN`]): a schedule's span
-//! is at most its makespan, so a span result is never longer than the makespan result of the same
-//! request. When the request's own run proves its schedule optimal the others stop
-//! (`improve::StopWhen`); a proof by another run does not stop the own run, so the schedule
-//! returned never depends on timing. On one core the runs take turns (about twice the time).
+//! the request's seed and a span run with the second seed. The result is the request's own run's
+//! unless another's schedule is strictly better by the request's objective (origin then prefixed
+//! [`SECOND_SEED`], [`MAKESPAN_RUN`] or both): a schedule's span is at most its makespan, so a span
+//! result is never longer than the makespan result of the same request (the makespan's landscape
+//! is less flat: a move that shortens one rank's span is often refused by the span, which the
+//! makespan takes and builds on). When the request's own run proves its schedule optimal the
+//! others stop (`improve::StopWhen`); a proof by another run does not stop the own run, so the
+//! schedule returned never depends on timing. On one core the runs take turns (two to four times
+//! the time).
 //!
 //! A limit at or above what a rank holds with every microbatch through all its chunks cannot bind
 //! and is read as that amount, so all such limits are the same request and give the same schedule
@@ -154,13 +149,6 @@ use score::{schedule_of, score, Best, Scored};
 /// The least budget of the constructive phase, seconds: every construction of an ordinary size
 /// fits in it, so a budget of 0 still builds the list schedules.
 pub const MIN_CONSTRUCT_SECONDS: f64 = 1.0;
-
-/// For the span objective, the budget of the makespan-guided climb that follows the span's own
-/// ([`improve::makespan_guided`]), as a share of the time budget.
-const GUIDED_SHARE: f64 = 0.5;
-
-/// Seeds the makespan-guided climb's random stream apart from the other phases'.
-const GUIDED_STREAM: u64 = 0x6775_6964_6564_2121;
 
 /// The share of the time budget the reshaping moves get after every other phase.
 const RESHAPE_SHARE: f64 = 0.5;
@@ -316,10 +304,10 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             continue;
         };
         if s.value < out.solver.value {
-            let prefix = if run.seed == req.seed {
-                MAKESPAN_RUN
-            } else {
-                SECOND_SEED
+            let prefix = match (run.seed == req.seed, run.objective == req.objective) {
+                (true, _) => MAKESPAN_RUN.to_string(),
+                (false, true) => SECOND_SEED.to_string(),
+                (false, false) => format!("{SECOND_SEED}{MAKESPAN_RUN}"),
             };
             let info = &mut out.solver;
             info.value = s.value;
@@ -341,7 +329,8 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
 
 /// The runs [`solve`] makes side by side, the request's own first: a makespan run with a seed of
 /// its own ([`SECOND_STREAM`]), and for the span objective the makespan run with the request's
-/// seed as well (so the span result is never longer than the makespan result).
+/// seed as well (so the span result is never longer than the makespan result) and a span run with
+/// the second seed.
 fn runs(req: &AutoRequest) -> Vec<AutoRequest> {
     let makespan = req.clone().with_objective(Objective::Makespan);
     let second = makespan
@@ -349,7 +338,12 @@ fn runs(req: &AutoRequest) -> Vec<AutoRequest> {
         .with_budget(req.time_budget, req.seed ^ SECOND_STREAM);
     match req.objective {
         Objective::Makespan => vec![req.clone(), second],
-        Objective::Span => vec![req.clone(), makespan, second],
+        Objective::Span => {
+            let span = req
+                .clone()
+                .with_budget(req.time_budget, req.seed ^ SECOND_STREAM);
+            vec![req.clone(), makespan, second, span]
+        }
     }
 }
 
@@ -699,48 +693,20 @@ fn polish(
 ) {
     let mut rng = Rng::new(req.seed);
     improve::restarts(inst, req.objective, best, &mut rng, work, 0.5, lower);
-    climb_guided(
+    improve::climb(
         inst,
-        req,
+        req.objective,
         best,
-        (&mut rng, work),
+        &mut rng,
+        work,
         lower,
         improve::Moves::Short,
-        (GUIDED_SHARE, GUIDED_STREAM),
-        None,
     );
 }
 
-/// `improve::climb` with `moves` on `best` (drawing on `rng` and `work`); for the span objective
-/// then the makespan-guided climb from `from` or else from where it started
-/// ([`improve::makespan_guided`]), with `share` of the time budget and a random stream of its own
-/// (`stream`), its simulations counted in `work`. Returns where the guided climb ended.
-#[allow(clippy::too_many_arguments)]
-fn climb_guided(
-    inst: &Instance,
-    req: &AutoRequest,
-    best: &mut Scored,
-    (rng, work): (&mut Rng, &mut improve::Work),
-    lower: f64,
-    moves: improve::Moves,
-    (share, stream): (f64, u64),
-    from: Option<Scored>,
-) -> Option<Scored> {
-    let start = (req.objective == Objective::Span).then(|| from.unwrap_or_else(|| best.clone()));
-    improve::climb(inst, req.objective, best, rng, work, lower, moves);
-    let start = start?;
-    let mut guided = improve::Work::new(req.time_budget * share);
-    let mut rng = Rng::new(req.seed ^ stream);
-    let ended = improve::makespan_guided(inst, start, best, &mut rng, &mut guided, lower, moves);
-    work.evaluations += guided.evaluations;
-    ended
-}
-
 /// Phases 5, 6 and 7 on `best` (see the [module docs](self)), each with a budget of its own, their
-/// evaluations counted in `work`: the reshaping moves, then the moves on the critical path (for the
-/// span objective their makespan-guided climbs start from the schedule with the least makespan
-/// the reshaping's guided climb ended at, when shorter than `best`), then justification.
-/// Each keeps only what is no worse. Returns whether `best` got better.
+/// evaluations counted in `work`: the reshaping moves, then the moves on the critical path, then
+/// justification. Each keeps only what is no worse. Returns whether `best` got better.
 fn reshape_and_critical(
     inst: &Instance,
     req: &AutoRequest,
@@ -748,85 +714,28 @@ fn reshape_and_critical(
     work: &mut improve::Work,
     lower: f64,
 ) -> bool {
-    let mut guide: Option<Scored> = None;
     let before = best.value;
     let proven = |b: &Scored| b.value <= lower * (1.0 + 1e-9);
-    if !proven(best) {
-        let mut more = improve::Work::new(req.time_budget * RESHAPE_SHARE);
-        let mut rng = Rng::new(req.seed ^ RESHAPE_STREAM);
-        let ended = climb_guided(
-            inst,
-            req,
-            best,
-            (&mut rng, &mut more),
-            lower,
-            improve::Moves::Reshape,
-            (RESHAPE_SHARE * GUIDED_SHARE, RESHAPE_STREAM ^ GUIDED_STREAM),
-            None,
-        );
-        shorter(&mut guide, ended);
-        work.evaluations += more.evaluations;
+    for (share, stream, moves) in [
+        (RESHAPE_SHARE, RESHAPE_STREAM, improve::Moves::Reshape),
+        // Moves on the critical path (module `critical`).
+        (CRITICAL_SHARE, CRITICAL_STREAM, improve::Moves::Critical),
+    ] {
+        if !proven(best) {
+            let mut more = improve::Work::new(req.time_budget * share);
+            let mut rng = Rng::new(req.seed ^ stream);
+            improve::climb(inst, req.objective, best, &mut rng, &mut more, lower, moves);
+            work.evaluations += more.evaluations;
+        }
     }
-    // Moves on the critical path (module `critical`), last.
-    if !proven(best) {
-        let mut more = improve::Work::new(req.time_budget * CRITICAL_SHARE);
-        let mut rng = Rng::new(req.seed ^ CRITICAL_STREAM);
-        let from = guide.take().filter(|g| g.makespan < best.makespan);
-        let ended = climb_guided(
-            inst,
-            req,
-            best,
-            (&mut rng, &mut more),
-            lower,
-            improve::Moves::Critical,
-            (CRITICAL_SHARE, CRITICAL_STREAM),
-            from,
-        );
-        shorter(&mut guide, ended);
-        work.evaluations += more.evaluations;
-    }
-    // Justification (module `justify`), last: whole waves moved at once. For the span objective
-    // followed, with a budget of its own, by justifying by the makespan from the schedule with the
-    // least makespan the guided climbs ended at (or `best`), kept when its span is lower.
+    // Justification (module `justify`), last: whole waves moved at once.
     if !proven(best) {
         let mut more = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
         let mut rng = Rng::new(req.seed ^ JUSTIFY_STREAM);
         justify::climb(inst, req.objective, best, &mut rng, &mut more, lower);
         work.evaluations += more.evaluations;
-        if req.objective == Objective::Span && !proven(best) {
-            let start = guide
-                .filter(|g| g.makespan < best.makespan)
-                .or_else(|| score(inst, Objective::Makespan, best.schedule.clone()).ok()?);
-            if let Some(mut guided) = start {
-                let mut more = improve::Work::new(req.time_budget * JUSTIFY_SHARE);
-                let mut rng = Rng::new(req.seed ^ JUSTIFY_STREAM ^ GUIDED_STREAM);
-                justify::climb(
-                    inst,
-                    Objective::Makespan,
-                    &mut guided,
-                    &mut rng,
-                    &mut more,
-                    lower,
-                );
-                work.evaluations += more.evaluations + 1;
-                if let Ok(Some(s)) = score(inst, Objective::Span, guided.schedule) {
-                    if s.value < best.value {
-                        *best = s;
-                    }
-                }
-            }
-        }
     }
     best.value < before
-}
-
-/// Keeps in `kept` the one of `kept` and `new` with the least makespan.
-fn shorter(kept: &mut Option<Scored>, new: Option<Scored>) {
-    if let Some(n) = new {
-        if kept.as_ref().is_none_or(|k| n.makespan < k.makespan) {
-            *kept = Some(n);
-        }
-    }
 }
 
 /// The lower bound on the objective: for the makespan, the simulator's, memory-aware when the
