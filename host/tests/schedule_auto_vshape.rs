@@ -176,6 +176,29 @@ fn a_second_seed_shortens_a_v_half_row() {
     assert_eq!(again.schedule, out.schedule);
 }
 
+/// Safe admission's fill depth in eighths of the slots: at P = 16 under V-Half's limit (16
+/// stage-microbatches per rank) a rank that takes in 10 or 14 before its first backward, not only
+/// 8, 12 or 15, gives P = 16, M = 32, 1:1.2:0.8 with transfers 142.4 against 145.5 (default
+/// budget; M = 64, 2:2:1: 443.4 against 463.5). The result keeps the limit.
+#[test]
+fn safe_admission_in_eighths_fills_v_half_at_sixteen_ranks() {
+    let req = request(16, 32, [1.0, 1.2, 0.8], 0.1, 8.0).with_budget(0.3, 0);
+    let out = solve(&req).unwrap();
+    validate(&out.schedule).unwrap();
+    assert!(out.solver.peak.iter().all(|&x| x <= 8.0 + 1e-9));
+    assert!(
+        out.solver.value <= 142.4 + 1e-9,
+        "{} ({})",
+        out.solver.value,
+        out.solver.origin
+    );
+    assert!(
+        out.solver.origin.contains("safe-list"),
+        "{}",
+        out.solver.origin
+    );
+}
+
 /// At V-Half's limit (`P/2` microbatches in flight) the lean-admission list rules (room on the
 /// forward's own rank, not a whole microbatch reserved everywhere from its entry) give shorter
 /// schedules: P = 8, M = 8, 1:1.2:0.8 was 41.9 (default budget) before them, 40.8 with them; CP-SAT

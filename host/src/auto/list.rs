@@ -143,19 +143,20 @@ impl Rule {
     }
 
     /// Safe-admission rules (a banker's check) for V-shape under a limit of `n` stage-microbatches
-    /// per rank: each rank takes in `n/2`, `3n/4` or `n - 1` microbatches before its first backward
-    /// (the lean rules' caps; from 1F1B's memory up `3n/4` only), the deepest stage or the oldest
-    /// microbatch first, backward or forward first, `W`s eagerly or where they fit a gap (up to 24
+    /// per rank: each rank takes in `n/2`, `5n/8`, `3n/4`, `7n/8` or `n - 1` microbatches before its
+    /// first backward (from 1F1B's memory up `3n/4` only), the deepest stage or the oldest
+    /// microbatch first, backward or forward first, `W`s eagerly or where they fit a gap (up to 40
     /// rules). None where an `I` rebuilds activations (recomputation): the check assumes that `I`
     /// allocates nothing.
     pub(crate) fn safe(inst: &Instance) -> Vec<Rule> {
         if (0..inst.s).any(|x| inst.room(1, x) > 0.0) {
             return Vec::new();
         }
-        // Below 1F1B's memory (`2P` slots) all three caps; from there, where the check rarely
-        // binds, `3n/4` alone (each rule is a list build).
+        // Below 1F1B's memory (`2P` slots) caps in eighths of the slots (at P = 16, V-Half's 16
+        // slots, the fill depth moves the schedule by up to 4 %); from there, where the check
+        // rarely binds, `3n/4` alone (each rule is a list build).
         let shares: &[f64] = if slots(inst) < 2.0 * inst.p as f64 {
-            &[0.5, 0.75, 1.0]
+            &[0.5, 0.625, 0.75, 0.875, 1.0]
         } else {
             &[0.75]
         };
