@@ -2,7 +2,7 @@
 //! schedule over the ladder V-Half (`P/2` microbatches in flight), V-Half's own peak (`P/2 + 1`),
 //! 1F1B (`P`), twice 1F1B (`2P`), for both objectives, and the result keeps the limit.
 
-use pipefill_host::auto::{solve, AutoRequest, MemoryLimit, Objective};
+use pipefill_host::auto::{solve, AutoRequest, AutoSchedule, MemoryLimit, Objective};
 use pipefill_host::cost::{CostModel, LinkCost, StageCost};
 use pipefill_host::schedule::validate::validate;
 use pipefill_host::schedule::Placement;
@@ -18,6 +18,18 @@ fn request(p: usize, m: usize, fiw: [f64; 3], latency: f64, limit: f64) -> AutoR
         .with_chunks(2, Placement::Vshape)
         .with_limit(MemoryLimit::InFlight(limit))
         .with_budget(0.0, 0)
+}
+
+/// `solve(req)`, its schedule validated and every rank's simulated peak within `limit`.
+fn solve_within(req: &AutoRequest, limit: f64) -> AutoSchedule {
+    let out = solve(req).unwrap();
+    validate(&out.schedule).unwrap();
+    assert!(
+        out.solver.peak.iter().all(|&x| x <= limit + 1e-9),
+        "peak {:?} above {limit}",
+        out.solver.peak
+    );
+    out
 }
 
 /// The origins of the V-shape seeds: the event-driven greedy, the authors' ZB-V greedy, V-Half /
@@ -39,9 +51,7 @@ fn more_memory_never_gives_a_worse_v_shape_schedule() {
                     let mut last = f64::INFINITY;
                     for limit in [pf / 2.0, pf / 2.0 + 1.0, pf, 2.0 * pf] {
                         let req = request(p, m, fiw, latency, limit).with_objective(objective);
-                        let out = solve(&req).unwrap();
-                        validate(&out.schedule).unwrap();
-                        assert!(out.solver.peak.iter().all(|&x| x <= limit + 1e-9));
+                        let out = solve_within(&req, limit);
                         let v = out.solver.value;
                         assert!(
                             v <= last * (1.0 + 1e-12),
@@ -141,9 +151,7 @@ fn a_span_run_ends_no_higher_than_the_makespan_run() {
                 .with_objective(objective)
         };
         let makespan = solve(&req(Objective::Makespan)).unwrap().solver.value;
-        let span = solve(&req(Objective::Span)).unwrap();
-        validate(&span.schedule).unwrap();
-        assert!(span.solver.peak.iter().all(|&x| x <= limit + 1e-9));
+        let span = solve_within(&req(Objective::Span), limit);
         let span = span.solver;
         assert!(
             span.value <= makespan + 1e-9,
@@ -161,9 +169,7 @@ fn a_span_run_ends_no_higher_than_the_makespan_run() {
 #[test]
 fn a_second_seed_shortens_a_v_half_row() {
     let req = request(8, 32, [2.0, 2.0, 1.0], 0.2, 4.0).with_budget(0.3, 0);
-    let out = solve(&req).unwrap();
-    validate(&out.schedule).unwrap();
-    assert!(out.solver.peak.iter().all(|&x| x <= 4.0 + 1e-9));
+    let out = solve_within(&req, 4.0);
     assert!(out.solver.value <= 222.9 + 1e-9, "{}", out.solver.value);
     assert!(
         out.solver
@@ -183,9 +189,7 @@ fn a_second_seed_shortens_a_v_half_row() {
 #[test]
 fn safe_admission_in_eighths_fills_v_half_at_sixteen_ranks() {
     let req = request(16, 32, [1.0, 1.2, 0.8], 0.1, 8.0).with_budget(0.3, 0);
-    let out = solve(&req).unwrap();
-    validate(&out.schedule).unwrap();
-    assert!(out.solver.peak.iter().all(|&x| x <= 8.0 + 1e-9));
+    let out = solve_within(&req, 8.0);
     assert!(
         out.solver.value <= 142.4 + 1e-9,
         "{} ({})",
@@ -206,9 +210,7 @@ fn safe_admission_in_eighths_fills_v_half_at_sixteen_ranks() {
 #[test]
 fn lean_admission_fills_v_half_memory_better() {
     let req = request(8, 8, [1.0, 1.2, 0.8], 0.0, 4.0).with_budget(0.3, 0);
-    let out = solve(&req).unwrap();
-    validate(&out.schedule).unwrap();
-    assert!(out.solver.peak.iter().all(|&x| x <= 4.0 + 1e-9));
+    let out = solve_within(&req, 4.0);
     assert!(
         out.solver.value < 41.9 - 1e-9,
         "{} from {}",
@@ -225,9 +227,7 @@ fn lean_admission_fills_v_half_memory_better() {
 #[test]
 fn safe_admission_fills_v_half_memory_better() {
     let req = request(8, 16, [2.0, 2.0, 1.0], 0.0, 4.0).with_budget(0.3, 0);
-    let out = solve(&req).unwrap();
-    validate(&out.schedule).unwrap();
-    assert!(out.solver.peak.iter().all(|&x| x <= 4.0 + 1e-9));
+    let out = solve_within(&req, 4.0);
     assert!(
         out.solver.value < 120.5 - 1e-9,
         "{} from {}",
@@ -299,9 +299,7 @@ fn justification_moves_whole_waves() {
     ] {
         let mut req = request(p, m, fiw, latency, limit).with_budget(0.3, 0);
         req.costs.overlap_share = 1.0;
-        let out = solve(&req).unwrap();
-        validate(&out.schedule).unwrap();
-        assert!(out.solver.peak.iter().all(|&x| x <= limit + 1e-9));
+        let out = solve_within(&req, limit);
         let v = out.solver.value;
         assert!(
             v <= now + 1e-9 && v < before - 1e-9,
@@ -360,9 +358,7 @@ fn waiting_for_the_way_back_reaches_the_span_bound() {
         .with_objective(Objective::Span)
         .with_budget(0.3, 0);
     req.costs.overlap_share = 1.0;
-    let out = solve(&req).unwrap();
-    validate(&out.schedule).unwrap();
-    assert!(out.solver.peak.iter().all(|&x| x <= 16.0 + 1e-9));
+    let out = solve_within(&req, 16.0);
     assert!(
         out.solver.value <= 81.8 + 1e-9,
         "{} from {}",

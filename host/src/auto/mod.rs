@@ -316,16 +316,21 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             info.peak = s.peak;
             info.origin = format!("{prefix}{}", other.solver.origin);
             info.proven_optimal = s.value <= info.lower_bound * (1.0 + 1e-9);
-            info.gap = if info.proven_optimal || info.lower_bound <= 0.0 {
-                0.0
-            } else {
-                (s.value / info.lower_bound - 1.0).max(0.0)
-            };
+            info.gap = gap(s.value, info.lower_bound, info.proven_optimal);
             out.schedule = s.schedule;
             out.schedule.name = AUTO.to_string();
         }
     }
     Ok(out)
+}
+
+/// `value / lower - 1` (0 when proven optimal or without a positive bound).
+fn gap(value: f64, lower: f64, proven: bool) -> f64 {
+    if proven || lower <= 0.0 {
+        0.0
+    } else {
+        (value / lower - 1.0).max(0.0)
+    }
 }
 
 /// The runs [`solve`] makes side by side, the request's own first: a makespan run with a seed of
@@ -357,14 +362,14 @@ pub const SECOND_SEED: &str = "second-seed:";
 /// Prefixes the origin of a span result that the makespan run beside it found ([`solve`]).
 pub const MAKESPAN_RUN: &str = "makespan-run:";
 
-/// One construction's per-rank orders and origin.
-type Built1 = (Vec<Vec<Action>>, &'static str);
+/// One schedule's per-rank orders, tagged with its origin.
+type Tagged = (Vec<Vec<Action>>, &'static str);
 
 /// The constructive phase's schedules (per-rank orders and their origin, `None` where a
 /// construction gave none), in the order they are offered, and whether the budget skipped any.
 struct Built {
     /// Per construction, its orders and origin.
-    orders: Vec<Option<Built1>>,
+    orders: Vec<Option<Tagged>>,
     /// Whether a construction was skipped for want of budget.
     skipped: bool,
     /// The estimated work of one construction.
@@ -429,9 +434,9 @@ struct Shared {
     /// The bound of the makespan (0) and of the span (1).
     bounds: [OnceLock<f64>; 2],
     /// The V-shape seeds (modules `vgreedy`, `vbubble`, `vpattern`), tagged with their origin.
-    v_seeds: OnceLock<Vec<Built1>>,
+    v_seeds: OnceLock<Vec<Tagged>>,
     /// The late list rules' schedules (safe admission, waiting), tagged with their origin.
-    late: OnceLock<Vec<Built1>>,
+    late: OnceLock<Vec<Tagged>>,
     /// The exact method's result (makespan runs; it depends on the constructive best only).
     exact: OnceLock<Option<exact::Exact>>,
     /// Set when the request's own run proved its schedule optimal: the other runs' budgets then
@@ -601,17 +606,12 @@ fn solve_from(
         lower = best.value;
     }
     best.schedule.name = AUTO.to_string();
-    let gap = if lower > 0.0 {
-        (best.value / lower - 1.0).max(0.0)
-    } else {
-        0.0
-    };
     let solver = SolverInfo {
         objective: req.objective,
         value: best.value,
         makespan: best.makespan,
         lower_bound: lower,
-        gap: if proven { 0.0 } else { gap },
+        gap: gap(best.value, lower, proven),
         proven_optimal: proven,
         origin,
         limit: req.limit,
@@ -635,7 +635,7 @@ fn solve_from(
 
 /// The V-shape seeds (modules `vgreedy`, `vbubble`, `vpattern`), each with its origin; none off
 /// V-shape.
-fn v_seeds(inst: &Instance) -> Vec<Built1> {
+fn v_seeds(inst: &Instance) -> Vec<Tagged> {
     let greedy = vgreedy::candidates(inst)
         .into_iter()
         .map(|o| (o, "zbv-greedy"));
@@ -652,7 +652,7 @@ fn v_seeds(inst: &Instance) -> Vec<Built1> {
 
 /// The late list rules' schedules (module `list`: safe admission on V-shape under a limit, waiting
 /// wherever a rank holds two or more stages), each with its origin.
-fn late_rules(inst: &Instance) -> Vec<Built1> {
+fn late_rules(inst: &Instance) -> Vec<Tagged> {
     let rules: Vec<(Rule, &'static str)> = Rule::safe(inst)
         .into_iter()
         .map(|r| (r, "safe-list"))
@@ -669,7 +669,7 @@ fn late_rules(inst: &Instance) -> Vec<Built1> {
 fn tagged_best(
     inst: &Instance,
     objective: Objective,
-    candidates: &[Built1],
+    candidates: &[Tagged],
 ) -> Result<Best<&'static str>, AutoError> {
     let scored = par::map_ordered(candidates, |(orders, name)| {
         score(inst, objective, schedule_of(inst, AUTO, orders)).map(|s| s.map(|s| (s, *name)))
