@@ -175,9 +175,10 @@ impl Rule {
     }
 
     /// Waiting rules, wherever a rank holds two or more stages: a rank waits for the deeper chunk's
-    /// forward of one of the first 1, 2 or 4 microbatches ([`Rule::lookahead`]; the chain that the
-    /// first rank's span waits on), the oldest microbatch or the deepest stage first, forward or
-    /// backward first, `W`s eagerly (12 rules). Where transfers put the chain out of step with
+    /// forward of one of the first 1, 2, 4 or `2P` microbatches ([`Rule::lookahead`]; the chain
+    /// that the first rank's span waits on; `2P`: the whole fill under twice 1F1B's memory, only
+    /// where a rank holds 1F1B's memory or more), the oldest microbatch or the deepest stage first,
+    /// forward or backward first, `W`s eagerly (16 rules, 12 without `2P`). Where transfers put the chain out of step with
     /// the ranks' alternating forwards, a non-delay rule makes every rank up the way wait part of
     /// an action for it; these rules wait for it instead (P = 8, M = 16, 2:2:1, transfers 0.1 of
     /// `F`, twice 1F1B's memory: span 82.2 before any improvement, the bound 81.8, the best
@@ -187,7 +188,13 @@ impl Rule {
             return Vec::new();
         }
         let mut rules = Vec::new();
-        for k in [1, 2, 4] {
+        let mut depths = vec![1, 2, 4];
+        // The whole fill, where the limit lets a rank hold 1F1B's `P` microbatches or more (below
+        // it no fill is that deep, and no waiting rule has won a row of the V-shape grid).
+        if 2 * inst.p > 4 && slots(inst) >= 2.0 * inst.p as f64 {
+            depths.push(2 * inst.p);
+        }
+        for k in depths {
             for order in [Order::Oldest, Order::Deep] {
                 for prefer_forward in [true, false] {
                     let mut rule = Rule::plain(inst.p, prefer_forward, order, WMode::Eager);
@@ -759,7 +766,9 @@ mod tests {
         for latency in [0.0, 0.2] {
             for limit in [4.0, 8.0, 16.0] {
                 let inst = instance(8, 16, [2.0, 2.0, 1.0], latency, false, limit);
-                assert_eq!(Rule::waiting(&inst).len(), 12);
+                // `2P` from 1F1B's memory (P microbatches) up.
+                let rules = if limit >= 8.0 { 16 } else { 12 };
+                assert_eq!(Rule::waiting(&inst).len(), rules);
                 for rule in Rule::waiting(&inst) {
                     let orders = build(&inst, &rule).expect("builds");
                     fits(&inst, &orders, limit, &format!("{rule:?}"));
