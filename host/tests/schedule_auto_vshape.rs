@@ -20,6 +20,23 @@ fn request(p: usize, m: usize, fiw: [f64; 3], latency: f64, limit: f64) -> AutoR
         .with_budget(0.0, 0)
 }
 
+/// A row of `bench auto --part vshape`: [`request`] with the default budget (0.3 s, seed 0) and
+/// no overlapped pairs that save time (`overlap_share` 1), for `objective`.
+fn grid_request(
+    p: usize,
+    m: usize,
+    fiw: [f64; 3],
+    latency: f64,
+    limit: f64,
+    objective: Objective,
+) -> AutoRequest {
+    let mut req = request(p, m, fiw, latency, limit)
+        .with_objective(objective)
+        .with_budget(0.3, 0);
+    req.costs.overlap_share = 1.0;
+    req
+}
+
 /// `solve(req)`, its schedule validated and every rank's simulated peak within `limit`.
 fn solve_within(req: &AutoRequest, limit: f64) -> AutoSchedule {
     let out = solve(req).unwrap();
@@ -190,11 +207,7 @@ fn a_second_seed_shortens_a_v_half_row() {
 /// through 16. The result keeps the limit, and the same request gives the same schedule.
 #[test]
 fn runs_with_the_second_seed_start_from_the_second_best_late_schedule() {
-    let mut req = request(8, 32, [2.0, 2.0, 1.0], 0.2, 16.0)
-        .with_objective(Objective::Span)
-        .with_budget(0.3, 0);
-    // No overlapped pairs that save time (the V-shape grid's costs).
-    req.costs.overlap_share = 1.0;
+    let req = grid_request(8, 32, [2.0, 2.0, 1.0], 0.2, 16.0, Objective::Span);
     let out = solve_within(&req, 16.0);
     assert!(
         out.solver.value <= 160.0 * 1.02,
@@ -303,8 +316,7 @@ fn a_span_bound_counts_what_overlapped_pairs_save() {
 /// budget before them (bound 29.6), 30.6 with them; with `--time-budget 3` 30.2.
 #[test]
 fn critical_path_moves_shorten_a_grid_row() {
-    let mut req = request(8, 8, [1.0, 1.0, 1.0], 0.1, 16.0).with_budget(0.3, 0);
-    req.costs.overlap_share = 1.0;
+    let req = grid_request(8, 8, [1.0, 1.0, 1.0], 0.1, 16.0, Objective::Makespan);
     let out = solve(&req).unwrap();
     validate(&out.schedule).unwrap();
     assert!(
@@ -327,8 +339,7 @@ fn justification_moves_whole_waves() {
         (16, 16, [1.0, 1.2, 0.8], 0.1, 32.0, 64.1, 62.6),
         (16, 32, [1.0, 1.0, 1.0], 0.1, 16.0, 110.4, 108.5),
     ] {
-        let mut req = request(p, m, fiw, latency, limit).with_budget(0.3, 0);
-        req.costs.overlap_share = 1.0;
+        let req = grid_request(p, m, fiw, latency, limit, Objective::Makespan);
         let out = solve_within(&req, limit);
         let v = out.solver.value;
         assert!(
@@ -384,10 +395,7 @@ fn a_span_at_1f1b_memory_is_proven_optimal() {
 /// s: 82.0).
 #[test]
 fn waiting_for_the_way_back_reaches_the_span_bound() {
-    let mut req = request(8, 16, [2.0, 2.0, 1.0], 0.2, 16.0)
-        .with_objective(Objective::Span)
-        .with_budget(0.3, 0);
-    req.costs.overlap_share = 1.0;
+    let req = grid_request(8, 16, [2.0, 2.0, 1.0], 0.2, 16.0, Objective::Span);
     let out = solve_within(&req, 16.0);
     assert!(
         out.solver.value <= 81.8 + 1e-9,
@@ -427,10 +435,7 @@ fn bound_and_auto_bracket_the_proven_optima_at_eight_ranks() {
     ];
     let mut reached = 0;
     for (fiw, share, limit, objective, optimum) in rows {
-        let mut req = request(8, 8, fiw, share * fiw[0], limit)
-            .with_objective(objective)
-            .with_budget(0.3, 0);
-        req.costs.overlap_share = 1.0;
+        let req = grid_request(8, 8, fiw, share * fiw[0], limit, objective);
         let out = solve(&req).unwrap();
         validate(&out.schedule).unwrap();
         let (value, bound) = (out.solver.value, out.solver.lower_bound);
