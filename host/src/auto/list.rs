@@ -178,11 +178,11 @@ impl Rule {
     /// forward of one of the first 1, 2, 4 or `2P` microbatches ([`Rule::lookahead`]; the chain
     /// that the first rank's span waits on; `2P`: the whole fill under twice 1F1B's memory, only
     /// where a rank holds 1F1B's memory or more), the oldest microbatch or the deepest stage first,
-    /// forward or backward first, `W`s eagerly (16 rules, 12 without `2P`). Where transfers put the chain out of step with
-    /// the ranks' alternating forwards, a non-delay rule makes every rank up the way wait part of
-    /// an action for it; these rules wait for it instead (P = 8, M = 16, 2:2:1, transfers 0.1 of
-    /// `F`, twice 1F1B's memory: span 82.2 before any improvement, the bound 81.8, the best
-    /// non-delay rule 84.8).
+    /// forward or backward first, `W`s eagerly (16 rules, 12 without `2P`). Where transfers put the
+    /// chain out of step with the ranks' alternating forwards, a non-delay rule makes every rank up
+    /// the way wait part of an action for it; these rules wait for it instead (P = 8, M = 16,
+    /// 2:2:1, transfers 0.1 of `F`, twice 1F1B's memory: span 82.2 before any improvement, the
+    /// bound 81.8, the best non-delay rule 84.8).
     pub(crate) fn waiting(inst: &Instance) -> Vec<Rule> {
         if inst.v < 2 {
             return Vec::new();

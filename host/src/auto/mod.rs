@@ -64,16 +64,16 @@
 //! the V-shape seeds and the late list rules are computed once and shared): the request's own run;
 //! a makespan run with a second seed (the request's seed mixed with a constant: the moves are
 //! random, and two streams find more than one; phase 8 also starts elsewhere, from the late rules'
-//! second best schedule, since the best start is not always the best end); for the span objective also the makespan run with
-//! the request's seed and a span run with the second seed. The result is the request's own run's
-//! unless another's schedule is strictly better by the request's objective (origin then prefixed
-//! [`SECOND_SEED`], [`MAKESPAN_RUN`] or both): a schedule's span is at most its makespan, so a span
-//! result is never longer than the makespan result of the same request (the makespan's landscape
-//! is less flat: a move that shortens one rank's span is often refused by the span, which the
-//! makespan takes and builds on). When the request's own run proves its schedule optimal the
-//! others stop (`improve::StopWhen`); a proof by another run does not stop the own run, so the
-//! schedule returned never depends on timing. On one core the runs take turns (two to four times
-//! the time).
+//! second best schedule, since the best start is not always the best end); for the span objective
+//! also the makespan run with the request's seed and a span run with the second seed. The result
+//! is the request's own run's unless another's schedule is strictly better by the request's
+//! objective (origin then prefixed [`SECOND_SEED`], [`MAKESPAN_RUN`] or both): a schedule's span is
+//! at most its makespan, so a span result is never longer than the makespan result of the same
+//! request (the makespan's landscape is less flat: a move that shortens one rank's span is often
+//! refused by the span, which the makespan takes and builds on). When the request's own run proves
+//! its schedule optimal the others stop (`improve::StopWhen`); a proof by another run does not stop
+//! the own run, so the schedule returned never depends on timing. On one core the runs take turns
+//! (two to four times the time).
 //!
 //! A limit at or above what a rank holds with every microbatch through all its chunks cannot bind
 //! and is read as that amount, so all such limits are the same request and give the same schedule
@@ -450,7 +450,7 @@ struct Shared {
 
 /// [`solve`] for one run, from the constructive phase's schedules and what the runs share; the
 /// late list rules' phase starts from their `late`-th best schedule (0: the best; distinct values
-/// counted, the best where fewer).
+/// counted, the last where fewer).
 fn solve_from(
     inst: &Instance,
     req: &AutoRequest,
