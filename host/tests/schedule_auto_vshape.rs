@@ -49,6 +49,14 @@ fn solve_within(req: &AutoRequest, limit: f64) -> AutoSchedule {
     out
 }
 
+/// [`solve_within`], and the same request solved again gives the same schedule.
+fn solve_twice(req: &AutoRequest, limit: f64) -> AutoSchedule {
+    let out = solve_within(req, limit);
+    let again = solve(req).unwrap();
+    assert_eq!(again.schedule, out.schedule);
+    out
+}
+
 /// `out` is at most `at_most` and its origin names `origin`.
 fn assert_row(out: &AutoSchedule, at_most: f64, origin: &str) {
     let solver = &out.solver;
@@ -198,10 +206,8 @@ fn a_span_run_ends_no_higher_than_the_makespan_run() {
 #[test]
 fn a_second_seed_shortens_a_v_half_row() {
     let req = request(8, 32, [2.0, 2.0, 1.0], 0.2, 4.0).with_budget(0.3, 0);
-    let out = solve_within(&req, 4.0);
+    let out = solve_twice(&req, 4.0);
     assert_row(&out, 223.7, pipefill_host::auto::SECOND_SEED);
-    let again = solve(&req).unwrap();
-    assert_eq!(again.schedule, out.schedule);
 }
 
 /// The runs with the second seed start the late list rules' phase from the second best of those
@@ -213,10 +219,8 @@ fn a_second_seed_shortens_a_v_half_row() {
 #[test]
 fn runs_with_the_second_seed_start_from_the_second_best_late_schedule() {
     let req = grid_request(8, 32, [2.0, 2.0, 1.0], 0.2, 16.0, Objective::Span);
-    let out = solve_within(&req, 16.0);
+    let out = solve_twice(&req, 16.0);
     assert_row(&out, 160.0 * 1.02, "wait-list+improved");
-    let again = solve(&req).unwrap();
-    assert_eq!(again.schedule, out.schedule);
 }
 
 /// The runs with the second seed improve the late list rules' second best even when it starts up

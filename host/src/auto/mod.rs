@@ -273,8 +273,8 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
                     let _stop = improve::StopWhen::set(shared.proved.clone());
                     // The runs with the second seed start the late rules' phase from their second
                     // best schedule.
-                    let late = usize::from(r.seed != req.seed);
-                    solve_from(&inst, r, &built, &shared, late)
+                    let late_rank = usize::from(r.seed != req.seed);
+                    solve_from(&inst, r, &built, &shared, late_rank)
                 })
             })
             .collect();
@@ -457,14 +457,14 @@ struct Shared {
 }
 
 /// [`solve`] for one run, from the constructive phase's schedules and what the runs share; the
-/// late list rules' phase starts from their `late`-th best schedule (0: the best; distinct values
-/// counted, the last where fewer).
+/// late list rules' phase starts from their `late_rank`-th best schedule (0: the best; distinct
+/// values counted, the last where fewer).
 fn solve_from(
     inst: &Instance,
     req: &AutoRequest,
     built: &Built,
     shared: &Shared,
-    late: usize,
+    late_rank: usize,
 ) -> Result<AutoSchedule, AutoError> {
     let (families, seeded) = seeds::seeds(inst, req.objective)?;
     // The best candidate.
@@ -567,20 +567,19 @@ fn solve_from(
         proven = best.value <= lower * (1.0 + 1e-9);
     }
     // The late list rules, last: safe admission (V-shape under a limit) and waiting (two or more
-    // stages per rank), module `list`. The best schedule of theirs, when better than the
-    // constructive phase's best, gets every improvement phase of its own and replaces the result
-    // only when it ends shorter, so every phase above gives what it gave.
+    // stages per rank), module `list`. The `late_rank`-th schedule of theirs, when better than the
+    // constructive phase's best (a run that starts from the second best: within [`LATE_SLACK`] of
+    // it), gets every improvement phase of its own and replaces the result only when it ends
+    // shorter, so every phase above gives what it gave.
     if !proven {
-        // A run that starts elsewhere (the second best) also improves a start a little longer
-        // than the constructive phase's best.
-        let slack = if late > 0 { LATE_SLACK } else { 0.0 };
-        let late = tagged_nth(
+        let slack = if late_rank > 0 { LATE_SLACK } else { 0.0 };
+        let start = tagged_nth(
             inst,
             req.objective,
             shared.late.get_or_init(|| late_rules(inst)),
-            late,
+            late_rank,
         )?;
-        if let Some((mut seed, name)) = late {
+        if let Some((mut seed, name)) = start {
             let seed_value = seed.value;
             if seed_value < start_value * (1.0 + slack) {
                 let mut more = improve::Work::new(req.time_budget);
