@@ -17,7 +17,7 @@ use super::critical;
 use super::instance::Instance;
 use super::list::{build, warmup_caps, Order, Rule, WMode};
 use super::rng::Rng;
-use super::score::{fits_budget, schedule_of, score, Scored};
+use super::score::{fits_budget, schedule_of, score, score_reordered, Scored};
 use super::Objective;
 
 /// Work units per second of budget (a simulated action and a scheduling step are one unit each;
@@ -118,18 +118,26 @@ fn reached(value: f64, target: f64) -> bool {
     value <= target * (1.0 + 1e-9)
 }
 
-/// Evaluates `schedule`, counting the work; `None` if it deadlocks or exceeds a budget.
+/// Evaluates `schedule`, counting the work; `None` if it deadlocks or exceeds a budget. With
+/// `reordered`, `schedule` is a move's result (its lists reorder, each within its rank, those of a
+/// scored schedule) and the simulator skips the static checks ([`score_reordered`]).
 fn evaluate(
     inst: &Instance,
     objective: Objective,
     schedule: Schedule,
     work: &mut Work,
+    reordered: bool,
 ) -> Option<Scored> {
     work.evaluations += 1;
     if !fits_budget(inst, &schedule) {
         return None;
     }
-    score(inst, objective, schedule).ok().flatten()
+    match reordered {
+        true => score_reordered(inst, objective, schedule),
+        false => score(inst, objective, schedule),
+    }
+    .ok()
+    .flatten()
 }
 
 /// A random rule: any priority, order and `W` policy, warm-up caps between one microbatch and the
@@ -173,7 +181,13 @@ pub(crate) fn restarts(
         let Some(orders) = build(inst, &rule) else {
             continue;
         };
-        if let Some(s) = evaluate(inst, objective, schedule_of(inst, "auto", &orders), work) {
+        if let Some(s) = evaluate(
+            inst,
+            objective,
+            schedule_of(inst, "auto", &orders),
+            work,
+            false,
+        ) {
             if s.value < best.value {
                 *best = s;
             }
@@ -246,7 +260,7 @@ pub(crate) fn climb(
         let Some(candidate) = candidate else {
             continue;
         };
-        if let Some(s) = evaluate(inst, objective, candidate, work) {
+        if let Some(s) = evaluate(inst, objective, candidate, work, true) {
             if s.value <= best.value {
                 *best = s;
                 stale = true;

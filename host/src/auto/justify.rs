@@ -45,7 +45,7 @@ use crate::schedule::{Action, Item, Op, Schedule};
 
 use super::instance::Instance;
 use super::rng::Rng;
-use super::score::{schedule_of, score, Scored};
+use super::score::{schedule_of, score_reordered, Scored};
 use super::Objective;
 
 /// Slack when comparing times (sums of fractions).
@@ -490,7 +490,9 @@ pub(crate) fn climb(
             .iter()
             .map(|l| l.iter().map(|&a| inst.action(a)).collect())
             .collect();
-        let Ok(Some(s)) = score(inst, objective, schedule_of(inst, &name, &orders)) else {
+        // Each rank's list is its own actions in a new order.
+        let Ok(Some(s)) = score_reordered(inst, objective, schedule_of(inst, &name, &orders))
+        else {
             continue;
         };
         if s.value <= best.value {
@@ -520,6 +522,7 @@ fn value(objective: Objective, lists: &[Vec<usize>], start: &[f64], end: &[f64])
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auto::score::score;
     use crate::schedule::families::generate;
     use crate::schedule::Params;
     use crate::sim::{simulate_with, SimOptions};

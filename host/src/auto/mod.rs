@@ -326,6 +326,10 @@ pub fn solve(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             out.schedule.name = AUTO.to_string();
         }
     }
+    // The moves' results skip the static checks when scored ([`score::score_reordered`]); the
+    // schedule returned passes them here, so none that breaks them leaves the solver.
+    crate::schedule::validate::check_static(&out.schedule)
+        .map_err(|e| AutoError::Internal(format!("the schedule does not validate: {e}")))?;
     Ok(out)
 }
 

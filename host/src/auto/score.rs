@@ -2,7 +2,7 @@
 //! its budget by the simulator's own memory accounting.
 
 use crate::schedule::{Action, Item, Schedule};
-use crate::sim::{simulate_unbounded, summarize_unbounded, SimError, SimOptions};
+use crate::sim::{simulate_unbounded, summarize_unbounded, Checks, SimError, SimOptions};
 
 use super::instance::{Instance, MEMORY_EPS};
 use super::Objective;
@@ -75,13 +75,34 @@ pub(crate) fn score(
     objective: Objective,
     schedule: Schedule,
 ) -> Result<Option<Scored>, SimError> {
+    score_after(inst, objective, schedule, Checks::Full)
+}
+
+/// [`score`] for a move's result: `schedule` reorders, each within its rank, the lists of a
+/// schedule that was scored ([`Checks::Reordered`]: the simulator skips the static checks, which
+/// could find nothing the run does not).
+pub(crate) fn score_reordered(
+    inst: &Instance,
+    objective: Objective,
+    schedule: Schedule,
+) -> Result<Option<Scored>, SimError> {
+    score_after(inst, objective, schedule, Checks::Reordered)
+}
+
+/// [`score`] after the `checks` asked for.
+fn score_after(
+    inst: &Instance,
+    objective: Objective,
+    schedule: Schedule,
+    checks: Checks,
+) -> Result<Option<Scored>, SimError> {
     let (value, makespan, peak, worst) = match objective {
         Objective::Makespan => {
-            let s = summarize_unbounded(&schedule, &inst.scoring)?;
+            let s = summarize_unbounded(&schedule, &inst.scoring, checks)?;
             (s.makespan, s.makespan, s.peak_activations, None)
         }
         Objective::Span => {
-            let sim = simulate_unbounded(&schedule, &inst.scoring, SimOptions::SPANS)?;
+            let sim = simulate_unbounded(&schedule, &inst.scoring, SimOptions::SPANS, checks)?;
             let (mut span, mut worst) = (0.0, 0);
             for (r, lane) in sim.timeline.spans.iter().enumerate() {
                 if let (Some(a), Some(b)) = (lane.first(), lane.last()) {

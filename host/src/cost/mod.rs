@@ -194,9 +194,13 @@ impl LinkCost {
 
     /// Checks latency (`>= 0`) and bandwidth (`> 0`, infinity allowed), naming fields under `path`.
     pub fn check(&self, path: &str) -> Result<(), CostError> {
-        check::Quantity::Seconds.check(&format!("{path}.latency"), self.latency)?;
-        if self.bandwidth != f64::INFINITY {
-            check::Quantity::BytesPerSecond.check(&format!("{path}.bandwidth"), self.bandwidth)?;
+        // The field's name is written only for the error (see [`CostModel::check`]).
+        let (latency, bandwidth) = (check::Quantity::Seconds, check::Quantity::BytesPerSecond);
+        if latency.problem(self.latency).is_some() {
+            latency.check(&format!("{path}.latency"), self.latency)?;
+        }
+        if self.bandwidth != f64::INFINITY && bandwidth.problem(self.bandwidth).is_some() {
+            bandwidth.check(&format!("{path}.bandwidth"), self.bandwidth)?;
         }
         Ok(())
     }
@@ -394,7 +398,10 @@ impl StageCost {
             ),
         ];
         for (name, v, q) in values {
-            q.check(&format!("{path}.{name}"), v)?;
+            // The field's name is written only for the error (see [`CostModel::check`]).
+            if q.problem(v).is_some() {
+                q.check(&format!("{path}.{name}"), v)?;
+            }
         }
         if self.released_at_input > self.activation_bytes {
             return Err(CostError::field(
@@ -488,7 +495,11 @@ impl CostModel {
             ));
         }
         for (i, s) in self.stages.iter().enumerate() {
-            s.check(&format!("stages[{i}]"))?;
+            // The entry's name is written only for the error: the simulator checks its cost model
+            // on every run, and `auto` runs it thousands of times per request.
+            if s.check("").is_err() {
+                s.check(&format!("stages[{i}]"))?;
+            }
         }
         self.link.check("transfer")?;
         check::Quantity::Share.check("overlap_share", self.overlap_share)?;
