@@ -381,6 +381,9 @@ pub const MAKESPAN_RUN: &str = "makespan-run:";
 /// One schedule's per-rank orders, tagged with its origin.
 type Tagged = (Vec<Vec<Action>>, &'static str);
 
+/// A scored schedule with its origin.
+type Origined = (Scored, &'static str);
+
 /// The constructive phase's schedules (per-rank orders and their origin, `None` where a
 /// construction gave none), in the order they are offered, and whether the budget skipped any.
 struct Built {
@@ -455,9 +458,24 @@ struct Shared {
     late: OnceLock<Vec<Tagged>>,
     /// The exact method's result (makespan runs; it depends on the constructive best only).
     exact: OnceLock<Option<exact::Exact>>,
+    /// Per objective (the makespan 0, the span 1), the schedules above scored: runs of one
+    /// objective score the same schedules (a span request's four runs, two per objective).
+    scored: [Scores; 2],
     /// Set when the request's own run proved its schedule optimal: the other runs' budgets then
     /// count as spent ([`improve::Work::take`]), since none can do better.
     proved: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The schedules [`Shared`] holds, scored by one objective.
+#[derive(Default)]
+struct Scores {
+    /// The constructive phase's, in its order (`None` where a construction gave none or the
+    /// schedule is over a budget).
+    built: OnceLock<Result<Vec<Option<Origined>>, AutoError>>,
+    /// The V-shape seeds' ([`ranked`]).
+    v_seeds: OnceLock<Result<Vec<Origined>, AutoError>>,
+    /// The late list rules' ([`ranked`]).
+    late: OnceLock<Result<Vec<Origined>, AutoError>>,
 }
 
 /// [`solve`] for one run, from the constructive phase's schedules and what the runs share; the
@@ -478,16 +496,19 @@ fn solve_from(
         let name = s.schedule.name.clone();
         offer(s, name);
     }
-    let scored = par::map_ordered(&built.orders, |b| match b {
-        Some((o, origin)) => {
-            score(inst, req.objective, schedule_of(inst, AUTO, o)).map(|s| s.map(|s| (s, *origin)))
-        }
-        None => Ok(None),
+    let scores = &shared.scored[usize::from(req.objective == Objective::Span)];
+    let scored = scores.built.get_or_init(|| {
+        par::map_ordered(&built.orders, |b| match b {
+            Some((o, origin)) => score(inst, req.objective, schedule_of(inst, AUTO, o))
+                .map(|s| s.map(|s| (s, *origin))),
+            None => Ok(None),
+        })
+        .into_iter()
+        .map(|r| r.map_err(AutoError::from))
+        .collect()
     });
-    for result in scored {
-        if let Some((s, origin)) = result? {
-            offer(s, origin.into());
-        }
+    for (s, origin) in scored.clone()?.into_iter().flatten() {
+        offer(s, origin.into());
     }
     let (skipped, one_build) = (built.skipped, built.one_build);
     let (mut best, origin) = found.value.take().ok_or_else(|| match skipped {
@@ -535,10 +556,14 @@ fn solve_from(
     // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
     // were: a seed better than every other starts an improvement run of its own.
     if !proven {
-        let seeds = tagged_nth(
-            inst,
-            req.objective,
-            shared.v_seeds.get_or_init(|| v_seeds(inst)),
+        let seeds = nth(
+            scores.v_seeds.get_or_init(|| {
+                ranked(
+                    inst,
+                    req.objective,
+                    shared.v_seeds.get_or_init(|| v_seeds(inst)),
+                )
+            }),
             0,
         )?;
         if let Some((v, name)) = seeds {
@@ -577,10 +602,14 @@ fn solve_from(
     // shorter, so every phase above gives what it gave.
     if !proven {
         let slack = if late_rank > 0 { LATE_SLACK } else { 0.0 };
-        let start = tagged_nth(
-            inst,
-            req.objective,
-            shared.late.get_or_init(|| late_rules(inst)),
+        let start = nth(
+            scores.late.get_or_init(|| {
+                ranked(
+                    inst,
+                    req.objective,
+                    shared.late.get_or_init(|| late_rules(inst)),
+                )
+            }),
             late_rank,
         )?;
         if let Some((mut seed, name)) = start {
@@ -687,18 +716,13 @@ fn late_rules(inst: &Instance) -> Vec<Tagged> {
         .collect()
 }
 
-/// The `nth` best of `candidates` by `objective` (0: the best; equal values count once, the first
-/// of them kept; the last where there are fewer) with its origin, among those the simulator keeps
-/// within the instance's budgets. Runs that start from different schedules end in different
-/// places: on P = 8, M = 32, 2:2:1 with transfers under twice 1F1B's memory the second best late
-/// list schedule (a span of 167.7, against 164.7 for the best) improves to 162.3, the best to
-/// 164.1.
-fn tagged_nth(
+/// `candidates` that the simulator keeps within the instance's budgets, scored by `objective`,
+/// best first; of equal values only the first is kept ([`nth`] counts distinct values).
+fn ranked(
     inst: &Instance,
     objective: Objective,
     candidates: &[Tagged],
-    nth: usize,
-) -> Result<Option<(Scored, &'static str)>, AutoError> {
+) -> Result<Vec<Origined>, AutoError> {
     let scored = par::map_ordered(candidates, |(orders, name)| {
         score(inst, objective, schedule_of(inst, AUTO, orders)).map(|s| s.map(|s| (s, *name)))
     });
@@ -711,8 +735,19 @@ fn tagged_nth(
     // Stable: the first of equal values stays first, and `dedup_by` keeps it.
     all.sort_by(|a, b| a.0.value.total_cmp(&b.0.value));
     all.dedup_by(|later, kept| later.0.value <= kept.0.value * (1.0 + 1e-9));
-    let i = nth.min(all.len().saturating_sub(1));
-    Ok((i < all.len()).then(|| all.swap_remove(i)))
+    Ok(all)
+}
+
+/// The `nth` of `ranked`'s schedules (0: the best; the last where there are fewer) with its
+/// origin. Runs that start from different schedules end in different places: on P = 8, M = 32,
+/// 2:2:1 with transfers under twice 1F1B's memory the second best late list schedule (a span of
+/// 167.7, against 164.7 for the best) improves to 162.3, the best to 164.1.
+fn nth(
+    ranked: &Result<Vec<Origined>, AutoError>,
+    nth: usize,
+) -> Result<Option<Origined>, AutoError> {
+    let all = ranked.as_ref().map_err(Clone::clone)?;
+    Ok(all.get(nth.min(all.len().saturating_sub(1))).cloned())
 }
 
 /// The improvement phase on `best` within `work`: randomised restarts, then local moves, seeded
