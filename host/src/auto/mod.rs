@@ -620,14 +620,12 @@ fn solve_from(
     // The V-shape seeds (module `vgreedy`) come after the phases above, which they leave as they
     // were: a seed better than every other starts an improvement run of its own.
     if !proven {
-        let seeds = nth(
-            scores.v_seeds.get_or_init(|| {
-                ranked(
-                    inst,
-                    req.objective,
-                    shared.v_seeds.get_or_init(|| v_seeds(inst)),
-                )
-            }),
+        let seeds = nth_of(
+            inst,
+            req.objective,
+            &scores.v_seeds,
+            &shared.v_seeds,
+            v_seeds,
             0,
         )?;
         if let Some((v, name)) = seeds {
@@ -666,14 +664,12 @@ fn solve_from(
     // shorter, so every phase above gives what it gave.
     if !proven {
         let slack = if late_rank > 0 { LATE_SLACK } else { 0.0 };
-        let start = nth(
-            scores.late.get_or_init(|| {
-                ranked(
-                    inst,
-                    req.objective,
-                    shared.late.get_or_init(|| late_rules(inst)),
-                )
-            }),
+        let start = nth_of(
+            inst,
+            req.objective,
+            &scores.late,
+            &shared.late,
+            late_rules,
             late_rank,
         )?;
         if let Some((mut seed, name)) = start {
@@ -800,6 +796,21 @@ fn ranked(
     all.sort_by(|a, b| a.0.value.total_cmp(&b.0.value));
     all.dedup_by(|later, kept| later.0.value <= kept.0.value * (1.0 + 1e-9));
     Ok(all)
+}
+
+/// The `rank`-th of the schedules `make` builds (once per request, kept in `schedules`) by
+/// `objective` ([`ranked`] once per objective, kept in `scored`; [`nth`]).
+fn nth_of(
+    inst: &Instance,
+    objective: Objective,
+    scored: &OnceLock<Result<Vec<Origined>, AutoError>>,
+    schedules: &OnceLock<Vec<Tagged>>,
+    make: fn(&Instance) -> Vec<Tagged>,
+    rank: usize,
+) -> Result<Option<Origined>, AutoError> {
+    let ranked =
+        scored.get_or_init(|| ranked(inst, objective, schedules.get_or_init(|| make(inst))));
+    nth(ranked, rank)
 }
 
 /// The `nth` of `ranked`'s schedules (0: the best; the last where there are fewer) with its
