@@ -27,7 +27,8 @@ pub struct AutoSteer {
     #[arg(long, value_name = "OBJECTIVE", default_value = "makespan", value_parser = parse_objective)]
     pub objective: Objective,
     /// auto: seconds of improvement after the constructive phase (counted as work, so the result
-    /// depends only on the inputs and --seed).
+    /// depends only on the inputs and --seed); more than the default is never worse than the
+    /// default.
     #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time_budget, allow_hyphen_values = true)]
     pub time_budget: f64,
     /// auto: stage placement, `looped` or `vshape` (V = 2).
