@@ -17,7 +17,7 @@ use super::critical;
 use super::instance::Instance;
 use super::list::{build, warmup_caps, Order, Rule, WMode};
 use super::rng::Rng;
-use super::score::{fits_budget, schedule_of, score, score_reordered, Scored};
+use super::score::{fits_budget, schedule_of, score_with, Checks, Scored};
 use super::Objective;
 
 /// Work units per second of budget (a simulated action and a scheduling step are one unit each;
@@ -118,26 +118,20 @@ fn reached(value: f64, target: f64) -> bool {
     value <= target * (1.0 + 1e-9)
 }
 
-/// Evaluates `schedule`, counting the work; `None` if it deadlocks or exceeds a budget. With
-/// `reordered`, `schedule` is a move's result (its lists reorder, each within its rank, those of a
-/// scored schedule) and the simulator skips the static checks ([`score_reordered`]).
+/// Evaluates `schedule` after `checks` ([`score_with`]: [`Checks::Reordered`] for a move's
+/// result), counting the work; `None` if it deadlocks or exceeds a budget.
 fn evaluate(
     inst: &Instance,
     objective: Objective,
     schedule: Schedule,
     work: &mut Work,
-    reordered: bool,
+    checks: Checks,
 ) -> Option<Scored> {
     work.evaluations += 1;
     if !fits_budget(inst, &schedule) {
         return None;
     }
-    match reordered {
-        true => score_reordered(inst, objective, schedule),
-        false => score(inst, objective, schedule),
-    }
-    .ok()
-    .flatten()
+    score_with(inst, objective, schedule, checks).ok().flatten()
 }
 
 /// A random rule: any priority, order and `W` policy, warm-up caps between one microbatch and the
@@ -186,7 +180,7 @@ pub(crate) fn restarts(
             objective,
             schedule_of(inst, "auto", &orders),
             work,
-            false,
+            Checks::Full,
         ) {
             if s.value < best.value {
                 *best = s;
@@ -260,7 +254,7 @@ pub(crate) fn climb(
         let Some(candidate) = candidate else {
             continue;
         };
-        if let Some(s) = evaluate(inst, objective, candidate, work, true) {
+        if let Some(s) = evaluate(inst, objective, candidate, work, Checks::Reordered) {
             if s.value <= best.value {
                 *best = s;
                 stale = true;

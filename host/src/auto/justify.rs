@@ -45,7 +45,7 @@ use crate::schedule::{Action, Item, Op, Schedule};
 
 use super::instance::Instance;
 use super::rng::Rng;
-use super::score::{schedule_of, score_reordered, Scored};
+use super::score::{schedule_of, score_with, Checks, Scored};
 use super::Objective;
 
 /// Slack when comparing times (sums of fractions).
@@ -491,8 +491,8 @@ pub(crate) fn climb(
             .map(|l| l.iter().map(|&a| inst.action(a)).collect())
             .collect();
         // Each rank's list is its own actions in a new order.
-        let Ok(Some(s)) = score_reordered(inst, objective, schedule_of(inst, &name, &orders))
-        else {
+        let schedule = schedule_of(inst, &name, &orders);
+        let Ok(Some(s)) = score_with(inst, objective, schedule, Checks::Reordered) else {
             continue;
         };
         if s.value <= best.value {

@@ -386,7 +386,7 @@ fn solve_once(req: &AutoRequest) -> Result<AutoSchedule, AutoError> {
             out.schedule.name = AUTO.to_string();
         }
     }
-    // The moves' results skip the static checks when scored ([`score::score_reordered`]); the
+    // The moves' results skip the static checks when scored ([`score::Checks::Reordered`]); the
     // schedule returned passes them here, so none that breaks them leaves the solver.
     crate::schedule::validate::check_static(&out.schedule)
         .map_err(|e| AutoError::Internal(format!("the schedule does not validate: {e}")))?;
@@ -533,9 +533,9 @@ struct Shared {
 /// The schedules [`Shared`] holds, scored by one objective.
 #[derive(Default)]
 struct Scores {
-    /// The constructive phase's, in its order (`None` where a construction gave none or the
-    /// schedule is over a budget).
-    built: OnceLock<Result<Vec<Option<Origined>>, AutoError>>,
+    /// The constructive phase's best (the first of equals in its order; `None` where none gave a
+    /// schedule within the budgets).
+    built: OnceLock<Result<Option<Origined>, AutoError>>,
     /// The V-shape seeds' ([`ranked`]).
     v_seeds: OnceLock<Result<Vec<Origined>, AutoError>>,
     /// The late list rules' ([`ranked`]).
@@ -561,17 +561,23 @@ fn solve_from(
         offer(s, name);
     }
     let scores = &shared.scored[usize::from(req.objective == Objective::Span)];
-    let scored = scores.built.get_or_init(|| {
-        par::map_ordered(&built.orders, |b| match b {
+    // Offered after the families, the constructions' first best is what offering each in turn
+    // would keep.
+    let built_best = scores.built.get_or_init(|| {
+        let scored = par::map_ordered(&built.orders, |b| match b {
             Some((o, origin)) => score(inst, req.objective, schedule_of(inst, AUTO, o))
                 .map(|s| s.map(|s| (s, *origin))),
             None => Ok(None),
-        })
-        .into_iter()
-        .map(|r| r.map_err(AutoError::from))
-        .collect()
+        });
+        let mut best = Best::default();
+        for result in scored {
+            if let Some((s, origin)) = result? {
+                best.offer(s, origin);
+            }
+        }
+        Ok(best.value)
     });
-    for (s, origin) in scored.clone()?.into_iter().flatten() {
+    if let Some((s, origin)) = built_best.clone()? {
         offer(s, origin.into());
     }
     let (skipped, one_build) = (built.skipped, built.one_build);

@@ -2,7 +2,8 @@
 //! its budget by the simulator's own memory accounting.
 
 use crate::schedule::{Action, Item, Schedule};
-use crate::sim::{simulate_unbounded, summarize_unbounded, Checks, SimError, SimOptions};
+pub(crate) use crate::sim::Checks;
+use crate::sim::{simulate_unbounded, summarize_unbounded, SimError, SimOptions};
 
 use super::instance::{Instance, MEMORY_EPS};
 use super::Objective;
@@ -75,22 +76,13 @@ pub(crate) fn score(
     objective: Objective,
     schedule: Schedule,
 ) -> Result<Option<Scored>, SimError> {
-    score_after(inst, objective, schedule, Checks::Full)
+    score_with(inst, objective, schedule, Checks::Full)
 }
 
-/// [`score`] for a move's result: `schedule` reorders, each within its rank, the lists of a
-/// schedule that was scored ([`Checks::Reordered`]: the simulator skips the static checks, which
-/// could find nothing the run does not).
-pub(crate) fn score_reordered(
-    inst: &Instance,
-    objective: Objective,
-    schedule: Schedule,
-) -> Result<Option<Scored>, SimError> {
-    score_after(inst, objective, schedule, Checks::Reordered)
-}
-
-/// [`score`] after the `checks` asked for.
-fn score_after(
+/// [`score`] after the `checks` asked for: [`Checks::Reordered`] for a move's result, whose lists
+/// reorder, each within its rank, those of a scored schedule (the simulator skips the static
+/// checks, which could find nothing the run does not).
+pub(crate) fn score_with(
     inst: &Instance,
     objective: Objective,
     schedule: Schedule,

@@ -194,7 +194,7 @@ impl LinkCost {
 
     /// Checks latency (`>= 0`) and bandwidth (`> 0`, infinity allowed), naming fields under `path`.
     pub fn check(&self, path: &str) -> Result<(), CostError> {
-        // The field's name is written only for the error (see [`CostModel::check`]).
+        // The field's name is written only for the error (as in [`StageCost::check`]).
         let (latency, bandwidth) = (check::Quantity::Seconds, check::Quantity::BytesPerSecond);
         if latency.problem(self.latency).is_some() {
             latency.check(&format!("{path}.latency"), self.latency)?;
@@ -398,7 +398,8 @@ impl StageCost {
             ),
         ];
         for (name, v, q) in values {
-            // The field's name is written only for the error (see [`CostModel::check`]).
+            // The field's name is written only for the error: the simulator checks its cost model
+            // on every run, and `auto` runs it thousands of times per request.
             if q.problem(v).is_some() {
                 q.check(&format!("{path}.{name}"), v)?;
             }
@@ -495,11 +496,7 @@ impl CostModel {
             ));
         }
         for (i, s) in self.stages.iter().enumerate() {
-            // The entry's name is written only for the error: the simulator checks its cost model
-            // on every run, and `auto` runs it thousands of times per request.
-            if s.check("").is_err() {
-                s.check(&format!("stages[{i}]"))?;
-            }
+            s.check(&format!("stages[{i}]"))?;
         }
         self.link.check("transfer")?;
         check::Quantity::Share.check("overlap_share", self.overlap_share)?;
