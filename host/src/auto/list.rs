@@ -147,10 +147,10 @@ impl Rule {
     }
 
     /// Safe-admission rules (a banker's check) for V-shape under a limit of `n` stage-microbatches
-    /// per rank: each rank takes in `n/2`, `5n/8`, `3n/4`, `7n/8` or `n - 1` microbatches before its
-    /// first backward, or the first rank `n - 1` and each later one fewer, down to `n/4` or `3n/8`
-    /// fewer at the last (from 1F1B's memory up `3n/4` alone), the deepest stage or the oldest
-    /// microbatch first, backward or forward first, `W`s eagerly or where they fit a gap (up to 56
+    /// per rank: each rank takes in `3n/4`, `7n/8` or `n - 1` microbatches before its first
+    /// backward, or the first rank `n - 1` and each later one fewer, down to `n/4` or `3n/8` fewer
+    /// at the last (from 1F1B's memory up `3n/4` alone), the deepest stage or the oldest
+    /// microbatch first, backward or forward first, `W`s eagerly or where they fit a gap (up to 40
     /// rules). None where an `I` rebuilds activations (recomputation): the check assumes that `I`
     /// allocates nothing.
     pub(crate) fn safe(inst: &Instance) -> Vec<Rule> {
@@ -161,13 +161,12 @@ impl Rule {
         // slots, the fill depth moves the schedule by up to 4 %), the same on every rank or falling
         // with the rank: a later rank's first chunk comes back sooner, so it needs fewer
         // microbatches in flight to stay busy, and each slot it leaves free serves the second
-        // chunk, whose forwards the first rank waits for (at P = 16, M = 64, V-Half, the falling
-        // caps build schedules up to 10 % shorter than any uniform cap); from there, where the
-        // check rarely binds, `3n/4` alone (each rule is a list build).
+        // chunk, whose forwards the first rank waits for (at P = 16, M = 32, V-Half, the falling
+        // caps build schedules up to 10 % shorter than any uniform cap; with them, uniform caps
+        // of `n/2` and `5n/8` no longer win a row); from there, where the check rarely binds,
+        // `3n/4` alone (each rule is a list build).
         let shares: &[(f64, f64)] = if slots(inst) < 2.0 * inst.p as f64 {
             &[
-                (0.5, 0.0),
-                (0.625, 0.0),
                 (0.75, 0.0),
                 (0.875, 0.0),
                 (1.0, 0.0),
@@ -775,7 +774,7 @@ mod tests {
     fn caps_falling_with_the_rank_fill_v_half_better() {
         let inst = instance(16, 32, [2.0, 2.0, 1.0], 0.2, false, 8.0);
         let rules = Rule::safe(&inst);
-        assert_eq!(rules.len(), 56);
+        assert_eq!(rules.len(), 40);
         let (mut uniform, mut falling) = (f64::INFINITY, f64::INFINITY);
         for rule in &rules {
             let orders = build(&inst, rule).expect("builds");

@@ -44,9 +44,9 @@
 //! 8. **late list rules**, when nothing proved the result optimal (module `list`): on V-shape
 //!    under a limit, list scheduling under a banker's check on memory (origin `safe-list`: a
 //!    forward is admitted when the microbatches in flight can still finish one after another in
-//!    the order they entered; each rank takes in `n/2`, `5n/8`, `3n/4`, `7n/8` or `n - 1` of its
-//!    `n` slots before its first backward, or the first rank `n - 1` and the later ranks fewer,
-//!    linearly down to `n/4` or `3n/8` fewer at the last); wherever a rank holds two or more stages, the waiting
+//!    the order they entered; each rank takes in `3n/4`, `7n/8` or `n - 1` of its `n` slots
+//!    before its first backward, or the first rank `n - 1` and the later ranks fewer, linearly
+//!    down to `n/4` or `3n/8` fewer at the last); wherever a rank holds two or more stages, the waiting
 //!    rules (origin `wait-list`: a rank about to start an action waits instead for the deeper
 //!    chunk's forward of one of the first 1, 2, 4 or `2P` microbatches when it arrives before that
 //!    action would end, so the way back that the first rank's span waits on is not held up at
