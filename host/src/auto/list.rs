@@ -154,7 +154,7 @@ impl Rule {
     /// rules). None where an `I` rebuilds activations (recomputation): the check assumes that `I`
     /// allocates nothing.
     pub(crate) fn safe(inst: &Instance) -> Vec<Rule> {
-        if (0..inst.s).any(|x| inst.room(1, x) > 0.0) {
+        if safe_slots(inst).is_none() {
             return Vec::new();
         }
         // Below 1F1B's memory (`2P` slots) caps in eighths of the slots (at P = 16, V-Half's 16
@@ -229,24 +229,12 @@ impl Rule {
     /// and a positive `drop` leaves the later ranks, whose first chunk's round trip is shorter,
     /// more room for the second chunk. None elsewhere.
     fn admitting(inst: &Instance, admission: Admission, shapes: &[(f64, f64)]) -> Vec<Rule> {
-        if inst.v != 2 || inst.placement != crate::schedule::Placement::Vshape {
+        let Some(n) = vshape_slots(inst) else {
             return Vec::new();
-        }
-        let n = slots(inst);
-        if !n.is_finite() || n >= 2.0 * inst.m as f64 || n < 2.0 {
-            return Vec::new();
-        }
-        let last = inst.p.saturating_sub(1).max(1) as f64;
+        };
         let mut caps: Vec<Vec<f64>> = Vec::new();
         for &(share, drop) in shapes {
-            let top = if share >= 1.0 {
-                n - 1.0
-            } else {
-                (share * n).floor()
-            };
-            let soft: Vec<f64> = (0..inst.p)
-                .map(|r| (top - drop * n * r as f64 / last).round().max(1.0))
-                .collect();
+            let soft = shaped_caps(inst.p, n, share, drop);
             if !caps.contains(&soft) {
                 caps.push(soft);
             }
@@ -262,6 +250,40 @@ impl Rule {
         }
         rules
     }
+}
+
+/// The slots `n` of [`slots`] where the V-shape rules with warm-up shapes apply: V-shape, `V = 2`,
+/// a limit that binds (`2 <= n < 2M`); `None` elsewhere.
+fn vshape_slots(inst: &Instance) -> Option<f64> {
+    if inst.v != 2 || inst.placement != crate::schedule::Placement::Vshape {
+        return None;
+    }
+    let n = slots(inst);
+    (n.is_finite() && n < 2.0 * inst.m as f64 && n >= 2.0).then_some(n)
+}
+
+/// [`vshape_slots`] where safe admission applies too: no `I` rebuilds activations (the banker's
+/// check assumes that `I` allocates nothing).
+fn safe_slots(inst: &Instance) -> Option<f64> {
+    if (0..inst.s).any(|x| inst.room(1, x) > 0.0) {
+        return None;
+    }
+    vshape_slots(inst)
+}
+
+/// Warm-up caps of shape `(share, drop)` on `p` ranks of `n` slots: rank `r` takes in at most
+/// `share * n - drop * n * r / (p - 1)` microbatches before its first backward (`share` `1.0`:
+/// from `n - 1`), rounded, at least 1.
+fn shaped_caps(p: usize, n: f64, share: f64, drop: f64) -> Vec<f64> {
+    let top = if share >= 1.0 {
+        n - 1.0
+    } else {
+        (share * n).floor()
+    };
+    let last = p.saturating_sub(1).max(1) as f64;
+    (0..p)
+        .map(|r| (top - drop * n * r as f64 / last).round().max(1.0))
+        .collect()
 }
 
 /// The stage-microbatches every rank can hold on V-shape (`V = 2`): twice the least number of
