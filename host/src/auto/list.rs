@@ -264,7 +264,7 @@ fn vshape_slots(inst: &Instance) -> Option<f64> {
 
 /// [`vshape_slots`] where safe admission applies too: no `I` rebuilds activations (the banker's
 /// check assumes that `I` allocates nothing).
-fn safe_slots(inst: &Instance) -> Option<f64> {
+pub(crate) fn safe_slots(inst: &Instance) -> Option<f64> {
     if (0..inst.s).any(|x| inst.room(1, x) > 0.0) {
         return None;
     }
