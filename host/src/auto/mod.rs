@@ -808,22 +808,18 @@ fn late_rules(inst: &Instance, seconds: f64) -> Vec<Tagged> {
 /// The origin of [`tuned`]'s schedule.
 const TUNED: &str = "safe-list-tuned";
 
-/// The share of the time budget that [`tuned`] may spend on its builds (at the default budget a
-/// round is affordable up to P = 16, M = 64; half of it stopped at M = 32, and 4 V-Half rows at
-/// M = 64 were 0.4-0.7 % longer).
-const TUNE_SHARE: f64 = 1.0;
-
 /// The most rounds of [`tuned`].
 const TUNE_ROUNDS: usize = 4;
 
 /// Steepest descent on the warm-up caps of the best of the safe-admission rules `rules` (whose
 /// schedules are `built`), by makespan: each round builds the `2P` rules with one rank's cap one
 /// higher or lower and moves to the best when it is shorter, for at most [`TUNE_ROUNDS`] rounds and
-/// what [`TUNE_SHARE`] of `seconds` affords (none where it affords no round: the descent never
-/// runs at P = 16, M = 128 at the default budget). The shapes of [`Rule::safe`] are lines across the
-/// ranks; a rank's own step can fit the costs better (at P = 8, M = 32, 2:2:1 with transfers at
-/// V-Half's limit the best line builds 227.1, the tuned caps 218.0). Origin `safe-list-tuned`;
-/// `None` when nothing shorter was found.
+/// what `seconds` affords (at the default budget a round is affordable up to P = 16, M = 64, none
+/// at P = 16, M = 128; half the budget stopped at M = 32, and 4 V-Half rows at M = 64 were
+/// 0.4-0.7 % longer). The shapes of [`Rule::safe`] are lines across the ranks; a rank's own step
+/// can fit the costs better (at P = 8, M = 32, 2:2:1 with transfers at V-Half's limit the best line
+/// builds 227.1, the tuned caps 218.0). Origin `safe-list-tuned`; `None` when nothing shorter was
+/// found.
 fn tuned(
     inst: &Instance,
     rules: &[Rule],
@@ -838,7 +834,7 @@ fn tuned(
             .map(|s| s.value)
     };
     let one = improve::build_work(inst) + inst.actions() as f64;
-    let mut afford = (TUNE_SHARE * seconds * improve::WORK_PER_SECOND / one).floor() as usize;
+    let mut afford = (seconds * improve::WORK_PER_SECOND / one).floor() as usize;
     let (mut rule, mut orders, mut value) = rules
         .iter()
         .zip(built)
@@ -846,13 +842,7 @@ fn tuned(
             let (o, _) = b.as_ref()?;
             Some((r.clone(), o.clone(), makespan(o)?))
         })
-        .fold(
-            None,
-            |acc: Option<(Rule, Vec<Vec<Action>>, f64)>, x| match acc {
-                Some(a) if a.2 <= x.2 => Some(a),
-                _ => Some(x),
-            },
-        )?;
+        .min_by(|a, b| a.2.total_cmp(&b.2))?;
     let start = value;
     for _ in 0..TUNE_ROUNDS {
         let mut next = Vec::new();
@@ -879,13 +869,7 @@ fn tuned(
             .into_iter()
             .zip(tried)
             .filter_map(|(r, t)| t.map(|(v, o)| (r, o, v)))
-            .fold(
-                None,
-                |acc: Option<(Rule, Vec<Vec<Action>>, f64)>, x| match acc {
-                    Some(a) if a.2 <= x.2 => Some(a),
-                    _ => Some(x),
-                },
-            );
+            .min_by(|a, b| a.2.total_cmp(&b.2));
         match best {
             Some((r, o, v)) if v < value * (1.0 - 1e-9) => {
                 rule = r;
