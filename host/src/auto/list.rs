@@ -657,6 +657,12 @@ impl Builder<'_> {
         let t = inst.dur[x][op];
         self.end[c.id] = c.start + t;
         self.free[r] = c.start + t;
+        // Whether this `W` was the last of the oldest microbatch in flight (see `forget`).
+        let oldest_moved = op == 2 && {
+            let k = self.next[x][2];
+            self.next.iter().all(|n| n[2] >= k)
+                && self.next.iter().filter(|n| n[2] == k).count() == 1
+        };
         self.next[x][op] += 1;
         if op == 0 && x == 0 {
             for q in 0..inst.p {
@@ -671,7 +677,7 @@ impl Builder<'_> {
         }
         self.orders[r].push(a);
         self.versions[r] += 1;
-        self.forget(r, op, x);
+        self.forget(r, op, x, oldest_moved);
     }
 
     /// Drops the kept choices that placing `op` of stage `x` on rank `r` can change: rank `r`'s
@@ -679,7 +685,7 @@ impl Builder<'_> {
     /// 0's under [`Admission::Reserved`] (its forward looks at every rank's memory and
     /// reservations), and every rank's under [`Admission::Safe`] when the oldest microbatch in
     /// flight or the newest to enter can change (a `W`, or a forward of stage 0).
-    fn forget(&mut self, r: usize, op: usize, x: usize) {
+    fn forget(&mut self, r: usize, op: usize, x: usize, oldest_moved: bool) {
         let inst = self.inst;
         self.choices[r] = None;
         match op {
@@ -689,7 +695,11 @@ impl Builder<'_> {
         }
         match self.rule.admission {
             Admission::Reserved => self.choices[inst.rank_of[0]] = None,
-            Admission::Safe if op == 2 || (op == 0 && x == 0) => self.choices.fill(None),
+            // A rank's banker's check reads its own stages, the newest microbatch to enter and
+            // the oldest in flight anywhere; a `W` moves the oldest only when it was its last.
+            Admission::Safe if (op == 0 && x == 0) || (op == 2 && oldest_moved) => {
+                self.choices.fill(None)
+            }
             _ => {}
         }
     }

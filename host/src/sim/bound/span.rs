@@ -153,10 +153,50 @@ pub(super) fn span_bound_with(
     }
     let groups = Groups::new(ranks, placement, costs, &chain, overlap);
     let chunks = costs.stages.len() as f64 / ranks as f64;
+    let first = placement.rank_of(0, ranks);
+    // Section 13 (the ranks' own problems to the end of the first rank; on V-shape the tip rank's,
+    // as in `limited`) on a thread of its own beside the other sections.
+    let own_limits = max_in_flight.filter(|_| !until_input && terms.flow && !overlap);
+    let bound = std::thread::scope(|scope| {
+        let own = own_limits.map(|limits| {
+            scope.spawn(|| {
+                let others = (0..ranks).filter(|&r| r != first);
+                let terms = others.filter_map(|r| {
+                    let slots = Slots::new(limits[r], chunks, None);
+                    super::own_term(&chain, &groups, r, microbatches, slots)
+                });
+                terms.map(|o| o.first_span).fold(0.0, f64::max)
+            })
+        });
+        let own = || {
+            own.map_or(0.0, |h| {
+                h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+            })
+        };
+        other_sections(
+            (ranks, microbatches, placement, overlap),
+            (&chain, &groups, chunks),
+            (max_in_flight, terms),
+            own,
+        )
+    });
+    Ok(bound)
+}
+
+/// [`span_bound_with`]'s sections, section 13's value from `own` (taken before section 8, whose
+/// search stops at the bound known by then).
+fn other_sections(
+    (ranks, microbatches, placement, overlap): (usize, usize, Placement, bool),
+    (chain, groups, chunks): (&Chain, &Groups, f64),
+    (max_in_flight, terms): (Option<&[f64]>, Terms),
+    own: impl FnOnce() -> f64,
+) -> f64 {
+    let after_input = terms.after_input;
+    let until_input = after_input.is_some();
     let m = microbatches as f64;
     let mut bound = 0.0f64;
     for r in 0..ranks {
-        let rank = RankJobs::new(r, &chain, &groups);
+        let rank = RankJobs::new(r, chain, groups);
         let work: f64 = rank
             .mine
             .iter()
@@ -171,41 +211,36 @@ pub(super) fn span_bound_with(
         );
         bound = bound
             .max(work)
-            .max(rank.span_term(&groups, r, microbatches, slots));
+            .max(rank.span_term(groups, r, microbatches, slots));
     }
     if let Some(limits) = max_in_flight.filter(|_| !until_input) {
         // Section 12: every other rank's memory term, up to the end of the first rank's last action.
         let first = placement.rank_of(0, ranks);
         for r in (0..ranks).filter(|&r| terms.flow && r != first) {
-            let rank = RankJobs::new(r, &chain, &groups);
+            let rank = RankJobs::new(r, chain, groups);
             let slots = Slots::new(limits[r], chunks, None);
-            bound = bound.max(rank.memory_term_for_first(&groups, (r, first), microbatches, slots));
-            // Section 13: the rank's own problem, to the end of the first rank.
-            if !overlap {
-                if let Some(o) = super::own_term(&chain, &groups, r, microbatches, slots) {
-                    bound = bound.max(o.first_span);
-                }
-            }
+            bound = bound.max(rank.memory_term_for_first(groups, (r, first), microbatches, slots));
         }
         // Section 14: the tip rank with a second rank, to the end of the first rank.
         if terms.flow && !overlap {
-            if let Some(o) = super::pair_term(&chain, &groups, microbatches, limits, chunks) {
+            if let Some(o) = super::pair_term(chain, groups, microbatches, limits, chunks) {
                 bound = bound.max(o.first_span);
             }
         }
         // Section 9 for the rank that holds stage 0 (its term counts from that rank's first action).
-        if let Some(nest) = Nest::new(&chain, &groups, limits, chunks, microbatches) {
+        if let Some(nest) = Nest::new(chain, groups, limits, chunks, microbatches) {
             bound = bound.max(nest.term(first, |s| groups.forward_work(s)));
         }
         // Section 10 for the same rank.
         let section = terms
             .flow
-            .then(|| super::flow::flow(&chain, &groups, limits, chunks, microbatches, overlap))
+            .then(|| super::flow::flow(chain, groups, limits, chunks, microbatches, overlap))
             .flatten();
         if let Some(f) = section {
             bound = bound.max(f.first_span);
         }
     }
+    bound = bound.max(own());
     // Per rank and machine: its groups' staircases against every rank's groups, then a
     // one-machine problem; each pair of ranks runs up to 2 REFINEMENTS + FIRST_SPLITS + 1 more.
     let (p, per_rank) = (ranks as f64, groups.per_rank() as f64);
@@ -223,11 +258,11 @@ pub(super) fn span_bound_with(
     if terms.others && p * p * jobs * 100.0 <= RANKS_WORK {
         for q in 0..ranks {
             for r in (0..ranks).filter(|&r| r != q) {
-                bound = bound.max(pair_term(&groups, q, r, microbatches, bound));
+                bound = bound.max(pair_term(groups, q, r, microbatches, bound));
             }
         }
     }
-    Ok(bound)
+    bound
 }
 
 impl RankJobs<'_> {
