@@ -91,7 +91,7 @@ fn run(inst: &Instance, flags: Flags) -> Option<Greedy<'_>> {
         free: vec![0.0; p],
         mem: vec![0.0; p],
         bubble: vec![0.0; p],
-        orders: vec![Vec::with_capacity(3 * inst.m); p],
+        orders: (0..p).map(|_| Vec::with_capacity(3 * inst.m)).collect(),
     };
     g.first_wave()?;
     for i in 1..inst.m {

@@ -367,7 +367,9 @@ fn build_with(inst: &Instance, rule: &Rule, keep: bool) -> Option<Vec<Vec<Action
         mem: vec![0.0; inst.p],
         pending: vec![0.0; inst.p],
         open: vec![0.0; inst.p],
-        orders: vec![Vec::with_capacity(3 * inst.v * inst.m); inst.p],
+        orders: (0..inst.p)
+            .map(|_| Vec::with_capacity(3 * inst.v * inst.m))
+            .collect(),
         relax: false,
         versions: vec![0; inst.p],
         margins: RefCell::new(

@@ -3,7 +3,7 @@
 
 use crate::schedule::{Action, Item, Schedule};
 pub(crate) use crate::sim::Checks;
-use crate::sim::{simulate_unbounded, summarize_unbounded, SimError, SimOptions};
+use crate::sim::{summarize_unbounded, summarize_with_spans, SimError};
 
 use super::instance::{Instance, MEMORY_EPS};
 use super::Objective;
@@ -94,21 +94,14 @@ pub(crate) fn score_with(
             (s.makespan, s.makespan, s.peak_activations, None)
         }
         Objective::Span => {
-            let sim = simulate_unbounded(&schedule, &inst.scoring, SimOptions::SPANS, checks)?;
+            let (s, spans) = summarize_with_spans(&schedule, &inst.scoring, checks)?;
             let (mut span, mut worst) = (0.0, 0);
-            for (r, lane) in sim.timeline.spans.iter().enumerate() {
-                if let (Some(a), Some(b)) = (lane.first(), lane.last()) {
-                    if b.end - a.start > span {
-                        (span, worst) = (b.end - a.start, r);
-                    }
+            for (r, &rank_span) in spans.iter().enumerate() {
+                if rank_span > span {
+                    (span, worst) = (rank_span, r);
                 }
             }
-            (
-                span,
-                sim.timeline.makespan(),
-                sim.peak_activations,
-                Some(worst),
-            )
+            (span, s.makespan, s.peak_activations, Some(worst))
         }
     };
     Ok(within_budget(inst, &peak).then_some(Scored {

@@ -315,7 +315,7 @@ fn run(
         mem: vec![0.0; p],
         bubble: vec![0.0; p],
         pending_w: vec![VecDeque::new(); p],
-        orders: vec![Vec::with_capacity(6 * inst.m); p],
+        orders: (0..p).map(|_| Vec::with_capacity(6 * inst.m)).collect(),
     };
     g.warm_up()?;
     g.steady()?;

@@ -130,7 +130,7 @@ pub(crate) fn build(
         done: vec![0; p],
         pending_w: vec![VecDeque::new(); p],
         started_i: vec![false; p],
-        orders: vec![Vec::with_capacity(6 * inst.m); p],
+        orders: (0..p).map(|_| Vec::with_capacity(6 * inst.m)).collect(),
     };
     let per_rank = 6 * inst.m;
     let min_dur = inst

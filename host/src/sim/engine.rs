@@ -150,6 +150,8 @@ pub(super) struct Engine<'a> {
     pub free_at: Vec<f64>,
     /// Busy time per rank.
     pub busy: Vec<f64>,
+    /// Per rank, when its first item started (0 until it has).
+    pub first_start: Vec<f64>,
     /// What is recorded into the timeline (nothing for `summarize`).
     record: Record,
     pub memory: InFlight,
@@ -189,6 +191,9 @@ impl Walk for Engine<'_> {
             let dur = self.duration(&item);
             let start = ready_at.max(free);
             let end = start + dur;
+            if pos == 0 {
+                self.first_start[r] = start;
+            }
             free = end;
             busy += dur;
             for a in item.actions() {
@@ -268,6 +273,7 @@ impl<'a> Engine<'a> {
             },
             free_at: vec![0.0; p],
             busy: vec![0.0; p],
+            first_start: vec![0.0; p],
             record,
             memory: InFlight::new(p),
             overlapped: false,

@@ -268,18 +268,6 @@ pub fn simulate_with(
     Ok(sim)
 }
 
-/// [`simulate_with`] on one device per rank without the lower bound (`lower_bound` is 0), as
-/// [`summarize_unbounded`], after the `checks` asked for.
-pub(crate) fn simulate_unbounded(
-    schedule: &Schedule,
-    costs: &CostModel,
-    options: SimOptions,
-    checks: Checks,
-) -> Result<Simulation, SimError> {
-    let lowered = checks.run(schedule, costs)?;
-    simulate_per_rank(schedule, costs, lowered, options, Vec::new())
-}
-
 /// How much of the validator a crate-internal run does before it simulates.
 ///
 /// The automatic scheduler simulates thousands of candidates per request, most of them its own
@@ -466,6 +454,16 @@ pub(crate) fn summarize_unbounded(
     costs: &CostModel,
     checks: Checks,
 ) -> Result<Summary, SimError> {
+    summarize_with_spans(schedule, costs, checks).map(|(summary, _)| summary)
+}
+
+/// [`summarize_unbounded`] with each rank's span, from its first item's start to its last item's
+/// end (0 for a rank without items): what the span objective reads, without recording a timeline.
+pub(crate) fn summarize_with_spans(
+    schedule: &Schedule,
+    costs: &CostModel,
+    checks: Checks,
+) -> Result<(Summary, Vec<f64>), SimError> {
     let lowered = checks.run(schedule, costs)?;
     let record = engine::Record {
         spans: false,
@@ -473,12 +471,17 @@ pub(crate) fn summarize_unbounded(
     };
     let mut engine = Engine::new(schedule, costs, lowered, record);
     engine.run()?;
-    Ok(Summary {
+    let spans = (engine.free_at.iter().zip(&engine.first_start))
+        .zip(&schedule.actions)
+        .map(|((&end, &start), list)| if list.is_empty() { 0.0 } else { end - start })
+        .collect();
+    let summary = Summary {
         makespan: engine.free_at.iter().copied().fold(0.0, f64::max),
         lower_bound: 0.0,
         busy: engine.busy,
         peak_activations: engine.memory.into_peak(),
-    })
+    };
+    Ok((summary, spans))
 }
 
 /// Refuses schedules that do not validate (steps 1 to 3 of the validator; the run finds deadlocks)
@@ -543,10 +546,19 @@ mod tests {
             assert_eq!(full.makespan, reordered.makespan, "{name}");
             assert_eq!(full.busy, reordered.busy, "{name}");
             assert_eq!(full.peak_activations, reordered.peak_activations, "{name}");
-            let options = SimOptions::SPANS;
-            let full = simulate_unbounded(&s, &costs(), options, Checks::Full).unwrap();
-            let reordered = simulate_unbounded(&s, &costs(), options, Checks::Reordered).unwrap();
-            assert_eq!(full.timeline.spans, reordered.timeline.spans, "{name}");
+            let (_, full) = summarize_with_spans(&s, &costs(), Checks::Full).unwrap();
+            let (_, reordered) = summarize_with_spans(&s, &costs(), Checks::Reordered).unwrap();
+            assert_eq!(full, reordered, "{name}");
+            // Each rank's span is its recorded lane's, first start to last end.
+            let sim = simulate_with(&s, &costs(), SimOptions::SPANS).unwrap();
+            let lanes: Vec<f64> = (sim.timeline.spans.iter())
+                .map(|lane| match (lane.first(), lane.last()) {
+                    (Some(a), Some(b)) => b.end - a.start,
+                    _ => 0.0,
+                })
+                .collect();
+            assert_eq!(full, lanes, "{name}");
+            assert!(full.iter().all(|&x| x > 0.0), "{name}");
         }
     }
 

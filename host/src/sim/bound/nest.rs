@@ -152,7 +152,7 @@ fn heads(chain: &Chain, pairs: &[Pair], m: usize) -> Option<Vec<Vec<f64>>> {
         pair_of[p.s0] = (r, false);
         pair_of[p.s1] = (r, true);
     }
-    let mut phi: Vec<Vec<f64>> = vec![Vec::with_capacity(m); count];
+    let mut phi: Vec<Vec<f64>> = (0..count).map(|_| Vec::with_capacity(m)).collect();
     for j in 0..m {
         for s in 0..count {
             let (r, upper) = pair_of[s];
