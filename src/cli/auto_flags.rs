@@ -26,8 +26,10 @@ pub struct AutoSteer {
     /// zero-bubble papers' objective).
     #[arg(long, value_name = "OBJECTIVE", default_value = "makespan", value_parser = parse_objective)]
     pub objective: Objective,
-    /// auto: seconds of improvement after the constructive phase (counted as work, so the result
-    /// depends only on the inputs and --seed); more than the default is never worse than the
+    /// auto: seconds of improvement after the constructive phase, given to each improvement phase
+    /// of each run (2 runs for the makespan, 4 for the span, side by side), so a request's wall time
+    /// is a few times it (0.3 s: 0.6-1.2 s on two cores; 1 s: 2.5-4.5 s); counted as work, so the
+    /// result depends only on the inputs and --seed; more than the default is never worse than the
     /// default.
     #[arg(long = "time-budget", value_name = "SECONDS", default_value_t = DEFAULT_TIME_BUDGET, value_parser = parse_time_budget, allow_hyphen_values = true)]
     pub time_budget: f64,

@@ -90,7 +90,9 @@ pub struct AutoRequest {
     /// What to minimise.
     pub objective: Objective,
     /// Seconds of improvement after the constructive phase (counted as a fixed amount of work per
-    /// second, so the result depends only on the request and the seed, never on the machine's load).
+    /// second, so the result depends only on the request and the seed, never on the machine's load),
+    /// given to each improvement phase of each of [`solve`](super::solve)'s runs: a request takes a
+    /// few times this in wall time (at the default, 0.6-1.2 s on two cores).
     pub time_budget: f64,
     /// Seed of the randomised improvement moves.
     pub seed: u64,
