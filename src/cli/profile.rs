@@ -353,8 +353,9 @@ fn one_layer_stages(
 
 /// Each layer's selective part after the first ([`LayerCost::selective_bytes`],
 /// [`LayerCost::selective_time`]): the layer and the one before as one stage on `rows` rows, its
-/// stash shrunk ([`Stage::shrink`]: the bytes it drops) and rebuilt ([`Stage::rebuild`]: the
-/// median time over `options.repeats`, after `options.warmup`).
+/// stash shrunk ([`Stage::shrink`](pipefill_host::runtime::Stage::shrink): the bytes it drops)
+/// and rebuilt ([`Stage::rebuild`](pipefill_host::runtime::Stage::rebuild): the median time over
+/// `options.repeats`, after `options.warmup`).
 fn profile_selective(
     costs: &mut [LayerCost],
     stages: Vec<(String, LinearStage, f64)>,

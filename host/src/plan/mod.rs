@@ -35,7 +35,7 @@
 //!
 //! ## Choosing among near-equal plans
 //!
-//! [`choose`] picks the plan to run. The fastest predicted plan wins unless others are predicted
+//! [`choose`](fn@choose) picks the plan to run. The fastest predicted plan wins unless others are predicted
 //! within the profile's measured spread of it ([`relative_spread`], recorded in a cost file's
 //! `meta.spread`; the window is kept within [`MIN_TIE`] and [`MAX_TIE`] by [`tie_window`]):
 //! predictions that close swap from one profile to the next, so the first by step time would change

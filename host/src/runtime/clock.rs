@@ -3,7 +3,7 @@
 //! the rank and the action.
 //!
 //! Beside the wall clock, a layer call reads the thread's CPU clock
-//! ([`thread_cpu_seconds`](crate::cpu_time::thread_cpu_seconds)) before and after: the wall time
+//! ([`thread_cpu_seconds`]) before and after: the wall time
 //! it took beyond its CPU time is time the thread was descheduled (ready, not running). That clock
 //! is a system call (0.2-3 us a read, most in virtual machines), so calls are read only while the
 //! rank's calls are long ([`CPU_CLOCK_FROM`]): microsecond layers are not slowed, and their rare

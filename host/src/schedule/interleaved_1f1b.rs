@@ -18,7 +18,7 @@
 //! (checked exhaustively for `P <= 16`, `V <= 4`, `M <= 64`, `G <= 20` while writing this, and by the
 //! property tests), and the generator returns it directly. Otherwise some orders still run (with
 //! dependency bubbles, which the simulator shows) and some deadlock: the generator then runs the
-//! dependency dry run of [`validate`](super::validate::validate), returns the order if it completes,
+//! dependency dry run of [`validate`], returns the order if it completes,
 //! and refuses it if it deadlocks, naming the group sizes that work.
 
 use super::families::Family;

@@ -1,6 +1,6 @@
 //! The simulator's run: ranks advance through their lists as their inputs arrive.
 //!
-//! What an action needs and hands on is read from [`deps`](crate::schedule::deps). A compute-only
+//! What an action needs and hands on is read from [`deps`]. A compute-only
 //! schedule is simulated as its [lowering](crate::schedule::lower) would run, without building it: an
 //! input from another rank arrives `latency + bytes / bandwidth` after its producer ended. A schedule
 //! that carries its transfers is run as PyTorch's `_PipelineScheduleRuntime` runs it: a send is

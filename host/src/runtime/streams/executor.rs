@@ -23,7 +23,7 @@ mod graph;
 
 /// Runs training steps of a [`Schedule`] over stages whose work a [`Device`] runs on streams.
 ///
-/// Built once per schedule: the [`StreamProgram`] is built and [`check`]ed, the device makes the
+/// Built once per schedule: the [`StreamProgram`] is built and [`check`](fn@check)ed, the device makes the
 /// streams. Each [`step`](StreamExecutor::step) then enqueues the whole step from the calling thread
 /// (stage calls, records, waits and timing marks), synchronises once and returns the same
 /// [`StepReport`] as the threaded [`Executor`](crate::runtime::Executor), with the timeline measured
@@ -74,7 +74,7 @@ pub struct StreamExecutor<D: Device, S: StreamStage<D::Stream, D::Payload>> {
 
 impl<D: Device, S: StreamStage<D::Stream, D::Payload>> StreamExecutor<D, S> {
     /// An executor for `schedule` over `stages` (global order) on `device`. Refuses a schedule that
-    /// does not validate, a stage count that does not fit, and a program [`check`] refuses.
+    /// does not validate, a stage count that does not fit, and a program [`check`](fn@check) refuses.
     pub fn new(schedule: Schedule, stages: Vec<S>, mut device: D) -> Result<Self, RuntimeError> {
         crate::runtime::check::check_run(&schedule, stages.len())?;
         let program = StreamProgram::build(&schedule).map_err(RuntimeError::Streams)?;

@@ -10,7 +10,7 @@
 //!    producer whose data crosses ranks (the lowered `SEND`), `Wait` on it on the consumer's stream
 //!    (the lowered `RECV`). Overlapped F/B pairs use a second stream per rank, forked and joined by
 //!    events.
-//! 2. [`check`] verifies statically that every wait follows its record and that every action is
+//! 2. [`check`](fn@check) verifies statically that every wait follows its record and that every action is
 //!    ordered after what it needs (vector clocks over streams and events).
 //! 3. [`StreamExecutor`] walks the ops once per step on the calling thread, calling the
 //!    [`StreamStage`] methods with the [`Device::Stream`] each runs on (they only enqueue there, on a
@@ -61,7 +61,7 @@ use thiserror::Error;
 
 use crate::schedule::Action;
 
-/// A stream program that cannot be built or that [`check`] refuses.
+/// A stream program that cannot be built or that [`check`](fn@check) refuses.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum StreamError {

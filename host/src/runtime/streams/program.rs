@@ -77,7 +77,7 @@ pub enum StreamOp {
 /// wait comes after its record: one host thread can enqueue the whole step (as CUDA graph capture
 /// needs), and the device orders the work.
 ///
-/// [`check`](super::check) verifies these properties for any program, so a program edited by hand or
+/// [`check`](fn@super::check) verifies these properties for any program, so a program edited by hand or
 /// produced by another pass is checked before it runs.
 ///
 /// ```

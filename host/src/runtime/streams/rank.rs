@@ -40,7 +40,7 @@ pub struct RankBatch<'a, P: Payload, L> {
 /// Runs one rank's part of each training step of a [`Schedule`] on a [`Device`] that holds only
 /// that rank's stages and streams.
 ///
-/// Built once: the whole [`StreamProgram`] is built and [`check`]ed (every process knows the whole
+/// Built once: the whole [`StreamProgram`] is built and [`check`](fn@check)ed (every process knows the whole
 /// schedule), the rank's part is taken with [`peer_ops`] (receives in the sender's order), and the
 /// device makes the rank's streams. Each [`step`](RankStreams::step) zeroes the gradients, enqueues
 /// the rank's runs, lane events, sends and receives from the calling thread, synchronises the

@@ -11,7 +11,7 @@ use crate::schedule::forward_only::forward_only;
 use crate::schedule::Schedule;
 
 /// The evaluation program of `schedule`: the [`StreamProgram`] of its
-/// [forward order](forward_only), [`check`]ed, with its streams renumbered to those of `training`
+/// [forward order](forward_only), [`check`](fn@check)ed, with its streams renumbered to those of `training`
 /// (the schedule's own program), so that it runs on the streams the device made for training.
 /// Every forward runs on its rank's main lane, which every training program has.
 pub(super) fn program(
