@@ -659,12 +659,6 @@ impl Builder<'_> {
         let t = inst.dur[x][op];
         self.end[c.id] = c.start + t;
         self.free[r] = c.start + t;
-        // Whether this `W` was the last of the oldest microbatch in flight (see `forget`).
-        let oldest_moved = op == 2 && {
-            let k = self.next[x][2];
-            self.next.iter().all(|n| n[2] >= k)
-                && self.next.iter().filter(|n| n[2] == k).count() == 1
-        };
         self.next[x][op] += 1;
         if op == 0 && x == 0 {
             for q in 0..inst.p {
@@ -679,7 +673,7 @@ impl Builder<'_> {
         }
         self.orders[r].push(a);
         self.versions[r] += 1;
-        self.forget(r, op, x, oldest_moved);
+        self.forget(r, op, x);
     }
 
     /// Drops the kept choices that placing `op` of stage `x` on rank `r` can change: rank `r`'s
@@ -687,7 +681,7 @@ impl Builder<'_> {
     /// 0's under [`Admission::Reserved`] (its forward looks at every rank's memory and
     /// reservations), and every rank's under [`Admission::Safe`] when the oldest microbatch in
     /// flight or the newest to enter can change (a `W`, or a forward of stage 0).
-    fn forget(&mut self, r: usize, op: usize, x: usize, oldest_moved: bool) {
+    fn forget(&mut self, r: usize, op: usize, x: usize) {
         let inst = self.inst;
         self.choices[r] = None;
         match op {
@@ -698,8 +692,10 @@ impl Builder<'_> {
         match self.rule.admission {
             Admission::Reserved => self.choices[inst.rank_of[0]] = None,
             // A rank's banker's check reads its own stages, the newest microbatch to enter and
-            // the oldest in flight anywhere; a `W` moves the oldest only when it was its last.
-            Admission::Safe if (op == 0 && x == 0) || (op == 2 && oldest_moved) => {
+            // the oldest in flight anywhere; a `W` moved the oldest when it was its last, that is
+            // when no stage's next `W` is now older than this stage's.
+            Admission::Safe if op == 0 && x == 0 => self.choices.fill(None),
+            Admission::Safe if op == 2 && self.next.iter().all(|n| n[2] >= self.next[x][2]) => {
                 self.choices.fill(None)
             }
             _ => {}

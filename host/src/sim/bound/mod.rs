@@ -518,23 +518,43 @@ fn limited(
     // as long as the other sections together) runs on a thread of its own beside them.
     let (own, rest) = std::thread::scope(|scope| {
         let own = (!overlap && !until_input).then(|| {
-            scope.spawn(|| {
-                let terms = max_in_flight.iter().enumerate().filter_map(|(r, &limit)| {
-                    let slots = Slots::new(limit, chunks, None);
-                    own_term(&chain, &groups, r, microbatches, slots)
-                });
-                terms.map(|o| o.makespan).fold(0.0, f64::max)
-            })
+            let problem = (&chain, &groups, microbatches, chunks);
+            own_beside(scope, problem, max_in_flight, None, |o| o.makespan)
         });
         let rest = other_sections(
             (ranks, microbatches, placement, costs, overlap),
             (&chain, &groups, chunks),
             (max_in_flight, after_input),
         );
-        let own = own.map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
-        (own, rest)
+        (own.map(joined), rest)
     });
     Ok(rest?.max(free).max(own.unwrap_or(0.0)))
+}
+
+/// Section 13's largest term, read by `value` (the makespan, or the first rank's span), over the
+/// ranks of `limits` but `skip`, on a thread of `scope` beside the bound's other sections.
+fn own_beside<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    (chain, groups, m, chunks): (&'env Chain, &'env Groups, usize, f64),
+    limits: &'env [f64],
+    skip: Option<usize>,
+    value: fn(&own::Own) -> f64,
+) -> std::thread::ScopedJoinHandle<'scope, f64> {
+    scope.spawn(move || {
+        let ranks = (0..limits.len()).filter(|&r| Some(r) != skip);
+        let terms = ranks.filter_map(|r| {
+            let slots = Slots::new(limits[r], chunks, None);
+            own_term(chain, groups, r, m, slots)
+        });
+        terms.map(|o| value(&o)).fold(0.0, f64::max)
+    })
+}
+
+/// The value of a scoped thread, its panic passed on.
+fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// [`limited`]'s sections but 13 (the caller's `free` bound aside): 5, 4 and 6, and without

@@ -159,20 +159,10 @@ pub(super) fn span_bound_with(
     let own_limits = max_in_flight.filter(|_| !until_input && terms.flow && !overlap);
     let bound = std::thread::scope(|scope| {
         let own = own_limits.map(|limits| {
-            scope.spawn(|| {
-                let others = (0..ranks).filter(|&r| r != first);
-                let terms = others.filter_map(|r| {
-                    let slots = Slots::new(limits[r], chunks, None);
-                    super::own_term(&chain, &groups, r, microbatches, slots)
-                });
-                terms.map(|o| o.first_span).fold(0.0, f64::max)
-            })
+            let problem = (&chain, &groups, microbatches, chunks);
+            super::own_beside(scope, problem, limits, Some(first), |o| o.first_span)
         });
-        let own = || {
-            own.map_or(0.0, |h| {
-                h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
-            })
-        };
+        let own = || own.map_or(0.0, super::joined);
         other_sections(
             (ranks, microbatches, placement, overlap),
             (&chain, &groups, chunks),
