@@ -377,32 +377,42 @@ fn refined_name(name: &str) -> String {
     }
 }
 
-/// Best first: step time (equal within a relative 1e-9), then fewer recomputing stages, then fewer
-/// microbatches (larger ones run more efficiently than the linear cost scaling predicts), then the
-/// largest peak memory, then the schedule's name, V and partition name.
+/// Best first: step time, then, among plans whose times are equal within a relative 1e-9 of the
+/// shortest of their run, fewer recomputing stages, then fewer microbatches (larger ones run more
+/// efficiently than the linear cost scaling predicts), then the largest peak memory, then the
+/// schedule's name, V and partition name.
+///
+/// The near-ties are runs of the plans sorted by time, each run starting at its first plan, not a
+/// pairwise "within 1e-9" test: that relation is not transitive (a ~ b and b ~ c with a < c), so a
+/// comparator built on it is no total order, and the standard sort may panic on one.
 pub(super) fn sort(plans: &mut [Plan]) {
-    plans.sort_by(|a, b| {
-        let mem = |p: &Plan| p.peak_memory.iter().copied().fold(0.0, f64::max);
-        let tie = (a.step_time - b.step_time).abs() <= 1e-9 * a.step_time.max(b.step_time);
-        let by_time = if tie {
-            std::cmp::Ordering::Equal
-        } else {
-            a.step_time.total_cmp(&b.step_time)
-        };
-        let recomputing = |p: &Plan| {
-            p.recompute
-                .iter()
-                .filter(|&&m| m != Recompute::None)
-                .count()
-        };
-        by_time
-            .then(recomputing(a).cmp(&recomputing(b)))
-            .then(a.microbatches.cmp(&b.microbatches))
-            .then(mem(a).total_cmp(&mem(b)))
-            .then(a.family.cmp(&b.family))
-            .then(a.chunks.cmp(&b.chunks))
-            .then(a.partition.cmp(&b.partition))
-    });
+    plans.sort_by(|a, b| a.step_time.total_cmp(&b.step_time));
+    let mem = |p: &Plan| p.peak_memory.iter().copied().fold(0.0, f64::max);
+    let recomputing = |p: &Plan| {
+        p.recompute
+            .iter()
+            .filter(|&&m| m != Recompute::None)
+            .count()
+    };
+    let mut start = 0;
+    while start < plans.len() {
+        let first = plans[start].step_time;
+        let run = plans[start..]
+            .iter()
+            .take_while(|p| (p.step_time - first).abs() <= 1e-9 * p.step_time.max(first))
+            .count()
+            .max(1);
+        plans[start..start + run].sort_by(|a, b| {
+            recomputing(a)
+                .cmp(&recomputing(b))
+                .then(a.microbatches.cmp(&b.microbatches))
+                .then(mem(a).total_cmp(&mem(b)))
+                .then(a.family.cmp(&b.family))
+                .then(a.chunks.cmp(&b.chunks))
+                .then(a.partition.cmp(&b.partition))
+        });
+        start += run;
+    }
 }
 
 /// At one rank every family runs the same actions (all of a microbatch's stages on one rank, one
@@ -413,4 +423,71 @@ pub(super) fn one_per_shape_at_one_rank(plans: &mut Vec<Plan>) {
     plans.retain(|p| {
         p.ranks != 1 || seen.insert((p.data_parallel, p.microbatches, p.microbatch_size))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{LinkCost, StageCost};
+    use crate::schedule::{families, Params};
+
+    fn plan(family: &str, step_time: f64) -> Plan {
+        let link = LinkCost {
+            latency: 0.0,
+            bandwidth: f64::INFINITY,
+        };
+        Plan {
+            family: family.to_string(),
+            chunks: 1,
+            microbatches: 1,
+            microbatch_size: 1,
+            partition: "even".to_string(),
+            layers_per_stage: vec![1],
+            step_time,
+            ranks: 1,
+            data_parallel: 1,
+            reduce_tail: 0.0,
+            bubble_fraction: 0.0,
+            peak_memory: vec![0.0],
+            recompute: Vec::new(),
+            lower_bound: step_time,
+            ratio_to_bound: 1.0,
+            bottleneck: step_time,
+            schedule: families::generate("1f1b", &Params::new(1, 1)).unwrap(),
+            cost: CostModel::uniform(StageCost::uniform(1.0, 1.0, 1.0), 1, link),
+        }
+    }
+
+    /// Times 0.6e-9 apart: `a ~ b` and `b ~ c` within 1e-9 but not `a ~ c`. The ties are runs from
+    /// the shortest time, so the order is total: `b` (1), `c` (1 + 0.6e-9) tie and go by name, `a`
+    /// (1 + 1.2e-9) comes after both, whichever order they came in; a long list of such chains
+    /// sorts to one order from any input order (no order-violation panic of the standard sort).
+    #[test]
+    fn near_ties_are_runs_from_the_shortest_time() {
+        let t = [1.0 + 1.2e-9, 1.0, 1.0 + 0.6e-9];
+        for order in [[0, 1, 2], [2, 1, 0], [1, 0, 2], [2, 0, 1]] {
+            let mut plans: Vec<Plan> = order
+                .iter()
+                .map(|&i| plan(["a", "b", "c"][i], t[i]))
+                .collect();
+            sort(&mut plans);
+            let names: Vec<&str> = plans.iter().map(|p| p.family.as_str()).collect();
+            assert_eq!(names, ["b", "c", "a"], "from {order:?}");
+        }
+        // Distinct names: a total order gives one result whatever the input order.
+        let many: Vec<Plan> = (0..200)
+            .map(|i| {
+                plan(
+                    &format!("{:03}", (i * 7919) % 200),
+                    1.0 + (i % 50) as f64 * 0.6e-9,
+                )
+            })
+            .collect();
+        let names = |mut v: Vec<Plan>| {
+            sort(&mut v);
+            v.into_iter().map(|p| p.family).collect::<Vec<_>>()
+        };
+        let reversed = many.iter().rev().cloned().collect();
+        assert_eq!(names(many), names(reversed));
+    }
 }
