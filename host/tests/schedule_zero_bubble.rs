@@ -113,6 +113,7 @@ fn accepted(name: &str, ranks: usize, m: usize, v: Option<usize>) -> bool {
         "zb-h1" | "zb-h2" => v.is_none_or(|v| v == 1),
         "zbv" => v.is_none_or(|v| v == 2),
         "dualpipev" => v.is_none_or(|v| v == 2) && m >= 2 * ranks,
+        "dualpipev-slack" => v.is_none_or(|v| v == 2),
         "interleaved-zb" => {
             let rounds = (m / ranks).max(1);
             v.is_none_or(|v| v >= 2) && m % rounds == 0
@@ -235,6 +236,36 @@ fn dualpipev_grid_and_peak() {
     });
 }
 
+/// DualPipeV with slack: at most `4P - 1` stage-microbatches in flight on every rank (each flow
+/// one microbatch ahead on the rank it comes from), and never more than both stages' `2M`; all of
+/// them from `M = 4P` on; overlapped pairs from `M = 2P` on.
+#[test]
+fn dualpipev_slack_grid_and_peak() {
+    let made = over_grid("dualpipev-slack", |s, peak| {
+        let most = (4 * s.ranks - 1).min(2 * s.microbatches);
+        assert!(
+            peak.iter().all(|&p| p <= most),
+            "P={} M={} {peak:?}",
+            s.ranks,
+            s.microbatches
+        );
+        if s.microbatches >= 4 * s.ranks {
+            assert_eq!(peak, vec![4 * s.ranks - 1; s.ranks]);
+        }
+        let overlaps = s
+            .actions
+            .iter()
+            .flatten()
+            .filter(|i| matches!(i, Item::Overlap { .. }))
+            .count();
+        assert!(
+            overlaps > 0 || s.microbatches < 2 * s.ranks,
+            "no overlapped pair at all"
+        );
+    });
+    assert_eq!(made, 16 * 64 * 2);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Refusals name the failed constraint and what would work.
 // ---------------------------------------------------------------------------------------------
@@ -249,7 +280,14 @@ fn refusal(name: &str, p: &Params) -> String {
 
 #[test]
 fn refusals_name_the_constraint_and_the_fix() {
-    for name in ["zb-h1", "zb-h2", "interleaved-zb", "zbv", "dualpipev"] {
+    for name in [
+        "zb-h1",
+        "zb-h2",
+        "interleaved-zb",
+        "zbv",
+        "dualpipev",
+        "dualpipev-slack",
+    ] {
         let e = refusal(name, &Params::new(0, 8));
         assert!(e.contains("ranks (P) must be at least 1"), "{e}");
         let e = refusal(name, &Params::new(4, 0));

@@ -35,6 +35,7 @@ pub const FAMILIES: &[Family] = &[
     super::interleaved_zb::FAMILY,
     super::zbv::FAMILY,
     super::dualpipev::FAMILY,
+    super::dualpipev_slack::FAMILY,
     super::v_half::FAMILY,
     super::v_min::FAMILY,
 ];

@@ -39,6 +39,7 @@ pub mod validate;
 pub mod walk;
 
 mod dualpipev;
+mod dualpipev_slack;
 mod gpipe;
 mod interleaved_1f1b;
 mod interleaved_zb;
