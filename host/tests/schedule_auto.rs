@@ -250,7 +250,10 @@ fn the_exact_method_matches_brute_force_on_tiny_instances() {
 
 #[test]
 fn the_span_objective_is_the_longest_rank_span() {
-    let req = AutoRequest::new(4, 8, costs(&[(1.0, 1.0, 0.5); 4], 0.1))
+    // No free overlap: pairs would save time, and the bound would count it (see below).
+    let mut c = costs(&[(1.0, 1.0, 0.5); 4], 0.1);
+    c.overlap_share = 1.0;
+    let req = AutoRequest::new(4, 8, c)
         .with_objective(Objective::Span)
         .with_limit(MemoryLimit::InFlight(7.0))
         .with_budget(0.02, 0);
@@ -271,6 +274,51 @@ fn the_span_objective_is_the_longest_rank_span() {
     }
     // The bound for the span is the busiest rank's work: 8 x 2.5.
     assert_eq!(out.solver.lower_bound.max(20.0), out.solver.lower_bound);
+}
+
+/// Where overlap is free (`overlap_share` 0, a pair takes its longer half), `auto` joins forwards
+/// and backwards into overlapped pairs: on V-shape at 1F1B's memory, where no pair family fits,
+/// it is shorter than the same request without free overlap, its bound counts the pairs' savings
+/// (below the pair-free result), and its schedule holds pairs; without free overlap it holds none.
+#[test]
+fn free_overlap_gives_overlapped_pairs_and_a_bound_that_counts_them() {
+    let request = |share: f64| {
+        let mut c = costs(&[(0.5, 0.6, 0.4); 8], 0.1);
+        c.overlap_share = share;
+        AutoRequest::new(4, 16, c)
+            .with_chunks(2, Placement::Vshape)
+            .with_limit(MemoryLimit::InFlight(4.0))
+    };
+    let pairs = |s: &Schedule| {
+        s.actions
+            .iter()
+            .flatten()
+            .filter(|i| matches!(i, Item::Overlap { .. }))
+            .count()
+    };
+    let free = solve(&request(0.0)).unwrap();
+    let none = solve(&request(1.0)).unwrap();
+    assert_eq!(pairs(&none.schedule), 0);
+    assert!(pairs(&free.schedule) > 0, "{}", free.solver.origin);
+    assert!(
+        free.solver.origin.contains("+paired"),
+        "{}",
+        free.solver.origin
+    );
+    assert!(
+        free.solver.value < none.solver.value * 0.95,
+        "{} against {}",
+        free.solver.value,
+        none.solver.value
+    );
+    assert!(free.solver.lower_bound <= free.solver.value);
+    assert!(free.solver.lower_bound < none.solver.value);
+    let sim = simulate(&free.schedule, &request(0.0).costs).unwrap();
+    let makespan = sim.timeline.makespan();
+    assert!((makespan - free.solver.value).abs() <= 1e-9 * free.solver.value);
+    assert!(in_flight(&free.schedule, &request(0.0).costs)
+        .iter()
+        .all(|&x| x <= 4.0 + 1e-9));
 }
 
 #[test]

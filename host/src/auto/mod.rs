@@ -62,6 +62,13 @@
 //!    half of the moves; the rest as in 3), then justification (7), each with half the time budget,
 //!    kept when no worse. Every construction keeps each stage's microbatches in order; CP-SAT's
 //!    best schedules often do not.
+//! 10. **pairing**, where overlap saves time (`overlap_share` below 1, module `pairing`): the
+//!     result's neighbouring forward and backward joined into overlapped pairs where both were
+//!     ready when the first started, passes kept while no worse (origin `+paired`); then the best
+//!     of the families that fit, the constructive phase's best and the two best V-shape seeds,
+//!     each paired the same way, runs phase 3 on half the budget, is paired again, and is kept
+//!     when shorter (origin `...+paired+improved`). The bound then counts what pairs save whether
+//!     or not the result has pairs.
 //!
 //! Phases 1-9 run more than once, side by side on threads of their own, from the same constructions
 //! (step 2 builds once; each run scores by its own objective; the bound, the exact method's result,
@@ -122,10 +129,9 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use crate::schedule::Schedule;
-use crate::schedule::{Action, Op};
+use crate::schedule::{Action, Op, Placement};
 use crate::sim::{
-    bound_with_limit_until_input, lower_bound, lower_bound_with_limit, span_bound,
-    span_bound_until_input,
+    bound_for, bound_with_limit, bound_with_limit_until_input, span_bound, span_bound_until_input,
 };
 
 mod critical;
@@ -136,6 +142,7 @@ mod improve;
 mod instance;
 mod justify;
 mod list;
+mod pairing;
 mod par;
 mod request;
 mod rng;
@@ -184,6 +191,13 @@ const JUSTIFY_STREAM: u64 = 0x6a75_7374_6966_7921;
 /// The share of the time budget the overtaking moves get (`improve::Moves::Overtake`), after the
 /// critical-path moves.
 const OVERTAKE_SHARE: f64 = 0.5;
+
+/// The share of the time budget the run from the constructive phase's best with overlapped pairs
+/// gets (module `pairing`), where overlap saves time.
+const PAIRED_SHARE: f64 = 0.5;
+
+/// How many of the V-shape seeds (best first, distinct values) the pairing tries as starts.
+const PAIRED_SEEDS: usize = 2;
 
 /// The random stream of the overtaking moves.
 const OVERTAKE_STREAM: u64 = 0x6f76_6572_7461_6b65;
@@ -558,6 +572,15 @@ fn solve_from(
     late_rank: usize,
 ) -> Result<AutoSchedule, AutoError> {
     let (families, seeded) = seeds::seeds(inst, req.objective)?;
+    // Where overlap saves time, the families that fit are also starts for pairing (below).
+    let pairing_starts: Vec<(Scored, String)> = if pairing::pairs_save(inst) {
+        seeded
+            .iter()
+            .map(|s| (s.clone(), s.schedule.name.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     // The best candidate.
     let mut found: Best<String> = Best::default();
     let mut offer = |s: Scored, origin: String| found.offer(s, origin);
@@ -594,6 +617,9 @@ fn solve_from(
         false => AutoError::Internal("no rule produced a schedule within the limit".into()),
     })?;
     let start_value = best.value;
+    // Where overlap saves time, the constructive phase's best also starts a run with overlapped
+    // pairs of its own, after the phases below (module `pairing`).
+    let first = pairing::pairs_save(inst).then(|| (best.clone(), origin.to_string()));
     let target = *shared.bounds[usize::from(req.objective == Objective::Span)]
         .get_or_init(|| bound(inst, req, &best.schedule));
     let mut lower = target;
@@ -739,6 +765,63 @@ fn solve_from(
             origin.push_str("+improved");
         }
         proven = best.value <= lower * (1.0 + 1e-9);
+    }
+    // Overlapped pairs (module `pairing`), where overlap saves time: the result's neighbours
+    // joined, and a run of its own from the constructive phase's best with pairs, its improvement
+    // phase on [`PAIRED_SHARE`] of the budget; each kept only when shorter, so every phase above
+    // gives what it gave.
+    if !proven && pairing::pair_up(inst, req.objective, &mut best, &mut work) {
+        origin.push_str("+paired");
+        proven = best.value <= lower * (1.0 + 1e-9);
+    }
+    if let Some(first) = first.filter(|_| !proven) {
+        // Every start paired: the families that fit, the constructive phase's best and the
+        // V-shape seeds (built under every smaller limit of the ladder too, so that more memory
+        // still never gives a worse seed); the best paired one, when pairing shortened it, runs.
+        let mut starts = pairing_starts;
+        starts.push(first);
+        if inst.placement == Placement::Vshape {
+            nth_of(
+                inst,
+                req.objective,
+                &scores.v_seeds,
+                &shared.v_seeds,
+                &v_seeds,
+                |_| true,
+                0,
+            )?;
+            if let Some(Ok(v)) = scores.v_seeds.get() {
+                starts.extend(
+                    v.iter()
+                        .take(PAIRED_SEEDS)
+                        .map(|(s, name)| (s.clone(), name.to_string())),
+                );
+            }
+        }
+        let mut more = improve::Work::new(req.time_budget * PAIRED_SHARE);
+        let mut chosen: Option<(Scored, String)> = None;
+        for (mut start, name) in starts {
+            if pairing::pair_up(inst, req.objective, &mut start, &mut more)
+                && chosen.as_ref().is_none_or(|(c, _)| start.value < c.value)
+            {
+                chosen = Some((start, name));
+            }
+        }
+        if let Some((mut start, name)) = chosen {
+            let paired_value = start.value;
+            polish(inst, req, &mut start, &mut more, lower);
+            pairing::pair_up(inst, req.objective, &mut start, &mut more);
+            if start.value < best.value {
+                origin = if start.value < paired_value {
+                    format!("{name}+paired+improved")
+                } else {
+                    format!("{name}+paired")
+                };
+                best = start;
+                proven = best.value <= lower * (1.0 + 1e-9);
+            }
+        }
+        work.evaluations += more.evaluations;
     }
     if proven {
         lower = best.value;
@@ -997,7 +1080,9 @@ fn reshape_and_critical(
 /// `I` than to the end of its `W` ([`until_input_limits`]), also the same bounds with slots counted
 /// up to `I` ([`bound_with_limit_until_input`], [`span_bound_until_input`]), the larger taken.
 fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
-    let pairs = crate::sim::has_pairs(schedule);
+    // Overlap savings counted when the schedule has overlapped pairs, or when the moves may form
+    // them (overlap saves time): a bound without them is none for a schedule with pairs.
+    let pairs = crate::sim::has_pairs(schedule) || pairing::pairs_save(inst);
     let (p, m, placement) = (inst.p, inst.m, inst.placement);
     // Without a limit, the most a rank can hold (all `M` microbatches), which binds nothing: the
     // memory-aware bounds then add only their terms that need no binding limit (section 14, the
@@ -1005,11 +1090,10 @@ fn bound(inst: &Instance, req: &AutoRequest, schedule: &Schedule) -> f64 {
     let limits = held_limits(inst).unwrap_or_else(|| vec![m as f64; p]);
     let held = match req.objective {
         Objective::Makespan => {
-            let free = lower_bound(schedule, &req.costs);
-            lower_bound_with_limit(schedule, &req.costs, &limits)
+            let free = bound_for(p, m, placement, &req.costs, pairs);
+            bound_with_limit(p, m, placement, &req.costs, pairs, &limits)
                 .map_or(free, |limited| limited.max(free))
         }
-        // Overlap savings counted as for the makespan: when the schedule has overlapped pairs.
         Objective::Span => {
             span_bound(p, m, placement, &req.costs, pairs, Some(&limits)).unwrap_or(0.0)
         }
