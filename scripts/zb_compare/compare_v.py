@@ -19,8 +19,9 @@ For each case of `bench auto --part vshape`'s grid (P 4, 8, 16; M = P, 2P, 4P; F
 Each schedule is written as a pipefill CSV (rank r: chunk 0 is stage r, chunk 1 stage 2P-1-r; their
 `B` is `I`), simulated by `pipefill simulate` (makespan; the span is the longest first-start-to-
 last-end over ranks, from the trace), and compared with `pipefill schedule --schedule auto
---placement vshape --chunks 2 --cost F=..,I=..,W=.. --comm-latency .. --max-in-flight L --objective
-makespan|span` at the same limit. Prints a markdown table; OUT.json has every comparison.
+--placement vshape --chunks 2 --costs C.json --max-in-flight L --objective makespan|span` at the same
+limit, with the same per-stage cost file (`overlap_share` 1, the authors' model: no free overlap, so
+`auto` forms no overlapped pairs). Prints a markdown table; OUT.json has every comparison.
 """
 import json
 import os
@@ -98,11 +99,12 @@ def simulate(pf, path, costs):
     return result['makespan'], span, max(result['peak_activations'])
 
 
-def auto(pf, tmp, p, m, fiw, lat, limit, objective):
-    out = os.path.join(tmp, f'auto_{p}_{m}_{fiw}_{lat}_{limit}_{objective}.json')
+def auto(pf, tmp, p, m, costs, limit, objective):
+    tag = os.path.basename(costs)[:-5]
+    out = os.path.join(tmp, f'auto_{tag}_{m}_{limit}_{objective}.json')
     subprocess.run([pf, 'schedule', '--schedule', 'auto', '--ranks', str(p), '--microbatches', str(m),
-                    '--chunks', '2', '--placement', 'vshape', '--cost', f'F={fiw[0]},I={fiw[1]},W={fiw[2]}',
-                    '--comm-latency', str(lat), '--max-in-flight', str(limit), '--objective', objective,
+                    '--chunks', '2', '--placement', 'vshape', '--costs', costs,
+                    '--max-in-flight', str(limit), '--objective', objective,
                     '--format', 'json', '--out', out], capture_output=True, text=True, check=True)
     solver = json.load(open(out))['solver']
     return solver['value'], solver['origin']
@@ -155,7 +157,7 @@ def one(args, case):
     rows = []
     for label, limit, values in theirs:
         for objective in ('makespan', 'span'):
-            value, origin = auto(pf, tmp, p, m, fiw, lat, limit, objective)
+            value, origin = auto(pf, tmp, p, m, costs, limit, objective)
             rows.append({'P': p, 'M': m, 'ratio': name, 'transfer': transfer, 'theirs': label, 'limit': limit,
                          'objective': objective, 'their_value': values[objective], 'auto': value,
                          'origin': origin})

@@ -152,7 +152,9 @@ fn row(
     budget: f64,
     seed: u64,
 ) -> Result<PaperRow, CliError> {
-    let costs = CostModel::uniform(d.stage(sequence), d.p, d.link());
+    // The paper's model: no free overlap of forward and backward (pairs would cost their sum).
+    let mut costs = CostModel::uniform(d.stage(sequence), d.p, d.link());
+    costs.overlap_share = 1.0;
     let req = AutoRequest::new(d.p, d.m, costs)
         .with_limit(MemoryLimit::Bytes(k * d.p as f64))
         .with_objective(Objective::Span)

@@ -102,7 +102,8 @@ fn best(
     let costs = CostFile {
         layers,
         transfer: d.link(),
-        overlap_share: 0.0,
+        // The zero-bubble paper's model: no free overlap of forward and backward.
+        overlap_share: 1.0,
         meta: serde_json::Value::Null,
     };
     let mut req = PlanRequest::new(costs, 1.0, d.p, d.m);
