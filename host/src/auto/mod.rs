@@ -65,7 +65,8 @@
 //! 10. **pairing**, where overlap saves time (`overlap_share` below 1, module `pairing`): the
 //!     result's neighbouring forward and backward joined into overlapped pairs where both were
 //!     ready when the first started, passes kept while no worse (origin `+paired`); then the best
-//!     of the families that fit, the constructive phase's best and the two best V-shape seeds,
+//!     of the families that fit, the constructive phase's best and the V-shape seeds (all of them
+//!     up to 2048 actions, else the two best),
 //!     each paired the same way, runs phase 3 on half the budget, is paired again, and is kept
 //!     when shorter (origin `...+paired+improved`). The bound then counts what pairs save whether
 //!     or not the result has pairs.
@@ -196,8 +197,15 @@ const OVERTAKE_SHARE: f64 = 0.5;
 /// gets (module `pairing`), where overlap saves time.
 const PAIRED_SHARE: f64 = 0.5;
 
-/// How many of the V-shape seeds (best first, distinct values) the pairing tries as starts.
+/// How many of the V-shape seeds (best first, distinct values) the pairing tries as starts above
+/// [`PAIRED_ALL_SEEDS_ACTIONS`] (at P = 16, M = 128 every seed gave the same values in 1.1-3.7 s
+/// instead of under a second).
 const PAIRED_SEEDS: usize = 2;
+
+/// Up to this many actions every V-shape seed is a pairing start: the seeds built under each
+/// smaller limit of the ladder among them, so that more memory does not give a longer paired seed
+/// (P = 4, M = 8, 1:1.2:0.8, transfers: 24.1 at `2P` against 23.5 at `P` with two; 23.3 with all).
+const PAIRED_ALL_SEEDS_ACTIONS: usize = 2048;
 
 /// The random stream of the overtaking moves.
 const OVERTAKE_STREAM: u64 = 0x6f76_6572_7461_6b65;
@@ -791,9 +799,14 @@ fn solve_from(
                 0,
             )?;
             if let Some(Ok(v)) = scores.v_seeds.get() {
+                let take = if inst.actions() <= PAIRED_ALL_SEEDS_ACTIONS {
+                    v.len()
+                } else {
+                    PAIRED_SEEDS
+                };
                 starts.extend(
                     v.iter()
-                        .take(PAIRED_SEEDS)
+                        .take(take)
                         .map(|(s, name)| (s.clone(), name.to_string())),
                 );
             }
