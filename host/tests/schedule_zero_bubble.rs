@@ -217,18 +217,22 @@ fn interleaved_zb_grid_and_peak() {
     assert!(made > 0);
 }
 
+/// How many overlapped pairs `s` holds.
+fn overlaps(s: &Schedule) -> usize {
+    s.actions
+        .iter()
+        .flatten()
+        .filter(|i| matches!(i, Item::Overlap { .. }))
+        .count()
+}
+
 /// DualPipeV: `2P + 1` stage-microbatches in flight on every rank (one more than ZB-V's `2P`: each
 /// rank runs one more forward before the backward that would free a slot); `M < 2P` refused.
 #[test]
 fn dualpipev_grid_and_peak() {
     over_grid("dualpipev", |s, peak| {
         assert_eq!(peak, vec![2 * s.ranks + 1; s.ranks]);
-        let overlaps = s
-            .actions
-            .iter()
-            .flatten()
-            .filter(|i| matches!(i, Item::Overlap { .. }))
-            .count();
+        let overlaps = overlaps(s);
         assert!(
             overlaps > 0 || s.microbatches < 2,
             "no overlapped pair at all"
@@ -252,12 +256,7 @@ fn dualpipev_slack_grid_and_peak() {
         if s.microbatches >= 4 * s.ranks {
             assert_eq!(peak, vec![4 * s.ranks - 1; s.ranks]);
         }
-        let overlaps = s
-            .actions
-            .iter()
-            .flatten()
-            .filter(|i| matches!(i, Item::Overlap { .. }))
-            .count();
+        let overlaps = overlaps(s);
         assert!(
             overlaps > 0 || s.microbatches < 2 * s.ranks,
             "no overlapped pair at all"

@@ -120,7 +120,7 @@ fn reached(value: f64, target: f64) -> bool {
 
 /// Evaluates `schedule` after `checks` ([`score_with`]: [`Checks::Reordered`] for a move's
 /// result), counting the work; `None` if it deadlocks or exceeds a budget.
-fn evaluate(
+pub(crate) fn evaluate(
     inst: &Instance,
     objective: Objective,
     schedule: Schedule,

@@ -789,27 +789,25 @@ fn solve_from(
         let mut starts = pairing_starts;
         starts.push(first);
         if inst.placement == Placement::Vshape {
-            nth_of(
+            let ranked = ranked_of(
                 inst,
                 req.objective,
                 &scores.v_seeds,
                 &shared.v_seeds,
                 &v_seeds,
                 |_| true,
-                0,
-            )?;
-            if let Some(Ok(v)) = scores.v_seeds.get() {
-                let take = if inst.actions() <= PAIRED_ALL_SEEDS_ACTIONS {
-                    v.len()
-                } else {
-                    PAIRED_SEEDS
-                };
-                starts.extend(
-                    v.iter()
-                        .take(take)
-                        .map(|(s, name)| (s.clone(), name.to_string())),
-                );
-            }
+            );
+            let v = ranked.as_ref().map_err(Clone::clone)?;
+            let take = if inst.actions() <= PAIRED_ALL_SEEDS_ACTIONS {
+                v.len()
+            } else {
+                PAIRED_SEEDS
+            };
+            starts.extend(
+                v.iter()
+                    .take(take)
+                    .map(|(s, name)| (s.clone(), name.to_string())),
+            );
         }
         let mut more = improve::Work::new(req.time_budget * PAIRED_SHARE);
         let mut chosen: Option<(Scored, String)> = None;
@@ -1011,12 +1009,27 @@ fn nth_of(
     keep: fn(&str) -> bool,
     rank: usize,
 ) -> Result<Option<Origined>, AutoError> {
-    let ranked = scored.get_or_init(|| {
+    nth(
+        ranked_of(inst, objective, scored, schedules, make, keep),
+        rank,
+    )
+}
+
+/// All of the schedules `make` builds that `keep` keeps, [`ranked`] by `objective` (built once
+/// per request, ranked once per objective, as [`nth_of`] takes them).
+fn ranked_of<'a>(
+    inst: &Instance,
+    objective: Objective,
+    scored: &'a OnceLock<Result<Vec<Origined>, AutoError>>,
+    schedules: &OnceLock<Vec<Tagged>>,
+    make: &dyn Fn(&Instance) -> Vec<Tagged>,
+    keep: fn(&str) -> bool,
+) -> &'a Result<Vec<Origined>, AutoError> {
+    scored.get_or_init(|| {
         let all = schedules.get_or_init(|| make(inst));
         let kept: Vec<&Tagged> = all.iter().filter(|(_, name)| keep(name)).collect();
         ranked(inst, objective, &kept)
-    });
-    nth(ranked, rank)
+    })
 }
 
 /// The `nth` of `ranked`'s schedules (0: the best; the last where there are fewer) with its

@@ -19,9 +19,9 @@
 use crate::schedule::{Action, Item, Op, Schedule};
 use crate::sim::{simulate_with, SimOptions};
 
-use super::improve::Work;
+use super::improve::{self, Work};
 use super::instance::Instance;
-use super::score::{score_with, Checks, Scored};
+use super::score::{Checks, Scored};
 use super::Objective;
 
 /// The most passes one call runs (each costs two simulations; at P = 16, M = 128 the second
@@ -55,12 +55,8 @@ pub(crate) fn pair_up(
         let Some(candidate) = joined(inst, &best.schedule) else {
             break;
         };
-        work.evaluations += 1;
-        if !super::score::fits_budget(inst, &candidate) {
-            break;
-        }
-        match score_with(inst, objective, candidate, Checks::Reordered) {
-            Ok(Some(s)) if s.value <= best.value => *best = s,
+        match improve::evaluate(inst, objective, candidate, work, Checks::Reordered) {
+            Some(s) if s.value <= best.value => *best = s,
             _ => break,
         }
     }
@@ -132,6 +128,7 @@ fn joined(inst: &Instance, schedule: &Schedule) -> Option<Schedule> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auto::score::score_with;
     use crate::auto::{AutoRequest, Objective};
     use crate::cost::{CostModel, LinkCost, StageCost};
     use crate::schedule::families::generate;
